@@ -1,0 +1,125 @@
+"""Configuration checks, in one place, before anything heavy is loaded.
+
+Every error a user can cause is a :class:`ConfigError` whose message is one line naming the
+key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+LR_SCHEDULERS = ("linear", "cosine", "constant")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+INIT_MODES = ("pretrained", "random")
+
+
+class ConfigError(ValueError):
+    """A configuration a run cannot start with; the message is one line for the user."""
+
+
+def invalid(key: str, value, allowed: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is invalid: {allowed}")
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """The options of a config group: the YAML files of its folder (the registry is conf/)."""
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def check_group_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """Reject ``group=option`` overrides naming an option that does not exist.
+
+    Hydra would reject them too, but with a multi-line report; this gives the one-line message
+    before Hydra starts. Sweep values (``optimizer=adamw,adafactor``) are checked one by one.
+
+    Raises:
+        ConfigError: an option is not a file of its group.
+    """
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or key.startswith(("+", "~", "hydra")) or not (conf_dir / key).is_dir():
+            continue
+        if value in ("null", "") or value.startswith(("choice(", "range(", "glob(")):
+            continue
+        options = group_options(key, conf_dir)
+        for choice in value.split(","):
+            if choice not in options:
+                raise ConfigError(f"{key}={choice!r} is not an option: choose one of {', '.join(options)}")
+
+
+def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
+    value = cfg.get(key)
+    if value is None and allow_null:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        suffix = " (or null)" if allow_null else ""
+        raise invalid(key, value, f"must be an integer >= {minimum}{suffix}")
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check a composed run config before any data or model is loaded.
+
+    Raises:
+        ConfigError: the first problem found, named by its key.
+    """
+    import torch
+
+    for key in ("gradient_accumulation_steps", "micro_batch_size", "epochs", "eval_batch_size"):
+        _at_least(cfg, key, 1)
+    _at_least(cfg, "max_steps", 1, allow_null=True)
+    _at_least(cfg, "max_length", 2)
+    lr = cfg.optimizer.get("lr")
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr <= 0:
+        raise invalid("optimizer.lr", lr, "must be a number > 0")
+    if not isinstance(cfg.warmup_ratio, (int, float)) or not 0 <= cfg.warmup_ratio < 1:
+        raise invalid("warmup_ratio", cfg.warmup_ratio, "must be in [0, 1)")
+    if not isinstance(cfg.max_grad_norm, (int, float)) or cfg.max_grad_norm < 0:
+        raise invalid("max_grad_norm", cfg.max_grad_norm, "must be >= 0 (0 disables clipping)")
+    if not isinstance(cfg.weight_decay, (int, float)) or cfg.weight_decay < 0:
+        raise invalid("weight_decay", cfg.weight_decay, "must be >= 0")
+    if cfg.lr_scheduler not in LR_SCHEDULERS:
+        raise invalid("lr_scheduler", cfg.lr_scheduler, f"choose one of {', '.join(LR_SCHEDULERS)}")
+
+    precision = cfg.precision.mixed_precision
+    if precision == "fp16" and not cuda_available():
+        raise invalid("precision", "fp16", "fp16 needs a CUDA device (none found): use precision=bf16 or fp32")
+    if precision == "bf16" and cuda_available() and not torch.cuda.is_bf16_supported():
+        raise invalid("precision", "bf16", "this GPU lacks bf16: use precision=fp16 or fp32")
+    target = str(cfg.optimizer.get("_target_", ""))
+    if "Paged" in target and not cuda_available():
+        raise invalid("optimizer", target, "paged optimizers need a CUDA device: use adamw, adafactor or adam8bit")
+    if cfg.compile.mode not in COMPILE_MODES:
+        raise invalid("compile.mode", cfg.compile.mode, f"choose one of {', '.join(COMPILE_MODES)}")
+
+    if cfg.model.init not in INIT_MODES:
+        raise invalid("model.init", cfg.model.init, f"choose one of {', '.join(INIT_MODES)}")
+    for key in ("name_or_path", "tokenizer"):
+        value = cfg.model.get(key)
+        if value and _looks_like_path(value) and not os.path.exists(os.path.expanduser(value)):
+            raise invalid(f"model.{key}", value, "no such folder (give an existing path or a hub id)")
+
+
+def _looks_like_path(value: str) -> bool:
+    """A local path rather than a hub id (``org/name``): absolute, relative to ., or home."""
+    return value.startswith(("/", "./", "../", "~")) or value.count("/") > 1
+
+
+def check_output_dir(path: Path) -> None:
+    """Raises ConfigError when results could not be written to ``path``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".effitrain-write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise invalid("hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})") from None

@@ -1,0 +1,96 @@
+"""Result files of a run: ``summary.json`` (atomic) and ``metrics.jsonl`` (a line per step)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+
+
+def _plain(value):
+    """JSON has no NaN: non-finite floats are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write to a temporary file in the same folder, flush, fsync, rename: never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump({k: _plain(v) for k, v in payload.items()}, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_summary(folder: Path) -> dict | None:
+    path = Path(folder) / SUMMARY
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+class MetricsFile:
+    """The on-disk metric logger: one JSON line per ``log_dict`` call, flushed at once."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._handle = open(path, "a")
+
+    def log_dict(self, payload: dict, step: int) -> None:
+        self._handle.write(json.dumps({k: _plain(v) for k, v in payload.items()}) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def env_info(device: str) -> dict:
+    """Versions read from package metadata, so nothing heavy (bitsandbytes) is imported for them."""
+    return {
+        "env/torch": _version("torch"),
+        "env/transformers": _version("transformers"),
+        "env/accelerate": _version("accelerate"),
+        "env/bitsandbytes": _version("bitsandbytes"),
+        "env/device": device,
+        "env/git_commit": git_commit(),
+    }

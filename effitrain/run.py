@@ -1,0 +1,161 @@
+"""One run: config -> model + tokenizer -> data -> optimizer + scheduler -> backend.fit -> summary.
+
+Everything a backend needs is built here, once; the backend gets a :class:`Job` and owns only
+its loop. ``summary.json`` is written at the end whatever happens, with ``status`` saying how
+the run ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from effitrain import results
+from effitrain.config import ConfigError, check_output_dir, validate
+from effitrain.data import build_dataloaders, check_raw, tokenize_cached
+from effitrain.modeling import build_model, build_tokenizer
+from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
+from effitrain.training import StepMeter, TrainingDiverged
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """What a backend receives: built objects and the config they came from."""
+
+    cfg: DictConfig
+    model: torch.nn.Module
+    tokenizer: object
+    train_loader: torch.utils.data.DataLoader
+    eval_loader: torch.utils.data.DataLoader
+    train_sampler: object
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    num_steps: int
+    meter: StepMeter
+    output_dir: Path
+    extra: dict = field(default_factory=dict)
+
+
+def hydra_choices() -> dict:
+    """The option chosen in each config group, as Hydra recorded it."""
+    if not HydraConfig.initialized():
+        return {}
+    return dict(HydraConfig.get().runtime.choices)
+
+
+def config_keys(cfg: DictConfig, world: int) -> dict:
+    choices = hydra_choices()
+    accumulation, micro = cfg.gradient_accumulation_steps, cfg.micro_batch_size
+    effective = micro * accumulation * world if isinstance(micro, int) and isinstance(accumulation, int) else None
+    return {
+        "cfg/optimizer": choices.get("optimizer", str(cfg.optimizer.get("_target_"))),
+        "cfg/backend": choices.get("backend", str(cfg.backend.get("_target_"))),
+        "cfg/compile": choices.get("compile", "on" if cfg.compile.enabled else "off"),
+        "cfg/precision": choices.get("precision", cfg.precision.mixed_precision),
+        "cfg/model": choices.get("model", cfg.model.name_or_path),
+        "cfg/data": choices.get("data", str(cfg.data.get("_target_"))),
+        "cfg/seed": cfg.seed,
+        "cfg/gradient_accumulation_steps": accumulation,
+        "cfg/micro_batch_size": micro,
+        "cfg/effective_batch_size": effective,
+        "cfg/world_size": world,
+        "cfg/lr": cfg.optimizer.get("lr"),
+        "cfg/model_name_or_path": cfg.model.name_or_path,
+    }
+
+
+def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool) -> Job:
+    """Build data, model, optimizer, scheduler and meter for ``cfg`` (validated already)."""
+    from transformers import set_seed
+
+    set_seed(cfg.seed)
+    raw = instantiate(cfg.data)
+    tokenizer = build_tokenizer(cfg.model)
+    check_raw(raw, len(raw.label_names))
+    source_key = OmegaConf.to_container(cfg.data, resolve=True)
+    tokenized = tokenize_cached(raw, tokenizer, cfg.max_length, cfg.get("cache_dir"), source_key)
+    train_loader, eval_loader, sampler = build_dataloaders(
+        tokenized, tokenizer, cfg.micro_batch_size, cfg.eval_batch_size, cfg.seed
+    )
+
+    set_seed(cfg.seed)  # the head's initialization does not depend on how much data was read
+    model = build_model(cfg.model, len(raw.label_names), tokenizer)
+    model.config.id2label = dict(enumerate(raw.label_names))
+    model.config.label2id = {name: i for i, name in enumerate(raw.label_names)}
+    optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
+
+    # accelerate shards batches over processes: each process sees ceil(batches / world) of them.
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    batches_per_process = math.ceil(len(train_loader) / world)
+    num_steps = num_optimizer_steps(batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps)
+    scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
+    meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main)
+    return Job(cfg, model, tokenizer, train_loader, eval_loader, sampler, optimizer, scheduler, num_steps, meter, output_dir)
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> dict:
+    """Train and evaluate one configuration; write and return its summary.
+
+    Never raises for a failed run: the returned summary's ``status`` is ``ok``, ``failed``,
+    ``oom`` or ``diverged`` and ``error`` holds a one-line message. A summary already marked
+    ok in ``output_dir`` is never overwritten by a failed run.
+    """
+    from accelerate import PartialState
+
+    started = time.perf_counter()
+    output_dir = Path(output_dir)
+    state = PartialState()
+    previous = results.read_summary(output_dir)
+    summary = {"status": "failed", "error": None}
+    summary.update(config_keys(cfg, state.num_processes))
+    summary.update(results.env_info(str(state.device)))
+    loggers = []
+    try:
+        check_output_dir(output_dir)
+        validate(cfg)
+        if state.is_main_process:
+            loggers.append(results.MetricsFile(output_dir / results.METRICS))
+        job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process)
+        summary["params/total"] = sum(p.numel() for p in job.model.parameters())
+        summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
+        summary["train/scheduled_steps"] = job.num_steps
+        summary.update(instantiate(cfg.backend)(job))
+        summary["status"] = "ok"
+    except ConfigError as error:
+        summary["error"] = str(error)
+        summary["error_type"] = "config"
+    except TrainingDiverged as error:
+        summary["status"], summary["error"] = "diverged", str(error)
+    except torch.OutOfMemoryError as error:
+        summary["status"], summary["error"] = "oom", _one_line(error)
+    except Exception as error:  # any other failure is recorded, with its traceback beside the summary
+        summary["error"] = _one_line(error)
+        if state.is_main_process and output_dir.is_dir():
+            (output_dir / "traceback.txt").write_text(traceback.format_exc())
+    finally:
+        for logger in loggers:
+            logger.close()
+
+    summary["speed/wall_s"] = time.perf_counter() - started
+    if state.is_main_process:
+        if previous and previous.get("status") == "ok" and summary["status"] != "ok":
+            log.error("not overwriting the ok summary.json in %s with a failed run", output_dir)
+        elif output_dir.is_dir():
+            results.write_json_atomic(output_dir / results.SUMMARY, summary)
+    return summary
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}"[:2000]
