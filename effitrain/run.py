@@ -75,12 +75,24 @@ def config_keys(cfg: DictConfig, world: int) -> dict:
     }
 
 
+def instantiate_node(node):
+    """``hydra.utils.instantiate``, letting a ConfigError raised by the target through unwrapped."""
+    from hydra.errors import InstantiationException
+
+    try:
+        return instantiate(node)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, ConfigError):
+            raise error.__cause__ from None
+        raise
+
+
 def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool) -> Job:
     """Build data, model, optimizer, scheduler and meter for ``cfg`` (validated already)."""
     from transformers import set_seed
 
     set_seed(cfg.seed)
-    raw = instantiate(cfg.data)
+    raw = instantiate_node(cfg.data)
     tokenizer = build_tokenizer(cfg.model)
     check_raw(raw, len(raw.label_names))
     source_key = OmegaConf.to_container(cfg.data, resolve=True)
@@ -112,6 +124,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     ok in ``output_dir`` is never overwritten by a failed run.
     """
     from accelerate import PartialState
+    from transformers import set_seed
 
     started = time.perf_counter()
     output_dir = Path(output_dir)
@@ -130,6 +143,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["params/total"] = sum(p.numel() for p in job.model.parameters())
         summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
         summary["train/scheduled_steps"] = job.num_steps
+        set_seed(cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
         summary.update(instantiate(cfg.backend)(job))
         summary["status"] = "ok"
     except ConfigError as error:

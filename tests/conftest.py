@@ -1,0 +1,66 @@
+"""Shared test helpers: compose the real config (shrunk to a tiny model on generated data) and run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Small and fast: a 2-layer BERT with 32 hidden units on 256 generated samples.
+TINY = [
+    "model=tiny",
+    "data=synthetic",
+    "epochs=1",
+    "micro_batch_size=8",
+    "eval_batch_size=32",
+    "progress_bar=false",
+    "logger=none",
+]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _offline_cache(tmp_path_factory):
+    """No hub, no W&B server, and a tokenization cache private to the test session."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ["EFFITRAIN_CACHE_DIR"] = str(tmp_path_factory.mktemp("token-cache"))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def compose(*overrides: str, tiny: bool = True):
+    """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""
+    from effitrain.cli import compose_config
+
+    return compose_config((TINY if tiny else []) + list(overrides))
+
+
+def run_job(tmp_path: Path, *overrides: str, tiny: bool = True) -> dict:
+    """One run in this process; returns its summary (also written to tmp_path/summary.json)."""
+    from effitrain.run import run
+
+    return run(compose(*overrides, tiny=tiny), tmp_path)
+
+
+def read_metrics(folder: Path) -> list[dict]:
+    lines = (Path(folder) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def train_py(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600):
+    """``python train.py ARGS`` in a subprocess, as a user types it."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=cwd or REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

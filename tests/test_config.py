@@ -1,0 +1,163 @@
+"""Every option of every config group composes and builds; bad values are rejected up front."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from effitrain.config import CONF_DIR, ConfigError, check_group_overrides, group_options, validate
+from effitrain.modeling import build_model, build_tokenizer
+from effitrain.optim import build_optimizer
+from tests.conftest import compose
+
+GROUPS = ["optimizer", "backend", "compile", "precision", "model", "data", "logger"]
+
+
+def test_groups_hold_the_options_of_the_contract():
+    expected = {
+        "optimizer": {"adamw", "adafactor", "adam8bit"},
+        "backend": {"accelerator", "trainer"},
+        "compile": {"off", "on"},
+        "precision": {"fp32", "bf16", "fp16"},
+        "model": {"minilm", "tiny", "distilbert_base_cased"},
+        "data": {"drug_reviews", "synthetic", "hub"},
+        "logger": {"none"},
+    }
+    for group, options in expected.items():
+        assert options <= set(group_options(group)), group
+
+
+@pytest.mark.parametrize("option", group_options("optimizer"))
+def test_every_optimizer_builds_the_real_class_with_its_lr(option):
+    cfg = compose(f"optimizer={option}")
+    model = build_model(cfg.model, 3, build_tokenizer(cfg.model))
+    optimizer = build_optimizer(cfg.optimizer, model, weight_decay=0.01)
+    module, _, name = cfg.optimizer._target_.rpartition(".")
+    assert type(optimizer).__name__ == name and type(optimizer).__module__.startswith(module.split(".")[0])
+    assert [g["lr"] for g in optimizer.param_groups] == [cfg.optimizer.lr, cfg.optimizer.lr]
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0]
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("option", group_options("backend"))
+def test_every_backend_resolves_to_its_fit(option):
+    fit = instantiate(compose(f"backend={option}").backend)
+    assert fit.func.__name__ == "fit" and fit.func.__module__ == f"effitrain.backends.{option}"
+
+
+@pytest.mark.parametrize("option", group_options("compile"))
+def test_every_compile_option_validates(option):
+    cfg = compose(f"compile={option}")
+    validate(cfg)
+    assert cfg.compile.enabled is (option == "on")
+
+
+@pytest.mark.parametrize("option", group_options("precision"))
+def test_every_precision_validates_or_names_cuda(option):
+    cfg = compose(f"precision={option}")
+    if option == "fp16" and not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"^precision='fp16' is invalid: fp16 needs a CUDA device"):
+            validate(cfg)
+    else:
+        validate(cfg)
+        assert cfg.precision.mixed_precision == {"fp32": "no"}.get(option, option)
+
+
+def test_minilm_loads_pretrained_weights_from_its_package():
+    cfg = compose("model=minilm")
+    tokenizer = build_tokenizer(cfg.model)
+    model = build_model(cfg.model, 3, tokenizer)
+    assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
+    assert sum(p.numel() for p in model.bert.parameters()) == 22_713_216
+    # pretrained, not random: the word embeddings are those stored in the package
+    from safetensors.torch import load_file
+
+    stored = load_file(f"{cfg.model.name_or_path}/model.safetensors")
+    key = next(k for k in stored if k.endswith("word_embeddings.weight"))
+    torch.testing.assert_close(model.bert.embeddings.word_embeddings.weight, stored[key])
+
+
+def test_distilbert_random_init_builds_offline_with_the_architecture():
+    cfg = compose("model=distilbert_base_cased", "model.init=random")
+    tokenizer = build_tokenizer(cfg.model)  # no hub: falls back to the offline tokenizer
+    model = build_model(cfg.model, 3, tokenizer)
+    assert model.config.model_type == "distilbert" and model.config.n_layers == 6
+    assert model.config.vocab_size == len(tokenizer) == 30522
+    on_meta = build_model(cfg.model, 3, tokenizer, device="meta")
+    assert next(on_meta.parameters()).device.type == "meta"
+    assert sum(p.numel() for p in on_meta.parameters()) == sum(p.numel() for p in model.parameters())
+
+
+def test_distilbert_pretrained_without_hub_is_a_clear_error():
+    cfg = compose("model=distilbert_base_cased")
+    with pytest.raises(ConfigError, match=r"^model.name_or_path='distilbert-base-cased' is invalid"):
+        build_tokenizer(cfg.model)
+
+
+@pytest.mark.parametrize("option", ["drug_reviews", "synthetic"])
+def test_packaged_and_generated_data_load(option):
+    raw = instantiate(compose(f"data={option}").data)
+    assert set(raw.train.column_names) == {"text", "label"}
+    if option == "drug_reviews":
+        assert (len(raw.train), len(raw.eval)) == (600, 379)
+        assert raw.label_names == ["negative", "neutral", "positive"]
+        assert not any("&#039;" in t or t.startswith('"') for t in raw.train["text"])
+    else:
+        assert (len(raw.train), len(raw.eval)) == (256, 64)
+
+
+def test_hub_data_reads_local_files_with_load_dataset(tmp_path):
+    (tmp_path / "train.csv").write_text("review,stars\ngood stuff,pos\nbad stuff,neg\nfine,pos\n")
+    (tmp_path / "test.csv").write_text("review,stars\nokay,pos\nawful,neg\n")
+    cfg = compose(
+        "data=hub",
+        "data.load_args.path=csv",
+        f"+data.load_args.data_files={{train: {tmp_path}/train.csv, test: {tmp_path}/test.csv}}",
+        "data.text_column=review",
+        "data.label_column=stars",
+    )
+    raw = instantiate(cfg.data)
+    assert raw.label_names == ["neg", "pos"]
+    assert raw.train["label"] == [1, 0, 1] and raw.eval["text"] == ["okay", "awful"]
+
+
+def test_logger_none_builds_nothing():
+    assert OmegaConf.to_container(compose("logger=none").logger) == {"_target_": None}
+
+
+def test_unknown_group_option_names_the_choices():
+    with pytest.raises(ConfigError) as error:
+        check_group_overrides(["optimizer=sgd"])
+    assert str(error.value) == "optimizer='sgd' is not an option: choose one of adafactor, adam8bit, adamw"
+    with pytest.raises(ConfigError, match="backend='keras' is not an option"):
+        check_group_overrides(["backend=trainer,keras"])
+    check_group_overrides(["optimizer=adamw,adafactor", "+foo=1", "seed=3"])  # valid: no error
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("gradient_accumulation_steps=0", "gradient_accumulation_steps=0 is invalid: must be an integer >= 1"),
+        ("micro_batch_size=-2", "micro_batch_size=-2 is invalid: must be an integer >= 1"),
+        ("epochs=0", "epochs=0 is invalid: must be an integer >= 1"),
+        ("max_steps=0", "max_steps=0 is invalid: must be an integer >= 1 (or null)"),
+        ("max_length=1", "max_length=1 is invalid: must be an integer >= 2"),
+        ("optimizer.lr=0", "optimizer.lr=0 is invalid: must be a number > 0"),
+        ("warmup_ratio=1.0", "warmup_ratio=1.0 is invalid: must be in [0, 1)"),
+        ("max_grad_norm=-1", "max_grad_norm=-1 is invalid: must be >= 0 (0 disables clipping)"),
+        ("lr_scheduler=step", "lr_scheduler='step' is invalid: choose one of linear, cosine, constant"),
+        ("compile.mode=fast", "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
+        ("model.name_or_path=/no/such/model", "model.name_or_path='/no/such/model' is invalid: no such folder"),
+    ],
+)
+def test_validate_rejects_bad_values_naming_key_and_value(override, message):
+    with pytest.raises(ConfigError) as error:
+        validate(compose(override))
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+def test_conf_dir_is_the_repository_conf():
+    assert (CONF_DIR / "config.yaml").is_file()

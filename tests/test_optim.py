@@ -1,0 +1,67 @@
+"""Parameter groups and the schedule's length in optimizer steps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from effitrain.modeling import build_model, build_tokenizer
+from effitrain.optim import build_scheduler, num_optimizer_steps, param_groups
+from tests.conftest import compose
+
+
+def test_no_decay_group_holds_exactly_biases_and_norm_weights():
+    cfg = compose()
+    model = build_model(cfg.model, 3, build_tokenizer(cfg.model))
+    decay, no_decay = param_groups(model, weight_decay=0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    no_decay_names = {names[id(p)] for p in no_decay["params"]}
+    decay_names = {names[id(p)] for p in decay["params"]}
+    expected_no_decay = {n for n in names.values() if n.endswith(".bias") or "LayerNorm" in n}
+    assert no_decay_names == expected_no_decay
+    assert decay_names == set(names.values()) - expected_no_decay
+    # what decays: every weight matrix and the embeddings, nothing one-dimensional
+    assert all(p.dim() == 2 for p in decay["params"])
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    # per layer 6 biases + 2 LayerNorms (weight, bias); embeddings LayerNorm; pooler and head biases
+    assert len(no_decay_names) == 2 * (6 + 2 * 2) + 2 + 1 + 1
+
+
+def test_tied_parameters_appear_once():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.norm = torch.nn.LayerNorm(4)
+            self.out = torch.nn.Linear(4, 10)
+            self.out.weight = self.embed.weight
+
+    decay, no_decay = param_groups(Tied(), 0.01)
+    assert len(decay["params"]) == 1  # the shared embedding/output matrix, once
+    assert len(no_decay["params"]) == 3  # norm weight, norm bias, output bias
+
+
+@pytest.mark.parametrize("batches, accumulation, epochs", [(13, 4, 2), (16, 4, 1), (7, 1, 3), (5, 8, 2)])
+def test_step_count_is_after_accumulation(batches, accumulation, epochs):
+    assert num_optimizer_steps(batches, accumulation, epochs) == math.ceil(batches / accumulation) * epochs
+    assert num_optimizer_steps(batches, accumulation, epochs, max_steps=2) == 2
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine", "constant"])
+def test_schedule_warms_up_for_ten_percent_and_spans_the_steps(name):
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_scheduler(name, optimizer, num_training_steps=20, warmup_ratio=0.1)
+    lrs = []
+    for _ in range(20):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[:3] == [0.0, 0.5, 1.0]  # 2 warmup steps
+    if name == "linear":
+        assert lrs[-1] == pytest.approx(1 / 18)  # reaches 0 right after the last step
+    elif name == "cosine":
+        assert lrs[-1] == pytest.approx(0.5 * (1 + math.cos(math.pi * 17 / 18)))
+    else:
+        assert lrs[2:] == [1.0] * 18

@@ -1,0 +1,91 @@
+"""Few-step runs through both backends: result files, keys, learning, step counts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hydra.utils import instantiate
+
+from tests.conftest import compose, read_metrics, run_job
+
+REQUIRED_KEYS = {
+    "status", "error",
+    "cfg/optimizer", "cfg/backend", "cfg/compile", "cfg/precision", "cfg/gradient_accumulation_steps",
+    "cfg/micro_batch_size", "cfg/effective_batch_size", "cfg/model", "cfg/data", "cfg/seed",
+    "params/total", "params/trainable",
+    "train/loss", "train/steps", "train/samples", "train/tokens",
+    "eval/loss", "eval/accuracy", "eval/f1",
+    "speed/samples_per_s", "speed/tokens_per_s", "speed/step_s_median", "speed/compile_s", "speed/wall_s",
+    "env/torch", "env/transformers", "env/accelerate", "env/bitsandbytes", "env/device", "env/git_commit",
+}  # fmt: skip
+STEP_KEYS = {"step", "train/loss", "lr", "grad_norm", "train/samples", "train/tokens", "speed/step_s"}
+FEW_STEPS = ["max_steps=3", "data.num_train=48", "data.num_eval=16"]
+
+
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+@pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adam8bit"])
+def test_few_steps_write_every_required_key(tmp_path, optimizer, backend):
+    summary = run_job(tmp_path, f"optimizer={optimizer}", f"backend={backend}", *FEW_STEPS)
+    assert summary["status"] == "ok", summary["error"]
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert REQUIRED_KEYS <= set(on_disk)
+    assert on_disk["cfg/optimizer"] == optimizer and on_disk["cfg/backend"] == backend
+    assert on_disk["train/steps"] == 3 and on_disk["train/samples"] == 3 * 8
+    assert on_disk["cfg/effective_batch_size"] == 8
+    lines = read_metrics(tmp_path)
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert all(STEP_KEYS <= set(line) for line in lines)
+    assert on_disk["train/loss"] == lines[-1]["train/loss"]
+    assert on_disk["train/tokens"] == lines[-1]["train/tokens"] > 0
+    assert 0 < on_disk["eval/loss"] < 5 and 0 <= on_disk["eval/accuracy"] <= 1 and 0 <= on_disk["eval/f1"] <= 1
+    assert on_disk["speed/samples_per_s"] > 0 and on_disk["speed/wall_s"] > 0
+
+
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+def test_compile_on_runs_and_writes_ok(tmp_path, backend):
+    summary = run_job(tmp_path, "compile=on", "compile.backend=aot_eager", f"backend={backend}", *FEW_STEPS)
+    assert summary["status"] == "ok", summary["error"]
+    assert summary["cfg/compile"] == "on" and summary["train/steps"] == 3
+
+
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+def test_loss_falls_clearly_on_a_learnable_task(tmp_path, backend):
+    summary = run_job(tmp_path, f"backend={backend}", "epochs=8", "optimizer.lr=3e-3", "warmup_ratio=0.0")
+    assert summary["status"] == "ok", summary["error"]
+    losses = [line["train/loss"] for line in read_metrics(tmp_path)]
+    first, last = sum(losses[:8]) / 8, sum(losses[-8:]) / 8
+    assert first == pytest.approx(math.log(3), abs=0.1)  # uniform guess over 3 classes
+    assert last < 0.5 * first
+    labels = instantiate(compose().data).eval["label"]
+    majority = max(labels.count(c) for c in set(labels)) / len(labels)
+    assert summary["eval/accuracy"] > majority + 0.2
+
+
+def test_steps_and_schedule_length_follow_accumulation(tmp_path):
+    # 100 samples / micro 8 = 13 micro-batches; accumulation 4 -> 4 optimizer steps per epoch
+    summary = run_job(
+        tmp_path, "data.num_train=100", "gradient_accumulation_steps=4", "epochs=2", "lr_scheduler=linear"
+    )
+    assert summary["status"] == "ok", summary["error"]
+    assert summary["train/steps"] == summary["train/scheduled_steps"] == math.ceil(13 / 4) * 2
+    lines = read_metrics(tmp_path)
+    # the last window of each epoch holds one micro-batch of 4 samples: 32 + 32 + 32 + 4 per epoch
+    assert [line["train/samples"] for line in lines[:4]] == [32, 64, 96, 100]
+    assert lines[-1]["train/samples"] == 200
+    warmup = math.ceil(0.1 * 8)
+    assert lines[0]["lr"] == 0.0 and lines[warmup]["lr"] == pytest.approx(1e-4)
+    assert lines[-1]["lr"] == pytest.approx(1e-4 / (8 - warmup))
+
+
+def test_failed_run_writes_failed_summary_and_keeps_an_ok_one(tmp_path):
+    summary = run_job(tmp_path, "gradient_accumulation_steps=0")
+    assert summary["status"] == "failed"
+    assert json.loads((tmp_path / "summary.json").read_text())["error"].startswith("gradient_accumulation_steps=0")
+
+    ok_dir = tmp_path / "ok"
+    assert run_job(ok_dir, *FEW_STEPS)["status"] == "ok"
+    before = (ok_dir / "summary.json").read_text()
+    assert run_job(ok_dir, "micro_batch_size=0")["status"] == "failed"
+    assert (ok_dir / "summary.json").read_text() == before
