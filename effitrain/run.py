@@ -11,7 +11,7 @@ import logging
 import math
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,7 +31,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Job:
-    """What a backend receives: built objects and the config they came from."""
+    """What a backend receives: built objects and the config they came from.
+
+    ``model`` stays the plain module: backends wrap it (DDP, torch.compile) without copying its
+    parameters, so after training it holds the trained weights, and saving it gives keys without
+    an ``_orig_mod.`` prefix.
+    """
 
     cfg: DictConfig
     model: torch.nn.Module
@@ -44,7 +49,6 @@ class Job:
     num_steps: int
     meter: StepMeter
     output_dir: Path
-    extra: dict = field(default_factory=dict)
 
 
 def hydra_choices() -> dict:
@@ -116,6 +120,18 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     return Job(cfg, model, tokenizer, train_loader, eval_loader, sampler, optimizer, scheduler, num_steps, meter, output_dir)
 
 
+def fit(job: Job) -> dict:
+    """Hand the job to its backend's ``fit``; returns the backend's train and eval metrics."""
+    from accelerate.state import AcceleratorState
+    from transformers import set_seed
+
+    # accelerate keeps precision and compile settings in a process-wide singleton: a job must
+    # not inherit the previous job's (Hydra's basic launcher runs a multirun in one process).
+    AcceleratorState._reset_state(reset_partial_state=False)
+    set_seed(job.cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
+    return instantiate(job.cfg.backend)(job)
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     """Train and evaluate one configuration; write and return its summary.
 
@@ -124,7 +140,6 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     ok in ``output_dir`` is never overwritten by a failed run.
     """
     from accelerate import PartialState
-    from transformers import set_seed
 
     started = time.perf_counter()
     output_dir = Path(output_dir)
@@ -143,8 +158,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["params/total"] = sum(p.numel() for p in job.model.parameters())
         summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
         summary["train/scheduled_steps"] = job.num_steps
-        set_seed(cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
-        summary.update(instantiate(cfg.backend)(job))
+        summary.update(fit(job))
         summary["status"] = "ok"
     except ConfigError as error:
         summary["error"] = str(error)

@@ -88,11 +88,9 @@ def fit_with_snapshots(tmp_path: Path, *overrides: str):
     Returns (snapshots, metrics from fit, the job).
     """
     from accelerate import PartialState
-    from hydra.utils import instantiate
-    from transformers import set_seed
 
     from effitrain.config import validate
-    from effitrain.run import build_job
+    from effitrain.run import build_job, fit
 
     cfg = compose(*overrides)
     validate(cfg)
@@ -100,6 +98,5 @@ def fit_with_snapshots(tmp_path: Path, *overrides: str):
     snapshots = ParamSnapshots()
     job = build_job(cfg, Path(tmp_path), [snapshots], state.device, True)
     snapshots.model = job.model
-    set_seed(cfg.seed)
-    metrics = instantiate(cfg.backend)(job)
+    metrics = fit(job)
     return snapshots, metrics, job

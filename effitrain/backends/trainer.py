@@ -96,5 +96,4 @@ def fit(job) -> dict:
     metrics = job.meter.summary()
     eval_loader = trainer.accelerator.prepare(job.eval_loader)
     metrics.update(evaluate(trainer.model_wrapped, eval_loader, trainer.accelerator))
-    job.extra["unwrapped_model"] = trainer.accelerator.unwrap_model(trainer.model_wrapped, keep_torch_compile=False)
     return metrics
