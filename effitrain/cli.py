@@ -22,6 +22,30 @@ def check_overrides_or_exit(overrides: list[str]) -> None:
         fail(str(error))
 
 
+def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
+    """Under ``torchrun``/``accelerate launch``, give every rank rank 0's Hydra run folder.
+
+    Hydra names the folder from the clock, and ranks start a moment apart: without this, two
+    processes of one job could write to two folders. Returns the overrides to pass on.
+    """
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or any(a.startswith("hydra.run.dir=") for a in argv):
+        return argv
+    if "-m" in argv or "--multirun" in argv:
+        return argv
+    import time
+
+    import torch.distributed as dist
+
+    from effitrain.training import process_state
+
+    process_state()  # joins the process group the launcher set up
+    folder = [time.strftime("outputs/%Y-%m-%d/%H-%M-%S")]
+    dist.broadcast_object_list(folder, src=0)
+    return [*argv, f"hydra.run.dir={folder[0]}"]
+
+
 def train_job(cfg: DictConfig) -> float | None:
     """The Hydra task: run one job into Hydra's output folder; exit non-zero if it failed.
 
@@ -34,13 +58,14 @@ def train_job(cfg: DictConfig) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     summary = run(cfg, hydra_cfg.runtime.output_dir)
-    if summary["status"] == "ok":
+    if summary["status"] == "ok" and summary.get("env/rank", 0) == 0:
         print(
             f"effitrain: ok: train/loss {summary['train/loss']:.4f}  eval/loss {summary['eval/loss']:.4f}  "
             f"eval/accuracy {summary['eval/accuracy']:.4f}  eval/f1 {summary['eval/f1']:.4f}  "
             f"{summary['speed/samples_per_s']:.1f} samples/s  {summary['speed/wall_s']:.1f} s  "
             f"-> {hydra_cfg.runtime.output_dir}"
         )
+    if summary["status"] == "ok":
         return summary["eval/loss"]
     message = f"{summary['status']}: {summary['error']}"
     if hydra_cfg.mode == RunMode.MULTIRUN:

@@ -24,7 +24,7 @@ from effitrain.config import ConfigError, check_output_dir, validate
 from effitrain.data import build_dataloaders, check_raw, tokenize_cached
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
-from effitrain.training import StepMeter, TrainingDiverged
+from effitrain.training import StepMeter, TrainingDiverged, process_state
 
 log = logging.getLogger(__name__)
 
@@ -139,15 +139,14 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     ``oom`` or ``diverged`` and ``error`` holds a one-line message. A summary already marked
     ok in ``output_dir`` is never overwritten by a failed run.
     """
-    from accelerate import PartialState
-
     started = time.perf_counter()
     output_dir = Path(output_dir)
-    state = PartialState()
+    state = process_state()
     previous = results.read_summary(output_dir)
     summary = {"status": "failed", "error": None}
     summary.update(config_keys(cfg, state.num_processes))
     summary.update(results.env_info(str(state.device)))
+    summary["env/rank"] = state.process_index
     loggers = []
     try:
         check_output_dir(output_dir)

@@ -36,6 +36,14 @@ def loss_sum(model, batch) -> torch.Tensor:
     return F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
 
 
+def process_state():
+    """accelerate's process-wide state; on a machine without CUDA, several launched processes
+    (``torchrun``) form a gloo group on the CPU, which accelerate does only when told ``cpu``."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
 def world_size() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 

@@ -87,14 +87,13 @@ def fit_with_snapshots(tmp_path: Path, *overrides: str):
 
     Returns (snapshots, metrics from fit, the job).
     """
-    from accelerate import PartialState
-
     from effitrain.config import validate
     from effitrain.run import build_job, fit
+    from effitrain.training import process_state
 
     cfg = compose(*overrides)
     validate(cfg)
-    state = PartialState()
+    state = process_state()
     snapshots = ParamSnapshots()
     job = build_job(cfg, Path(tmp_path), [snapshots], state.device, True)
     snapshots.model = job.model
