@@ -16,10 +16,37 @@ def fail(message: str, code: int = 2):
 
 
 def check_overrides_or_exit(overrides: list[str]) -> None:
+    """Fail with one line on an unknown group option or an unknown key, before Hydra starts."""
     try:
         check_group_overrides(overrides)
+        if not {"-m", "--multirun"} & set(overrides):
+            check_known_keys([o for o in overrides if not o.startswith("-")])
     except ConfigError as error:
         fail(str(error))
+
+
+def check_known_keys(overrides: list[str]) -> None:
+    """Raises ConfigError for ``key=value`` naming a key the composed config does not have."""
+    import re
+
+    from hydra.errors import ConfigCompositionException
+
+    try:
+        compose_config(overrides)
+    except ConfigCompositionException as error:
+        match = re.search(r"Could not override '([^']+)'", str(error))
+        if not match:
+            raise
+        key = match.group(1)
+        parent_path, _, name = key.rpartition(".")
+        parent = compose_config([])
+        for part in filter(None, parent_path.split(".")):
+            parent = parent.get(part, {})
+        known = ", ".join(sorted(k for k in parent if k != "hydra")) or "none"
+        value = next(o.partition("=")[2] for o in overrides if o.startswith(f"{key}="))
+        raise ConfigError(
+            f"{key}={value!r} is not a config key: use +{key}=... to add one, or choose one of {known}"
+        ) from None
 
 
 def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
