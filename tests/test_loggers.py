@@ -243,3 +243,13 @@ def test_comparison_table_is_its_own_run_of_the_group(tmp_path):
 def test_comparison_table_disabled_writes_nothing(tmp_path):
     assert loggers.log_comparison_table([{"job": 0}], group="g", wandb_dir=tmp_path, mode="disabled") is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_wandb_is_the_default_logger_and_builds_a_logger(tmp_path, monkeypatch):
+    from tests.conftest import compose
+
+    cfg = compose(tiny=False)
+    assert cfg.logger._target_ == "effitrain.loggers.WandbLogger" and cfg.logger.mode is None
+    tracker = loggers.build_tracker(compose("logger=wandb", "logger.mode=disabled"), tmp_path, {"cfg/seed": 42})
+    assert isinstance(tracker, loggers.WandbLogger) and tracker.mode == "disabled" and tracker.run is None
+    assert loggers.build_tracker(compose("logger=none"), tmp_path, {}) is None
