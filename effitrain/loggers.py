@@ -194,7 +194,9 @@ class WandbLogger:
         self.run.define_metric("*", step_metric="step")  # the optimizer step is every chart's x-axis
         if self.mode == "offline":
             # in a sweep every job points at the whole sweep: one command uploads all of it
-            target = f"{wandb_dir / 'wandb'}/offline-run-*" if identity["multirun"] else self.run.settings.sync_dir
+            target = (
+                f"{wandb_dir / 'wandb'}/offline-run-*" if identity["multirun"] else self.run.settings.sync_dir
+            )
             print(f"effitrain: W&B run saved offline; upload it later with: wandb sync {target}", flush=True)
 
     def _warn(self, message: str) -> None:
@@ -203,6 +205,8 @@ class WandbLogger:
             self._warned = True
 
     def log_dict(self, payload: dict, step: int) -> None:
+        # ``step`` is also in the payload, and define_metric made it the x-axis; W&B's own _step
+        # only counts calls, so it never rejects a record (e.g. after a resume)
         if self.run is None:
             return
         try:
@@ -295,6 +299,9 @@ def log_comparison_table(
         run.finish()
         return folder
     except Exception as error:
-        print(f"effitrain: warning: W&B: the comparison table was not logged ({type(error).__name__}: {error})",
-              file=sys.stderr, flush=True)
+        print(
+            f"effitrain: warning: W&B: the comparison table was not logged ({type(error).__name__}: {error})",
+            file=sys.stderr,
+            flush=True,
+        )
         return None

@@ -162,6 +162,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["error"] = _one_line(error)
         if state.is_main_process and output_dir.is_dir():
             (output_dir / "traceback.txt").write_text(traceback.format_exc())
+    except BaseException:  # Ctrl-C or a kill: the W&B run still ends as crashed, not left open
+        if tracker is not None:
+            tracker.close()
+        raise
     finally:
         for logger in loggers:
             if logger is not tracker:

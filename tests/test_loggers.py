@@ -80,7 +80,9 @@ def test_offline_run_holds_config_history_and_summary_of_the_result_files(tmp_pa
 
     run = run_record(records)
     assert run["job_type"] == backend and "run_group" not in run  # a single run has no sweep
-    assert run["display_name"] == ",".join(sorted(TINY + WANDB + [f"backend={backend}", "optimizer.lr=3e-4"] + FEW_STEPS))
+    assert run["display_name"] == ",".join(
+        sorted(TINY + WANDB + [f"backend={backend}", "optimizer.lr=3e-4"] + FEW_STEPS)
+    )
     assert run["tags"] == ["model=tiny", "data=synthetic", f"backend={backend}"]
     assert capsys.readouterr().out.count("wandb sync") == 1  # one line saying how to upload
 
@@ -88,8 +90,13 @@ def test_offline_run_holds_config_history_and_summary_of_the_result_files(tmp_pa
 def test_two_job_multirun_in_one_process_gives_two_runs_in_one_group(tmp_path):
     sweep = tmp_path / "sweep"
     marker = "effitrain-marker-key-0a1b2c3d4e5f60718293a4b5c6d7e8f9"  # WANDB_MODE=offline comes from conftest
-    proc = train_py("-m", *TINY_WANDB, "optimizer=adamw,adafactor", f"hydra.sweep.dir={sweep}",
-                    env={"WANDB_API_KEY": marker})
+    proc = train_py(
+        "-m",
+        *TINY_WANDB,
+        "optimizer=adamw,adafactor",
+        f"hydra.sweep.dir={sweep}",
+        env={"WANDB_API_KEY": marker},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = [p for p in sweep.rglob("*") if p.is_file()]  # Hydra's files, logs, W&B runs: no key anywhere
     assert len(written) > 20 and [p for p in written if marker.encode() in p.read_bytes()] == []
@@ -105,10 +112,16 @@ def test_two_job_multirun_in_one_process_gives_two_runs_in_one_group(tmp_path):
         state = inspect_summary(f)
         job = sweep / {"adamw": "0", "adafactor": "1"}[state["summary"]["cfg/optimizer"]]
         assert state["exit_code"] == 0 and state["summary"] == {**state["summary"], **_non_null(job)}
-        assert [row["step"] for row in history(inspect_records(f))] == [line["step"] for line in read_metrics(job)]
+        assert [row["step"] for row in history(inspect_records(f))] == [
+            line["step"] for line in read_metrics(job)
+        ]
     # one upload line per job, each naming the whole sweep
     sync_lines = [line for line in proc.stdout.splitlines() if "wandb sync" in line]
-    assert sync_lines == [f"effitrain: W&B run saved offline; upload it later with: wandb sync {sweep}/wandb/offline-run-*"] * 2
+    assert (
+        sync_lines
+        == [f"effitrain: W&B run saved offline; upload it later with: wandb sync {sweep}/wandb/offline-run-*"]
+        * 2
+    )
 
 
 def _non_null(job_dir: Path) -> dict:
@@ -128,6 +141,19 @@ def test_a_failed_job_finishes_its_run_with_a_nonzero_exit_code(tmp_path, monkey
     state = inspect_summary(wandb_files(tmp_path)[0])
     assert state["exit_code"] == 1 and state["state"] == "failed"
     assert state["summary"]["status"] == "failed" and "the loop broke" in state["summary"]["error"]
+
+
+def test_an_interrupted_job_finishes_its_run_as_crashed(tmp_path, monkeypatch):
+    from effitrain.backends import accelerator
+
+    def interrupted_fit(job):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(accelerator, "fit", interrupted_fit)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(tmp_path, *WANDB, *FEW_STEPS)
+    state = inspect_summary(wandb_files(tmp_path)[0])
+    assert state["exit_code"] == 1 and state["state"] == "failed"
 
 
 def test_a_rejected_config_shows_as_crashed_too(tmp_path):
@@ -224,7 +250,9 @@ def test_comparison_table_is_its_own_run_of_the_group(tmp_path):
         {"job": 1, "cfg/optimizer": "adam8bit", "mem/peak_bytes": 98_765_432, "eval/loss": float("nan")},
         {"job": 2, "cfg/optimizer": "adafactor", "status": "oom"},
     ]
-    folder = loggers.log_comparison_table(rows, group="multirun/2025-01-31/12-00-00", wandb_dir=tmp_path, mode="offline")
+    folder = loggers.log_comparison_table(
+        rows, group="multirun/2025-01-31/12-00-00", wandb_dir=tmp_path, mode="offline"
+    )
     [log_file] = wandb_files(tmp_path)
     assert Path(folder) == log_file.parent
     run = run_record(inspect_records(log_file))
@@ -250,6 +278,8 @@ def test_wandb_is_the_default_logger_and_builds_a_logger(tmp_path, monkeypatch):
 
     cfg = compose(tiny=False)
     assert cfg.logger._target_ == "effitrain.loggers.WandbLogger" and cfg.logger.mode is None
-    tracker = loggers.build_tracker(compose("logger=wandb", "logger.mode=disabled"), tmp_path, {"cfg/seed": 42})
+    tracker = loggers.build_tracker(
+        compose("logger=wandb", "logger.mode=disabled"), tmp_path, {"cfg/seed": 42}
+    )
     assert isinstance(tracker, loggers.WandbLogger) and tracker.mode == "disabled" and tracker.run is None
     assert loggers.build_tracker(compose("logger=none"), tmp_path, {}) is None
