@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from effitrain import results
 from effitrain.config import ConfigError, check_output_dir, validate
 from effitrain.data import build_dataloaders, check_raw, tokenize_cached
+from effitrain.loggers import build_tracker
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
 from effitrain.training import StepMeter, TrainingDiverged, process_state
@@ -148,11 +149,15 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     summary.update(results.env_info(str(state.device)))
     summary["env/rank"] = state.process_index
     loggers = []
+    tracker = None  # the W&B run (rank 0, logger=wandb); finished after summary.json, also on failure
     try:
         check_output_dir(output_dir)
+        if state.is_main_process:  # started before validation so a rejected config shows as crashed
+            tracker = build_tracker(cfg, output_dir, config_keys(cfg, state.num_processes))
         validate(cfg)
         if state.is_main_process:
             loggers.append(results.MetricsFile(output_dir / results.METRICS))
+            loggers += [tracker] if tracker is not None else []
         job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process)
         summary["params/total"] = sum(p.numel() for p in job.model.parameters())
         summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
@@ -170,16 +175,25 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["error"] = _one_line(error)
         if state.is_main_process and output_dir.is_dir():
             (output_dir / "traceback.txt").write_text(traceback.format_exc())
+    except BaseException:  # Ctrl-C or a kill: the W&B run still ends as crashed, not left open
+        if tracker is not None:
+            tracker.close()
+        raise
     finally:
         for logger in loggers:
-            logger.close()
+            if logger is not tracker:
+                logger.close()
 
-    summary["speed/wall_s"] = time.perf_counter() - started
-    if state.is_main_process:
-        if previous and previous.get("status") == "ok" and summary["status"] != "ok":
-            log.error("not overwriting the ok summary.json in %s with a failed run", output_dir)
-        elif output_dir.is_dir():
-            results.write_json_atomic(output_dir / results.SUMMARY, summary)
+    try:
+        summary["speed/wall_s"] = time.perf_counter() - started
+        if state.is_main_process:
+            if previous and previous.get("status") == "ok" and summary["status"] != "ok":
+                log.error("not overwriting the ok summary.json in %s with a failed run", output_dir)
+            elif output_dir.is_dir():
+                results.write_json_atomic(output_dir / results.SUMMARY, summary)
+    finally:
+        if tracker is not None:
+            tracker.finish(summary)
     return summary
 
 
