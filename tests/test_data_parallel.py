@@ -28,7 +28,9 @@ def torchrun(*args: str, cwd) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["accelerator", "trainer"])
 def test_two_processes_with_k_equal_one_process_with_2k(tmp_path, backend):
-    parallel = torchrun(*DDP, f"backend={backend}", "gradient_accumulation_steps=2", cwd=tmp_path)
+    parallel = torchrun(
+        *DDP, f"backend={backend}", "gradient_accumulation_steps=2", "logger=wandb", "logger.mode=offline", cwd=tmp_path
+    )
     assert parallel.returncode == 0, parallel.stderr[-3000:]
     # Both ranks used one folder (Hydra names it from the clock): exactly one run folder exists,
     # holding one summary and one metrics file written by rank 0 alone.
@@ -40,6 +42,7 @@ def test_two_processes_with_k_equal_one_process_with_2k(tmp_path, backend):
     lines = read_metrics(parallel_dir)
     assert [line["step"] for line in lines] == list(range(1, 9))  # one line per step, not one per rank
     assert parallel.stdout.count("effitrain: ok:") == 1
+    assert len(list(parallel_dir.glob("wandb/offline-run-*"))) == 1  # one W&B run, from rank 0
 
     single_dir = tmp_path / "single"
     single = train_py(*DDP, f"backend={backend}", "gradient_accumulation_steps=4", f"hydra.run.dir={single_dir}")
