@@ -20,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain import results
+from effitrain.memory import TrainingMemory
 from effitrain.config import ConfigError, check_output_dir, validate
 from effitrain.data import build_dataloaders, check_raw, tokenize_cached
 from effitrain.modeling import build_model, build_tokenizer
@@ -134,6 +135,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     summary.update(config_keys(cfg, state.num_processes))
     summary.update(results.env_info(str(state.device)))
     loggers = []
+    tracked = None
     try:
         check_output_dir(output_dir)
         validate(cfg)
@@ -144,7 +146,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
         summary["train/scheduled_steps"] = job.num_steps
         set_seed(cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
-        summary.update(instantiate(cfg.backend)(job))
+        tracked = TrainingMemory(job.model, job.optimizer, state.device)
+        with tracked:
+            summary.update(instantiate(cfg.backend)(job))
         summary["status"] = "ok"
     except ConfigError as error:
         summary["error"] = str(error)
@@ -160,6 +164,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     finally:
         for logger in loggers:
             logger.close()
+        if tracked is not None:  # also for a failed run: the peak of an OOM is worth keeping
+            summary.update(tracked.summary())
 
     summary["speed/wall_s"] = time.perf_counter() - started
     if state.is_main_process:
