@@ -379,3 +379,41 @@ class TrainingMemory:
         }
         keys.update(self.peak.summary())
         return keys
+
+
+# --- before running: the whole static footprint of a configuration ---------------------------
+
+
+def estimate_memory(cfg, optimizers: dict | None = None) -> dict:
+    """Parameters, weights, gradients and optimizer state of ``cfg``'s run, in bytes, from a ``meta``
+    model: nothing is allocated, so it works for models far larger than this machine.
+
+    ``optimizers`` maps names to optimizer config nodes (default: ``{"chosen": cfg.optimizer}``);
+    one row per optimizer, all on the same model. Activations are left out: they depend on the
+    batch's shapes, not on the parameters.
+    """
+    from hydra.utils import instantiate
+
+    from effitrain.modeling import build_model, build_tokenizer
+    from effitrain.optim import build_optimizer
+
+    tokenizer = build_tokenizer(cfg.model)
+    num_labels = cfg.data.get("num_labels") or len(instantiate(cfg.data).label_names)
+    model = build_model(cfg.model, num_labels, tokenizer, device="meta")
+    weights = params_footprint(model)
+    rows = {}
+    for name, optimizer_cfg in (optimizers or {"chosen": cfg.optimizer}).items():
+        optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
+        grads, state = grads_estimate(optimizer), estimate_optimizer_state(optimizer)
+        trainable = sum(p.numel() for p in optimizer_params(optimizer))
+        rows[name] = {
+            "params": sum(p.numel() for p in model.parameters()),
+            "params_trainable": trainable,
+            "weights_bytes": weights.bytes,
+            "grads_bytes": grads.bytes,
+            "optimizer_state_bytes": state.bytes if state else None,
+            "optimizer_state_elements": state.elements if state else None,
+            "optimizer_bytes_per_param": state.bytes / trainable if state and trainable else None,
+            "total_bytes": weights.bytes + grads.bytes + state.bytes if state else None,
+        }
+    return rows
