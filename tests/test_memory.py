@@ -204,3 +204,21 @@ def test_estimate_cli_agrees_with_a_run(tmp_path):
     assert row["grads_bytes"] == summary["mem/grads_bytes"]
     assert row["optimizer_state_bytes"] == summary["mem/optimizer_state_bytes"]
     assert row["total_bytes"] == row["weights_bytes"] + row["grads_bytes"] + row["optimizer_state_bytes"]
+
+
+@pytest.mark.slow
+def test_estimate_of_distilbert_agrees_with_real_runs(tmp_path):
+    overrides = ["model=distilbert_base_cased", "model.init=random", "data=synthetic", "logger=none",
+                 "progress_bar=false", "micro_batch_size=4", "max_length=16", "max_steps=1"]
+    cfg = compose(*overrides, tiny=False)
+    estimates = memory.estimate_memory(
+        cfg, {name: compose(*overrides, f"optimizer={name}", tiny=False).optimizer for name in OPTIMIZERS})
+    for name in OPTIMIZERS:
+        summary = run_job(tmp_path / name, *overrides, f"optimizer={name}", tiny=False)
+        assert summary["status"] == "ok", summary["error"]
+        row = estimates[name]
+        assert row["params"] == summary["params/total"] == 66_955_779
+        assert row["weights_bytes"] == summary["mem/params_bytes"]
+        assert row["grads_bytes"] == summary["mem/grads_bytes"]
+        assert row["optimizer_state_bytes"] == summary["mem/optimizer_state_bytes"]
+        assert row["optimizer_state_elements"] == summary["mem/optimizer_state_elements"]
