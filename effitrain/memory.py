@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from typing_extensions import Self
 
 MIB = 2**20
 
@@ -130,7 +131,9 @@ def _adam_state(optimizer) -> Footprint:
     for group in optimizer.param_groups:
         moments = 3 if group.get("amsgrad") else 2
         fused_or_capturable = group.get("fused") or group.get("capturable")
-        step_dtype = _get_scalar_dtype(is_fused=group.get("fused")) if fused_or_capturable else _get_scalar_dtype()
+        step_dtype = (
+            _get_scalar_dtype(is_fused=group.get("fused")) if fused_or_capturable else _get_scalar_dtype()
+        )
         for param in group["params"]:
             for _ in range(moments):
                 total += _tensor(param.numel(), param.dtype)
@@ -180,7 +183,9 @@ def _adafactor_state(optimizer) -> Footprint:
             if group["beta1"] is not None:
                 total += _tensor(param.numel(), dtype)
             if len(shape) >= 2:
-                total += _tensor(shape[:-1].numel(), dtype) + _tensor((shape[:-2] + shape[-1:]).numel(), dtype)
+                total += _tensor(shape[:-1].numel(), dtype) + _tensor(
+                    (shape[:-2] + shape[-1:]).numel(), dtype
+                )
             else:
                 total += _tensor(param.numel(), dtype)
             total += _tensor(1, dtype) + Footprint(python_values=1)  # RMS, step
@@ -189,8 +194,11 @@ def _adafactor_state(optimizer) -> Footprint:
 
 def _bnb_two_state_unchanged(cls) -> bool:
     # Subclasses that override init_state (AdEMAMix: three moments) allocate something else.
-    return any(f"{c.__module__}.{c.__qualname__}" == "bitsandbytes.optim.optimizer.Optimizer2State" and
-               cls.init_state is c.init_state for c in cls.__mro__)
+    return any(
+        f"{c.__module__}.{c.__qualname__}" == "bitsandbytes.optim.optimizer.Optimizer2State"
+        and cls.init_state is c.init_state
+        for c in cls.__mro__
+    )
 
 
 # Which formula describes an optimizer, by the classes in its MRO (qualified names, so checking
@@ -269,7 +277,7 @@ class PeakMemory:
         self._stop = threading.Event()
         self._sampled_peak = 0
 
-    def __enter__(self) -> PeakMemory:
+    def __enter__(self) -> Self:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -325,7 +333,7 @@ class GradientRecorder:
             key, nbytes = _storage_key(param.grad)
             self._grads[id(param)] = (key, nbytes, nbytes // param.grad.element_size())
 
-    def __enter__(self) -> GradientRecorder:
+    def __enter__(self) -> Self:
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self._params]
         return self
 
@@ -355,7 +363,7 @@ class TrainingMemory:
         self.grads = GradientRecorder(optimizer_params(optimizer))
         self.estimated = estimate_optimizer_state(optimizer)
 
-    def __enter__(self) -> TrainingMemory:
+    def __enter__(self) -> Self:
         self.grads.__enter__()
         self.peak.__enter__()
         return self

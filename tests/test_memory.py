@@ -26,8 +26,14 @@ def _tied_lm():
     """A small BERT masked LM: its output projection is the input embedding (one storage)."""
     from transformers import BertConfig, BertForMaskedLM
 
-    config = BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, tie_word_embeddings=True)
+    config = BertConfig(
+        vocab_size=500,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        tie_word_embeddings=True,
+    )
     model = BertForMaskedLM(config)
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
     return model, {"input_ids": torch.randint(0, 500, (2, 8)), "labels": torch.randint(0, 500, (2, 8))}
@@ -36,7 +42,9 @@ def _tied_lm():
 def _tiny_classifier():
     cfg = compose()
     return build_model(cfg.model, 3, build_tokenizer(cfg.model)), {
-        "input_ids": torch.randint(0, 1000, (2, 8)), "labels": torch.tensor([0, 2])}
+        "input_ids": torch.randint(0, 1000, (2, 8)),
+        "labels": torch.tensor([0, 2]),
+    }
 
 
 def _one_step(model, batch, optimizer_name):
@@ -54,14 +62,16 @@ def _one_step(model, batch, optimizer_name):
 def test_measured_state_equals_estimate_exactly(optimizer_name, make_model):
     torch.manual_seed(0)
     model, batch = make_model()
-    optimizer, estimated, measured, grads = _one_step(model, batch, optimizer_name)
+    _, estimated, measured, grads = _one_step(model, batch, optimizer_name)
     assert estimated is not None
     assert measured == estimated  # bytes, elements, storages and Python values, all equal
     assert grads == memory.params_footprint(model)  # one fp32 gradient per distinct weight
     # the same estimate from a meta model, which holds no memory at all
     with torch.device("meta"):
         meta = type(model)(model.config)
-    meta_optimizer = build_optimizer(compose(f"optimizer={optimizer_name}").optimizer, meta, weight_decay=0.01)
+    meta_optimizer = build_optimizer(
+        compose(f"optimizer={optimizer_name}").optimizer, meta, weight_decay=0.01
+    )
     assert memory.estimate_optimizer_state(meta_optimizer) == estimated
 
 
@@ -96,15 +106,19 @@ def test_8bit_adam_counts_quantization_maps_and_absmax_once():
     weight_state = optimizer.state[layer.weight]
     assert {"qmap1", "qmap2", "absmax1", "absmax2"} <= set(weight_state)
     blocks = -(-10_000 // 256)
-    expected = (2 * 10_000  # uint8 moments
-                + 2 * 4 * blocks  # one fp32 absmax per block of 256, per moment
-                + 2 * 256 * 4  # the signed and unsigned 256-entry maps
-                + 2 * 4 * 100)  # the bias keeps two fp32 moments
+    expected = (
+        2 * 10_000  # uint8 moments
+        + 2 * 4 * blocks  # one fp32 absmax per block of 256, per moment
+        + 2 * 256 * 4  # the signed and unsigned 256-entry maps
+        + 2 * 4 * 100
+    )  # the bias keeps two fp32 moments
     assert memory.optimizer_state_footprint(optimizer).bytes == expected
     # element_size() over the state tensors would miss nothing here but double-count shared maps
     # with more parameters; show the maps are one storage shared by every 8-bit tensor:
     second = torch.nn.Linear(100, 100)
-    optimizer = build_optimizer(compose("optimizer=adam8bit").optimizer, torch.nn.Sequential(layer, second), 0.0)
+    optimizer = build_optimizer(
+        compose("optimizer=adam8bit").optimizer, torch.nn.Sequential(layer, second), 0.0
+    )
     (second(layer(torch.randn(4, 100)))).sum().backward()
     optimizer.step()
     assert optimizer.state[layer.weight]["qmap1"] is optimizer.state[second.weight]["qmap1"]
@@ -165,8 +179,13 @@ _PEAK_SCRIPT = textwrap.dedent("""
 
 def test_two_processes_report_independent_peaks():
     def peak(mib):
-        out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(mib)], cwd=REPO, capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", _PEAK_SCRIPT, str(mib)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     big, small = peak(400), peak(0)
@@ -194,8 +213,20 @@ def test_every_run_writes_the_mem_keys(tmp_path, backend):
 def test_estimate_cli_agrees_with_a_run(tmp_path):
     from tests.conftest import TINY
 
-    out = subprocess.run([sys.executable, "-c", "import sys; from effitrain.cli import main; main(sys.argv[1:])",
-                          "estimate", *TINY, "--json"], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from effitrain.cli import main; main(sys.argv[1:])",
+            "estimate",
+            *TINY,
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = json.loads(out.stdout)["optimizers"]
     assert sorted(rows) == OPTIMIZERS
     summary = run_job(tmp_path, "optimizer=adafactor", "max_steps=1")
@@ -208,11 +239,20 @@ def test_estimate_cli_agrees_with_a_run(tmp_path):
 
 @pytest.mark.slow
 def test_estimate_of_distilbert_agrees_with_real_runs(tmp_path):
-    overrides = ["model=distilbert_base_cased", "model.init=random", "data=synthetic", "logger=none",
-                 "progress_bar=false", "micro_batch_size=4", "max_length=16", "max_steps=1"]
+    overrides = [
+        "model=distilbert_base_cased",
+        "model.init=random",
+        "data=synthetic",
+        "logger=none",
+        "progress_bar=false",
+        "micro_batch_size=4",
+        "max_length=16",
+        "max_steps=1",
+    ]
     cfg = compose(*overrides, tiny=False)
     estimates = memory.estimate_memory(
-        cfg, {name: compose(*overrides, f"optimizer={name}", tiny=False).optimizer for name in OPTIMIZERS})
+        cfg, {name: compose(*overrides, f"optimizer={name}", tiny=False).optimizer for name in OPTIMIZERS}
+    )
     for name in OPTIMIZERS:
         summary = run_job(tmp_path / name, *overrides, f"optimizer={name}", tiny=False)
         assert summary["status"] == "ok", summary["error"]
