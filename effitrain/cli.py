@@ -123,12 +123,53 @@ def _check(args) -> None:
     print("effitrain: the configuration is valid")
 
 
+def _estimate(args) -> None:
+    """Static memory of the run these overrides describe, for every option of the optimizer group."""
+    import json
+
+    from effitrain.config import group_options
+    from effitrain.memory import MIB, estimate_memory
+
+    # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
+    # the other optimizers may have no such key.
+    base = [o for o in args.overrides if not o.startswith(("optimizer=", "optimizer."))]
+    own = [o for o in args.overrides if o.startswith("optimizer.")]
+    cfg = compose_config(args.overrides)
+    chosen = cfg.hydra.runtime.choices.optimizer
+    optimizers = {
+        name: compose_config(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
+        for name in group_options("optimizer")
+    }
+    rows = estimate_memory(cfg, optimizers)
+    if args.json:
+        print(json.dumps({"chosen": chosen, "optimizers": rows}, indent=2))
+        return
+    params = next(iter(rows.values()))["params"]
+    print(f"effitrain estimate: {params:,} parameters; MiB (activations not included)")
+    header = f"{'optimizer':<12}{'weights':>10}{'gradients':>11}{'opt. state':>12}{'total':>10}{'state B/param':>15}"
+    print(header)
+    for name, row in rows.items():
+        cells = [row[k] / MIB if row[k] is not None else float("nan") for k in
+                 ("weights_bytes", "grads_bytes", "optimizer_state_bytes", "total_bytes")]
+        per_param = row["optimizer_bytes_per_param"] or float("nan")
+        mark = "*" if name == chosen else " "
+        print(f"{mark}{name:<11}" + "".join(f"{c:>{w}.1f}" for c, w in zip(cells, (10, 11, 12, 10)))
+              + f"{per_param:>15.3f}")
+    print("* the chosen optimizer")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="effitrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="compose and validate a run config without running it")
     check.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     check.set_defaults(handler=_check)
+    estimate = commands.add_parser(
+        "estimate", help="weights, gradients and optimizer state of a run, for every optimizer, without weights"
+    )
+    estimate.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
+    estimate.add_argument("--json", action="store_true", help="exact bytes as JSON, for scripts")
+    estimate.set_defaults(handler=_estimate)
     args = parser.parse_args(argv)
     try:
         args.handler(args)

@@ -20,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain import results
+from effitrain.memory import TrainingMemory
 from effitrain.config import ConfigError, check_output_dir, validate
 from effitrain.data import build_dataloaders, check_raw, tokenize_cached
 from effitrain.loggers import build_tracker
@@ -150,6 +151,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     summary["env/rank"] = state.process_index
     loggers = []
     tracker = None  # the W&B run (rank 0, logger=wandb); finished after summary.json, also on failure
+    tracked = None  # memory measured around training
     try:
         check_output_dir(output_dir)
         if state.is_main_process:  # started before validation so a rejected config shows as crashed
@@ -162,7 +164,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["params/total"] = sum(p.numel() for p in job.model.parameters())
         summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
         summary["train/scheduled_steps"] = job.num_steps
-        summary.update(fit(job))
+        tracked = TrainingMemory(job.model, job.optimizer, state.device)
+        with tracked:
+            summary.update(fit(job))
         summary["status"] = "ok"
     except ConfigError as error:
         summary["error"] = str(error)
@@ -183,6 +187,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         for logger in loggers:
             if logger is not tracker:
                 logger.close()
+        if tracked is not None:  # also for a failed run: the peak of an OOM is worth keeping
+            summary.update(tracked.summary())
 
     try:
         summary["speed/wall_s"] = time.perf_counter() - started

@@ -14,6 +14,8 @@ from itertools import islice
 import torch
 import torch.nn.functional as F
 
+from effitrain.memory import current_bytes
+
 WARMUP_STEPS = 2  # steps left out of the steady-state step time (compilation, allocator warm-up)
 
 
@@ -123,6 +125,7 @@ class StepMeter:
             "train/samples": self.samples,
             "train/tokens": self.tokens,
             "speed/step_s": self.step_times[-1],
+            "mem/current_bytes": current_bytes(self.device),
         }
         if not math.isfinite(self.last_loss):
             raise TrainingDiverged(f"train/loss is {self.last_loss} at optimizer step {step}")
