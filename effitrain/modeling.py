@@ -24,11 +24,16 @@ def build_tokenizer(model_cfg: DictConfig):
     from transformers import AutoTokenizer
 
     source = model_cfg.get("tokenizer") or model_cfg.name_or_path
+    fallback = model_cfg.get("offline_tokenizer")
+    # A random-init model with an offline fallback is an offline memory study: use the local
+    # cache only, instead of waiting out the hub's retries (about 50 s) when there is no network.
+    local_only = model_cfg.init == "random" and bool(fallback)
     try:
-        return AutoTokenizer.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
+        return AutoTokenizer.from_pretrained(
+            source, trust_remote_code=model_cfg.trust_remote_code, local_files_only=local_only
+        )
     except (OSError, ValueError) as error:
-        fallback = model_cfg.get("offline_tokenizer")
-        if model_cfg.init == "random" and fallback:
+        if local_only:
             log.warning("tokenizer %s unavailable (%s); using %s", source, type(error).__name__, fallback)
             return AutoTokenizer.from_pretrained(fallback)
         key = "model.tokenizer" if model_cfg.get("tokenizer") else "model.name_or_path"
