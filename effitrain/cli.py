@@ -25,14 +25,23 @@ def check_overrides_or_exit(overrides: list[str]) -> None:
 def train_job(cfg: DictConfig) -> float | None:
     """The Hydra task: run one job into Hydra's output folder; exit non-zero if it failed.
 
-    In a multirun a failed job returns instead, so the other jobs still run.
+    In a multirun a failed job returns instead, so the other jobs still run, and a job whose
+    folder already holds an ok summary.json is skipped (``skip_ok_jobs``), so rerunning a sweep
+    into its folder resumes it.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        from effitrain.sweep import start_job
+
+        done = start_job(cfg, hydra_cfg)
+        if done is not None:
+            return done.get("eval/loss")
+
     from effitrain.run import run
 
-    hydra_cfg = HydraConfig.get()
     summary = run(cfg, hydra_cfg.runtime.output_dir)
     if summary["status"] == "ok":
         print(
