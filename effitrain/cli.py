@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -80,12 +81,24 @@ def _check(args) -> None:
     print("effitrain: the configuration is valid")
 
 
+def _compare(args) -> None:
+    from effitrain.compare import compare
+
+    compare(args.folders, args.output)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="effitrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="compose and validate a run config without running it")
     check.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     check.set_defaults(handler=_check)
+    comparison = commands.add_parser(
+        "compare", help="table, plots and one HTML page comparing the jobs of one or more sweep folders"
+    )
+    comparison.add_argument("folders", nargs="+", type=Path, help="sweep folders (multirun/...)")
+    comparison.add_argument("--output", type=Path, help="where to write the report (default: the first folder)")
+    comparison.set_defaults(handler=_compare)
     args = parser.parse_args(argv)
     try:
         args.handler(args)
