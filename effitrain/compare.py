@@ -256,7 +256,7 @@ def _save(plt, fig, path: Path) -> None:
 
 def plot_memory(jobs: list[JobResult], path: Path) -> None:
     """Bars per job: parameters + gradients + optimizer state, stacked; the measured peak beside them."""
-    plt, fig, ax = _figure(1.2 + 0.45 * len(jobs))
+    plt, fig, ax = _figure(max(3.0, 1.2 + 0.45 * len(jobs)))
     parts = [
         ("parameters", "mem/params_bytes", "#4c72b0"),
         ("gradients", "mem/grads_bytes", "#55a868"),
