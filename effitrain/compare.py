@@ -285,7 +285,7 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     ax.set_xlabel("MiB")
     ax.set_title("Memory per combination")
     if drawn:
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="best")
     _save(plt, fig, path)
 
 
@@ -335,6 +335,7 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
                    facecolors="none", edgecolors="#c44e52", zorder=3)
         for job, (x, y) in zip(placed, points):
             ax.annotate(_short(job), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.margins(x=0.25, y=0.1)  # room for the labels of the rightmost points
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no job has both mem/peak_bytes and eval/loss", ha="center", va="center",
