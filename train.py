@@ -12,7 +12,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from effitrain.cli import check_overrides_or_exit, train_job
+from effitrain.cli import check_overrides_or_exit, share_run_dir_across_ranks, train_job
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -22,4 +22,5 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     check_overrides_or_exit(sys.argv[1:])
+    sys.argv[1:] = share_run_dir_across_ranks(sys.argv[1:])
     main()

@@ -17,10 +17,61 @@ def fail(message: str, code: int = 2):
 
 
 def check_overrides_or_exit(overrides: list[str]) -> None:
+    """Fail with one line on an unknown group option or an unknown key, before Hydra starts."""
     try:
         check_group_overrides(overrides)
+        if not {"-m", "--multirun"} & set(overrides):
+            check_known_keys([o for o in overrides if not o.startswith("-")])
     except ConfigError as error:
         fail(str(error))
+
+
+def check_known_keys(overrides: list[str]) -> None:
+    """Raises ConfigError for ``key=value`` naming a key the composed config does not have."""
+    import re
+
+    from hydra.errors import ConfigCompositionException
+
+    try:
+        compose_config(overrides)
+    except ConfigCompositionException as error:
+        match = re.search(r"Could not override '([^']+)'", str(error))
+        if not match:
+            raise
+        key = match.group(1)
+        parent_path, _, name = key.rpartition(".")
+        parent = compose_config([])
+        for part in filter(None, parent_path.split(".")):
+            parent = parent.get(part, {})
+        known = ", ".join(sorted(k for k in parent if k != "hydra")) or "none"
+        value = next(o.partition("=")[2] for o in overrides if o.startswith(f"{key}="))
+        raise ConfigError(
+            f"{key}={value!r} is not a config key: use +{key}=... to add one, or choose one of {known}"
+        ) from None
+
+
+def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
+    """Under ``torchrun``/``accelerate launch``, give every rank rank 0's Hydra run folder.
+
+    Hydra names the folder from the clock, and ranks start a moment apart: without this, two
+    processes of one job could write to two folders. Returns the overrides to pass on.
+    """
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or any(a.startswith("hydra.run.dir=") for a in argv):
+        return argv
+    if "-m" in argv or "--multirun" in argv:
+        return argv
+    import time
+
+    import torch.distributed as dist
+
+    from effitrain.training import process_state
+
+    process_state()  # joins the process group the launcher set up
+    folder = [time.strftime("outputs/%Y-%m-%d/%H-%M-%S")]
+    dist.broadcast_object_list(folder, src=0)
+    return [*argv, f"hydra.run.dir={folder[0]}"]
 
 
 def train_job(cfg: DictConfig) -> float | None:
@@ -44,13 +95,14 @@ def train_job(cfg: DictConfig) -> float | None:
     from effitrain.run import run
 
     summary = run(cfg, hydra_cfg.runtime.output_dir)
-    if summary["status"] == "ok":
+    if summary["status"] == "ok" and summary.get("env/rank", 0) == 0:
         print(
             f"effitrain: ok: train/loss {summary['train/loss']:.4f}  eval/loss {summary['eval/loss']:.4f}  "
             f"eval/accuracy {summary['eval/accuracy']:.4f}  eval/f1 {summary['eval/f1']:.4f}  "
             f"{summary['speed/samples_per_s']:.1f} samples/s  {summary['speed/wall_s']:.1f} s  "
             f"-> {hydra_cfg.runtime.output_dir}"
         )
+    if summary["status"] == "ok":
         return summary["eval/loss"]
     message = f"{summary['status']}: {summary['error']}"
     if hydra_cfg.mode == RunMode.MULTIRUN:
@@ -87,6 +139,41 @@ def _compare(args) -> None:
     compare(args.folders, args.output)
 
 
+def _estimate(args) -> None:
+    """Static memory of the run these overrides describe, for every option of the optimizer group."""
+    import json
+
+    from effitrain.config import group_options
+    from effitrain.memory import MIB, estimate_memory
+
+    # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
+    # the other optimizers may have no such key.
+    base = [o for o in args.overrides if not o.startswith(("optimizer=", "optimizer."))]
+    own = [o for o in args.overrides if o.startswith("optimizer.")]
+    cfg = compose_config(args.overrides)
+    chosen = cfg.hydra.runtime.choices.optimizer
+    optimizers = {
+        name: compose_config(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
+        for name in group_options("optimizer")
+    }
+    rows = estimate_memory(cfg, optimizers)
+    if args.json:
+        print(json.dumps({"chosen": chosen, "optimizers": rows}, indent=2))
+        return
+    params = next(iter(rows.values()))["params"]
+    print(f"effitrain estimate: {params:,} parameters; MiB (activations not included)")
+    header = f"{'optimizer':<12}{'weights':>10}{'gradients':>11}{'opt. state':>12}{'total':>10}{'state B/param':>15}"
+    print(header)
+    for name, row in rows.items():
+        cells = [row[k] / MIB if row[k] is not None else float("nan") for k in
+                 ("weights_bytes", "grads_bytes", "optimizer_state_bytes", "total_bytes")]
+        per_param = row["optimizer_bytes_per_param"] or float("nan")
+        mark = "*" if name == chosen else " "
+        print(f"{mark}{name:<11}" + "".join(f"{c:>{w}.1f}" for c, w in zip(cells, (10, 11, 12, 10)))
+              + f"{per_param:>15.3f}")
+    print("* the chosen optimizer")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="effitrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -99,6 +186,12 @@ def main(argv: list[str] | None = None) -> None:
     comparison.add_argument("folders", nargs="+", type=Path, help="sweep folders (multirun/...)")
     comparison.add_argument("--output", type=Path, help="where to write the report (default: the first folder)")
     comparison.set_defaults(handler=_compare)
+    estimate = commands.add_parser(
+        "estimate", help="weights, gradients and optimizer state of a run, for every optimizer, without weights"
+    )
+    estimate.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
+    estimate.add_argument("--json", action="store_true", help="exact bytes as JSON, for scripts")
+    estimate.set_defaults(handler=_estimate)
     args = parser.parse_args(argv)
     try:
         args.handler(args)

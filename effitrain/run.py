@@ -11,7 +11,7 @@ import logging
 import math
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,18 +20,25 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain import results
+from effitrain.memory import TrainingMemory
 from effitrain.config import ConfigError, check_output_dir, validate
 from effitrain.data import build_dataloaders, check_raw, tokenize_cached
+from effitrain.loggers import build_tracker
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
-from effitrain.training import StepMeter, TrainingDiverged
+from effitrain.training import StepMeter, TrainingDiverged, process_state
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Job:
-    """What a backend receives: built objects and the config they came from."""
+    """What a backend receives: built objects and the config they came from.
+
+    ``model`` stays the plain module: backends wrap it (DDP, torch.compile) without copying its
+    parameters, so after training it holds the trained weights, and saving it gives keys without
+    an ``_orig_mod.`` prefix.
+    """
 
     cfg: DictConfig
     model: torch.nn.Module
@@ -44,7 +51,6 @@ class Job:
     num_steps: int
     meter: StepMeter
     output_dir: Path
-    extra: dict = field(default_factory=dict)
 
 
 def hydra_choices() -> dict:
@@ -116,6 +122,18 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     return Job(cfg, model, tokenizer, train_loader, eval_loader, sampler, optimizer, scheduler, num_steps, meter, output_dir)
 
 
+def fit(job: Job) -> dict:
+    """Hand the job to its backend's ``fit``; returns the backend's train and eval metrics."""
+    from accelerate.state import AcceleratorState
+    from transformers import set_seed
+
+    # accelerate keeps precision and compile settings in a process-wide singleton: a job must
+    # not inherit the previous job's (Hydra's basic launcher runs a multirun in one process).
+    AcceleratorState._reset_state(reset_partial_state=False)
+    set_seed(job.cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
+    return instantiate(job.cfg.backend)(job)
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     """Train and evaluate one configuration; write and return its summary.
 
@@ -123,28 +141,32 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     ``oom`` or ``diverged`` and ``error`` holds a one-line message. A summary already marked
     ok in ``output_dir`` is never overwritten by a failed run.
     """
-    from accelerate import PartialState
-    from transformers import set_seed
-
     started = time.perf_counter()
     output_dir = Path(output_dir)
-    state = PartialState()
+    state = process_state()
     previous = results.read_summary(output_dir)
     summary = {"status": "failed", "error": None}
     summary.update(config_keys(cfg, state.num_processes))
     summary.update(results.env_info(str(state.device)))
+    summary["env/rank"] = state.process_index
     loggers = []
+    tracker = None  # the W&B run (rank 0, logger=wandb); finished after summary.json, also on failure
+    tracked = None  # memory measured around training
     try:
         check_output_dir(output_dir)
+        if state.is_main_process:  # started before validation so a rejected config shows as crashed
+            tracker = build_tracker(cfg, output_dir, config_keys(cfg, state.num_processes))
         validate(cfg)
         if state.is_main_process:
             loggers.append(results.MetricsFile(output_dir / results.METRICS))
+            loggers += [tracker] if tracker is not None else []
         job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process)
         summary["params/total"] = sum(p.numel() for p in job.model.parameters())
         summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
         summary["train/scheduled_steps"] = job.num_steps
-        set_seed(cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
-        summary.update(instantiate(cfg.backend)(job))
+        tracked = TrainingMemory(job.model, job.optimizer, state.device)
+        with tracked:
+            summary.update(fit(job))
         summary["status"] = "ok"
     except ConfigError as error:
         summary["error"] = str(error)
@@ -157,16 +179,27 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["error"] = _one_line(error)
         if state.is_main_process and output_dir.is_dir():
             (output_dir / "traceback.txt").write_text(traceback.format_exc())
+    except BaseException:  # Ctrl-C or a kill: the W&B run still ends as crashed, not left open
+        if tracker is not None:
+            tracker.close()
+        raise
     finally:
         for logger in loggers:
-            logger.close()
+            if logger is not tracker:
+                logger.close()
+        if tracked is not None:  # also for a failed run: the peak of an OOM is worth keeping
+            summary.update(tracked.summary())
 
-    summary["speed/wall_s"] = time.perf_counter() - started
-    if state.is_main_process:
-        if previous and previous.get("status") == "ok" and summary["status"] != "ok":
-            log.error("not overwriting the ok summary.json in %s with a failed run", output_dir)
-        elif output_dir.is_dir():
-            results.write_json_atomic(output_dir / results.SUMMARY, summary)
+    try:
+        summary["speed/wall_s"] = time.perf_counter() - started
+        if state.is_main_process:
+            if previous and previous.get("status") == "ok" and summary["status"] != "ok":
+                log.error("not overwriting the ok summary.json in %s with a failed run", output_dir)
+            elif output_dir.is_dir():
+                results.write_json_atomic(output_dir / results.SUMMARY, summary)
+    finally:
+        if tracker is not None:
+            tracker.finish(summary)
     return summary
 
 

@@ -14,6 +14,8 @@ from itertools import islice
 import torch
 import torch.nn.functional as F
 
+from effitrain.memory import current_bytes
+
 WARMUP_STEPS = 2  # steps left out of the steady-state step time (compilation, allocator warm-up)
 
 
@@ -34,6 +36,14 @@ def loss_sum(model, batch) -> torch.Tensor:
     """
     logits = model(**_model_inputs(batch)).logits
     return F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+
+
+def process_state():
+    """accelerate's process-wide state; on a machine without CUDA, several launched processes
+    (``torchrun``) form a gloo group on the CPU, which accelerate does only when told ``cpu``."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
 
 
 def world_size() -> int:
@@ -115,6 +125,7 @@ class StepMeter:
             "train/samples": self.samples,
             "train/tokens": self.tokens,
             "speed/step_s": self.step_times[-1],
+            "mem/current_bytes": current_bytes(self.device),
         }
         if not math.isfinite(self.last_loss):
             raise TrainingDiverged(f"train/loss is {self.last_loss} at optimizer step {step}")

@@ -64,3 +64,38 @@ def train_py(*args: str, cwd: Path | None = None, env: dict | None = None, timeo
         text=True,
         timeout=timeout,
     )
+
+
+class ParamSnapshots:
+    """A metric logger that also copies the model's parameters at every optimizer step."""
+
+    def __init__(self):
+        self.model = None
+        self.lines: list[dict] = []
+        self.params: list[dict] = []
+
+    def log_dict(self, payload: dict, step: int) -> None:
+        self.lines.append(dict(payload))
+        self.params.append({n: p.detach().clone() for n, p in self.model.named_parameters()})
+
+    def close(self) -> None:
+        pass
+
+
+def fit_with_snapshots(tmp_path: Path, *overrides: str):
+    """Build a job as ``run`` does and fit it, recording parameters after each optimizer step.
+
+    Returns (snapshots, metrics from fit, the job).
+    """
+    from effitrain.config import validate
+    from effitrain.run import build_job, fit
+    from effitrain.training import process_state
+
+    cfg = compose(*overrides)
+    validate(cfg)
+    state = process_state()
+    snapshots = ParamSnapshots()
+    job = build_job(cfg, Path(tmp_path), [snapshots], state.device, True)
+    snapshots.model = job.model
+    metrics = fit(job)
+    return snapshots, metrics, job

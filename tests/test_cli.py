@@ -23,6 +23,8 @@ def _summaries(tmp_path):
     [
         (["optimizer=sgd"], "optimizer='sgd' is not an option: choose one of adafactor, adam8bit, adamw"),
         (["backend=keras"], "backend='keras' is not an option: choose one of accelerator, trainer"),
+        (["optimizer.lrr=1e-3"], "optimizer.lrr='1e-3' is not a config key: use +optimizer.lrr=... to add one, "
+         "or choose one of _partial_, _target_, betas, eps, lr"),
         (["gradient_accumulation_steps=0"], "gradient_accumulation_steps=0 is invalid: must be an integer >= 1"),
         (["micro_batch_size=0"], "micro_batch_size=0 is invalid: must be an integer >= 1"),
         (

@@ -23,7 +23,7 @@ def test_groups_hold_the_options_of_the_contract():
         "precision": {"fp32", "bf16", "fp16"},
         "model": {"minilm", "tiny", "distilbert_base_cased"},
         "data": {"drug_reviews", "synthetic", "hub"},
-        "logger": {"none"},
+        "logger": {"none", "wandb"},
     }
     for group, options in expected.items():
         assert options <= set(group_options(group)), group

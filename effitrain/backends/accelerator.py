@@ -67,5 +67,4 @@ def fit(job) -> dict:
     meter.close()
     metrics = meter.summary()
     metrics.update(evaluate(model, eval_loader, accelerator))
-    job.extra["unwrapped_model"] = accelerator.unwrap_model(model)
     return metrics

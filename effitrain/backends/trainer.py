@@ -12,6 +12,7 @@ would make it differ from the accelerate backend is replaced:
 
 from __future__ import annotations
 
+import torch
 from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
 from effitrain.training import evaluate, loss_sum
@@ -74,6 +75,7 @@ def training_arguments(cfg, num_steps: int, output_dir) -> TrainingArguments:
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
         average_tokens_across_devices=True,
+        use_cpu=not torch.cuda.is_available(),
     )
 
 
@@ -96,5 +98,4 @@ def fit(job) -> dict:
     metrics = job.meter.summary()
     eval_loader = trainer.accelerator.prepare(job.eval_loader)
     metrics.update(evaluate(trainer.model_wrapped, eval_loader, trainer.accelerator))
-    job.extra["unwrapped_model"] = trainer.accelerator.unwrap_model(trainer.model_wrapped, keep_torch_compile=False)
     return metrics

@@ -1,0 +1,264 @@
+"""Memory accounting to the byte: measured optimizer state equals the analytic estimate, shared
+storages count once, quantization buffers and tensor subclasses count by what they store, and the
+peak belongs to the measured region only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from effitrain import memory
+from effitrain.config import group_options
+from effitrain.modeling import build_model, build_tokenizer
+from effitrain.optim import build_optimizer
+from tests.conftest import REPO, compose, read_metrics, run_job
+
+OPTIMIZERS = group_options("optimizer")  # every option of conf/optimizer, no list kept here
+MIB = 2**20
+
+
+def _tied_lm():
+    """A small BERT masked LM: its output projection is the input embedding (one storage)."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(
+        vocab_size=500,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        tie_word_embeddings=True,
+    )
+    model = BertForMaskedLM(config)
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    return model, {"input_ids": torch.randint(0, 500, (2, 8)), "labels": torch.randint(0, 500, (2, 8))}
+
+
+def _tiny_classifier():
+    cfg = compose()
+    return build_model(cfg.model, 3, build_tokenizer(cfg.model)), {
+        "input_ids": torch.randint(0, 1000, (2, 8)),
+        "labels": torch.tensor([0, 2]),
+    }
+
+
+def _one_step(model, batch, optimizer_name):
+    optimizer = build_optimizer(compose(f"optimizer={optimizer_name}").optimizer, model, weight_decay=0.01)
+    estimated = memory.estimate_optimizer_state(optimizer)  # before any state exists
+    assert memory.optimizer_state_footprint(optimizer).bytes == 0
+    with memory.GradientRecorder(memory.optimizer_params(optimizer)) as grads:
+        model(**batch).loss.backward()
+    optimizer.step()
+    return optimizer, estimated, memory.optimizer_state_footprint(optimizer), grads.footprint()
+
+
+@pytest.mark.parametrize("optimizer_name", OPTIMIZERS)
+@pytest.mark.parametrize("make_model", [_tiny_classifier, _tied_lm], ids=["tiny", "tied"])
+def test_measured_state_equals_estimate_exactly(optimizer_name, make_model):
+    torch.manual_seed(0)
+    model, batch = make_model()
+    _, estimated, measured, grads = _one_step(model, batch, optimizer_name)
+    assert estimated is not None
+    assert measured == estimated  # bytes, elements, storages and Python values, all equal
+    assert grads == memory.params_footprint(model)  # one fp32 gradient per distinct weight
+    # the same estimate from a meta model, which holds no memory at all
+    with torch.device("meta"):
+        meta = type(model)(model.config)
+    meta_optimizer = build_optimizer(
+        compose(f"optimizer={optimizer_name}").optimizer, meta, weight_decay=0.01
+    )
+    assert memory.estimate_optimizer_state(meta_optimizer) == estimated
+
+
+def test_tied_weights_and_shared_storage_count_once():
+    model, _ = _tied_lm()
+    distinct = {id(p): p for p in model.parameters()}
+    assert memory.params_footprint(model).bytes == 4 * sum(p.numel() for p in distinct.values())
+    embedding = model.bert.embeddings.word_embeddings.weight
+    naive = sum(p.numel() * p.element_size() for _, p in model.named_parameters(remove_duplicate=False))
+    bias = model.cls.predictions.bias  # the decoder's bias is tied as well
+    assert model.cls.predictions.decoder.bias is bias
+    assert naive - memory.params_footprint(model).bytes == embedding.nbytes + bias.nbytes  # counted twice
+
+    buffer = torch.zeros(1000)
+    views = [buffer[:500], buffer[500:], buffer.view(10, 100), buffer]
+    assert memory.footprint(views) == memory.Footprint(bytes=4000, elements=1000, storages=1)
+
+
+def test_adamw_is_exactly_8_bytes_per_param_plus_step_counters():
+    model, batch = _tiny_classifier()
+    optimizer, _, measured, _ = _one_step(model, batch, "adamw")
+    params = memory.optimizer_params(optimizer)
+    assert measured.bytes == 8 * sum(p.numel() for p in params) + 4 * len(params)  # one fp32 step each
+    assert measured.storages == 3 * len(params)
+
+
+def test_8bit_adam_counts_quantization_maps_and_absmax_once():
+    layer = torch.nn.Linear(100, 100)  # 10,000 weights: 8-bit; 100 biases: under min_8bit_size, fp32
+    optimizer = build_optimizer(compose("optimizer=adam8bit").optimizer, layer, weight_decay=0.0)
+    layer(torch.randn(4, 100)).sum().backward()
+    optimizer.step()
+    weight_state = optimizer.state[layer.weight]
+    assert {"qmap1", "qmap2", "absmax1", "absmax2"} <= set(weight_state)
+    blocks = -(-10_000 // 256)
+    expected = (
+        2 * 10_000  # uint8 moments
+        + 2 * 4 * blocks  # one fp32 absmax per block of 256, per moment
+        + 2 * 256 * 4  # the signed and unsigned 256-entry maps
+        + 2 * 4 * 100
+    )  # the bias keeps two fp32 moments
+    assert memory.optimizer_state_footprint(optimizer).bytes == expected
+    # element_size() over the state tensors would miss nothing here but double-count shared maps
+    # with more parameters; show the maps are one storage shared by every 8-bit tensor:
+    second = torch.nn.Linear(100, 100)
+    optimizer = build_optimizer(
+        compose("optimizer=adam8bit").optimizer, torch.nn.Sequential(layer, second), 0.0
+    )
+    (second(layer(torch.randn(4, 100)))).sum().backward()
+    optimizer.step()
+    assert optimizer.state[layer.weight]["qmap1"] is optimizer.state[second.weight]["qmap1"]
+    assert memory.optimizer_state_footprint(optimizer).bytes == 2 * expected - 2 * 256 * 4
+
+
+def test_tensor_subclass_counts_the_tensors_it_stores():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    a, b = torch.zeros(100), torch.ones(100)
+    wrapped = TwoTensor(a, b)
+    assert wrapped.numel() * wrapped.element_size() == 400  # what a naive count sees
+    assert memory.footprint({"state": wrapped}) == memory.Footprint(bytes=800, elements=200, storages=2)
+
+
+def test_python_numbers_are_not_tensor_memory():
+    assert memory.footprint({"step": 3, "RMS": 0.5, "m": torch.zeros(4)}) == memory.Footprint(16, 4, 1, 2)
+
+
+def _minilm_meta_estimates():
+    cfg = compose("model=minilm", tiny=False)
+    rows = memory.estimate_memory(cfg, {name: compose(f"optimizer={name}").optimizer for name in OPTIMIZERS})
+    return {name: row["optimizer_state_bytes"] for name, row in rows.items()}
+
+
+def test_8bit_and_adafactor_against_adamw_on_minilm_shapes():
+    state = _minilm_meta_estimates()
+    assert state["adam8bit"] < 0.27 * state["adamw"]
+    assert state["adafactor"] < 0.05 * state["adamw"]
+
+
+def test_cpu_peak_rises_by_a_known_allocation_and_starts_fresh():
+    before = torch.ones(64 * MIB)  # 256 MiB touched before the region, then freed
+    del before
+    with memory.PeakMemory("cpu") as quiet:
+        pass
+    start = memory.current_bytes("cpu")
+    with memory.PeakMemory("cpu") as loud:
+        big = torch.ones(64 * MIB)  # 256 MiB, every page written
+        del big
+    assert quiet.source == loud.source == "cpu_rss"
+    # RSS moves by pages and other code may free a few meanwhile (8 KiB seen): 1 MiB of slack
+    assert loud.peak_bytes - start >= 255 * MIB
+    assert quiet.peak_bytes < loud.peak_bytes - 200 * MIB  # the earlier 256 MiB did not leak in
+
+
+_PEAK_SCRIPT = textwrap.dedent("""
+    import json, sys, torch
+    from effitrain.memory import PeakMemory, current_bytes
+    mib = int(sys.argv[1])
+    start = current_bytes("cpu")
+    with PeakMemory("cpu") as peak:
+        x = torch.ones(mib * 2**20 // 4)
+        del x
+    print(json.dumps({"start": start, "peak": peak.peak_bytes}))
+""")
+
+
+def test_two_processes_report_independent_peaks():
+    def peak(mib):
+        out = subprocess.run(
+            [sys.executable, "-c", _PEAK_SCRIPT, str(mib)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    big, small = peak(400), peak(0)
+    assert big["peak"] - big["start"] >= 399 * MIB
+    assert small["peak"] - small["start"] < 50 * MIB
+
+
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+def test_every_run_writes_the_mem_keys(tmp_path, backend):
+    summary = run_job(tmp_path, f"backend={backend}", "optimizer=adam8bit", "max_steps=3")
+    assert summary["status"] == "ok"
+    params = summary["params/trainable"]
+    assert summary["mem/params_bytes"] == summary["mem/grads_bytes"] == 4 * params
+    assert summary["mem/optimizer_state_bytes"] == summary["mem/optimizer_state_bytes_estimated"] > 0
+    assert summary["mem/optimizer_bytes_per_param"] == summary["mem/optimizer_state_bytes"] / params
+    assert summary["mem/optimizer_state_elements"] > 0
+    assert summary["mem/peak_source"] == "cpu_rss" and "mem/peak_reserved_bytes" not in summary
+    steps = [line for line in read_metrics(tmp_path) if "train/loss" in line]
+    assert len(steps) == 3
+    assert all(0 < line["mem/current_bytes"] <= summary["mem/peak_bytes"] for line in steps)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["mem/optimizer_state_bytes"] == summary["mem/optimizer_state_bytes"]
+
+
+def test_estimate_cli_agrees_with_a_run(tmp_path):
+    from tests.conftest import TINY
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from effitrain.cli import main; main(sys.argv[1:])",
+            "estimate",
+            *TINY,
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = json.loads(out.stdout)["optimizers"]
+    assert sorted(rows) == OPTIMIZERS
+    summary = run_job(tmp_path, "optimizer=adafactor", "max_steps=1")
+    row = rows["adafactor"]
+    assert row["weights_bytes"] == summary["mem/params_bytes"]
+    assert row["grads_bytes"] == summary["mem/grads_bytes"]
+    assert row["optimizer_state_bytes"] == summary["mem/optimizer_state_bytes"]
+    assert row["total_bytes"] == row["weights_bytes"] + row["grads_bytes"] + row["optimizer_state_bytes"]
+
+
+@pytest.mark.slow
+def test_estimate_of_distilbert_agrees_with_real_runs(tmp_path):
+    overrides = [
+        "model=distilbert_base_cased",
+        "model.init=random",
+        "data=synthetic",
+        "logger=none",
+        "progress_bar=false",
+        "micro_batch_size=4",
+        "max_length=16",
+        "max_steps=1",
+    ]
+    cfg = compose(*overrides, tiny=False)
+    estimates = memory.estimate_memory(
+        cfg, {name: compose(*overrides, f"optimizer={name}", tiny=False).optimizer for name in OPTIMIZERS}
+    )
+    for name in OPTIMIZERS:
+        summary = run_job(tmp_path / name, *overrides, f"optimizer={name}", tiny=False)
+        assert summary["status"] == "ok", summary["error"]
+        row = estimates[name]
+        assert row["params"] == summary["params/total"] == 66_955_779
+        assert row["weights_bytes"] == summary["mem/params_bytes"]
+        assert row["grads_bytes"] == summary["mem/grads_bytes"]
+        assert row["optimizer_state_bytes"] == summary["mem/optimizer_state_bytes"]
+        assert row["optimizer_state_elements"] == summary["mem/optimizer_state_elements"]
