@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -76,14 +77,23 @@ def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
 def train_job(cfg: DictConfig) -> float | None:
     """The Hydra task: run one job into Hydra's output folder; exit non-zero if it failed.
 
-    In a multirun a failed job returns instead, so the other jobs still run.
+    In a multirun a failed job returns instead, so the other jobs still run, and a job whose
+    folder already holds an ok summary.json is skipped (``skip_ok_jobs``), so rerunning a sweep
+    into its folder resumes it.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        from effitrain.sweep import start_job
+
+        done = start_job(cfg, hydra_cfg)
+        if done is not None:
+            return done.get("eval/loss")
+
     from effitrain.run import run
 
-    hydra_cfg = HydraConfig.get()
     summary = run(cfg, hydra_cfg.runtime.output_dir)
     if summary["status"] == "ok" and summary.get("env/rank", 0) == 0:
         print(
@@ -121,6 +131,12 @@ def _check(args) -> None:
     cfg = compose_config(args.overrides)
     validate(cfg)
     print("effitrain: the configuration is valid")
+
+
+def _compare(args) -> None:
+    from effitrain.compare import compare
+
+    compare(args.folders, args.output)
 
 
 def _estimate(args) -> None:
@@ -164,6 +180,12 @@ def main(argv: list[str] | None = None) -> None:
     check = commands.add_parser("check", help="compose and validate a run config without running it")
     check.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     check.set_defaults(handler=_check)
+    comparison = commands.add_parser(
+        "compare", help="table, plots and one HTML page comparing the jobs of one or more sweep folders"
+    )
+    comparison.add_argument("folders", nargs="+", type=Path, help="sweep folders (multirun/...)")
+    comparison.add_argument("--output", type=Path, help="where to write the report (default: the first folder)")
+    comparison.set_defaults(handler=_compare)
     estimate = commands.add_parser(
         "estimate", help="weights, gradients and optimizer state of a run, for every optimizer, without weights"
     )

@@ -51,6 +51,37 @@ def check_group_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> No
                 raise ConfigError(f"{key}={choice!r} is not an option: choose one of {', '.join(options)}")
 
 
+def micro_batch_for(effective_batch_size, gradient_accumulation_steps):
+    """``${effitrain.micro_batch:effective,accumulation}``: the micro batch that keeps the effective batch.
+
+    A division that leaves a remainder gives a fraction, which :func:`validate` rejects naming both
+    keys; raising here would surface as OmegaConf's multi-line interpolation error instead.
+    """
+    if not all(isinstance(n, int) and n >= 1 for n in (effective_batch_size, gradient_accumulation_steps)):
+        return effective_batch_size  # validate() names the bad key itself
+    micro, remainder = divmod(effective_batch_size, gradient_accumulation_steps)
+    return micro if remainder == 0 else effective_batch_size / gradient_accumulation_steps
+
+
+def _check_effective_batch(cfg: DictConfig) -> None:
+    """A study that fixes ``effective_batch_size`` (multirun_sweeps/accumulation.yaml) gets exactly it."""
+    effective = cfg.get("effective_batch_size")
+    if effective is None:
+        return
+    _at_least(cfg, "effective_batch_size", 1)
+    accumulation, micro = cfg.gradient_accumulation_steps, cfg.micro_batch_size
+    if isinstance(micro, float):  # micro_batch_for() could not divide
+        raise ConfigError(
+            f"effective_batch_size={effective} is not divisible by gradient_accumulation_steps={accumulation}: "
+            "choose an effective_batch_size divisible by every gradient_accumulation_steps of the study"
+        )
+    if isinstance(micro, int) and micro * accumulation != effective:
+        raise ConfigError(
+            f"micro_batch_size={micro} x gradient_accumulation_steps={accumulation} != "
+            f"effective_batch_size={effective}: leave micro_batch_size to the study, or set effective_batch_size"
+        )
+
+
 def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
     value = cfg.get(key)
     if value is None and allow_null:
@@ -74,7 +105,9 @@ def validate(cfg: DictConfig) -> None:
     """
     import torch
 
-    for key in ("gradient_accumulation_steps", "micro_batch_size", "epochs", "eval_batch_size"):
+    _at_least(cfg, "gradient_accumulation_steps", 1)
+    _check_effective_batch(cfg)
+    for key in ("micro_batch_size", "epochs", "eval_batch_size"):
         _at_least(cfg, key, 1)
     _at_least(cfg, "max_steps", 1, allow_null=True)
     _at_least(cfg, "max_length", 2)

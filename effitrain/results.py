@@ -93,4 +93,5 @@ def env_info(device: str) -> dict:
         "env/bitsandbytes": _version("bitsandbytes"),
         "env/device": device,
         "env/git_commit": git_commit(),
+        "env/pid": os.getpid(),  # a sweep runs each job in its own process: distinct pids show it
     }

@@ -1,0 +1,149 @@
+"""Sweeps as a user runs them: one process per job, predictable folders, failures counted, resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from effitrain.config import ConfigError, check_group_overrides, validate
+from tests.conftest import REPO, TINY, compose, train_py
+
+# Each job starts its own Python (about 3 s of imports here), so jobs are few and short.
+SHORT = ["max_steps=2", "data.num_train=32", "data.num_eval=16"]
+
+
+def _summaries(sweep_dir):
+    return {p.parent.name: json.loads(p.read_text()) for p in sweep_dir.glob("*/summary.json")}
+
+
+@pytest.mark.slow
+def test_plain_multirun_runs_each_job_in_its_own_process(tmp_path):
+    result = train_py(
+        "-m", *TINY, *SHORT, "optimizer=adamw,adafactor", "backend=accelerator,trainer", f"hydra.sweep.dir={tmp_path}"
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summaries = _summaries(tmp_path)
+    # one folder per job, named from its overrides (progress_bar and logger are left out of names)
+    common = "data.num_eval=16,data.num_train=32,data=synthetic,epochs=1,eval_batch_size=32,max_steps=2"
+    assert set(summaries) == {
+        f"backend={b},{common},micro_batch_size=8,model=tiny,optimizer={o}"
+        for b in ("accelerator", "trainer")
+        for o in ("adamw", "adafactor")
+    }
+    assert [s["status"] for s in summaries.values()] == ["ok"] * 4
+    pids = {s["env/pid"] for s in summaries.values()}
+    assert len(pids) == 4 and os.getpid() not in pids
+    assert {(s["cfg/optimizer"], s["cfg/backend"]) for s in summaries.values()} == {
+        (o, b) for o in ("adamw", "adafactor") for b in ("accelerator", "trainer")
+    }
+    assert all(s["train/steps"] == 2 for s in summaries.values())
+    assert "effitrain: 0 of 4 jobs failed (0 skipped: ok before)" in result.stdout
+
+
+@pytest.mark.slow
+def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path):
+    # max_length=1 is rejected by validate(): only that job fails, in its own process; the three
+    # jobs run at once (the setting), which also keeps this test short.
+    args = ["-m", *TINY, *SHORT, "max_length=16,24,1", "hydra.sweeper.max_batch_size=3", f"hydra.sweep.dir={tmp_path}"]
+    first = train_py(*args)
+    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "effitrain: 1 of 3 jobs failed (0 skipped: ok before)" in first.stdout
+    before = _summaries(tmp_path)
+    by_length = {name.split("max_length=")[1].split(",")[0]: s for name, s in before.items()}
+    assert by_length["1"]["status"] == "failed"
+    assert "max_length=1 is invalid" in by_length["1"]["error"]
+    assert by_length["16"]["status"] == by_length["24"]["status"] == "ok"
+    mtimes = {name: (tmp_path / name / "summary.json").stat().st_mtime_ns for name in before}
+
+    second = train_py(*args)
+    assert second.returncode == 1
+    assert "effitrain: 1 of 3 jobs failed (2 skipped: ok before)" in second.stdout
+    assert second.stdout.count("effitrain: ok (skipped: ok before):") == 2
+    after = _summaries(tmp_path)
+    for name, summary in after.items():
+        rerun = "max_length=1," in name
+        assert (summary["env/pid"] != before[name]["env/pid"]) == rerun
+        assert ((tmp_path / name / "summary.json").stat().st_mtime_ns != mtimes[name]) == rerun
+
+    from effitrain.cli import main
+
+    main(["compare", str(tmp_path)])
+    rows = list(csv.DictReader(open(tmp_path / "comparison.csv")))
+    assert sorted((row["max_length"], row["status"]) for row in rows) == [("1", "failed"), ("16", "ok"), ("24", "ok")]
+    failed = next(row for row in rows if row["status"] == "failed")
+    assert failed["error"] == by_length["1"]["error"]
+    assert "failed" in (tmp_path / "comparison.md").read_text()
+
+
+def test_named_studies_are_multiruns_over_their_choices():
+    expected = {
+        "optimizers": {"optimizer": "adamw,adafactor,adam8bit", "backend": "trainer,accelerator"},
+        "accumulation": {"gradient_accumulation_steps": "1,2,4,8"},
+        "compile": {"compile": "off,on", "backend": "trainer,accelerator"},
+        "grid": {
+            "optimizer": "adamw,adafactor,adam8bit",
+            "gradient_accumulation_steps": "1,4",
+            "compile": "off,on",
+            "backend": "trainer,accelerator",
+        },
+    }
+    for name, params in expected.items():
+        cfg = compose(f"sweep={name}")
+        assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+        assert OmegaConf.to_container(cfg.hydra.sweeper.params) == params
+        assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
+        assert cfg.hydra.launcher._target_.endswith("submitit_launcher.LocalLauncher")
+        assert cfg.hydra.launcher.timeout_min == 1440
+        assert cfg.hydra.sweeper.max_batch_size == 1  # one job at a time unless asked
+    assert compose().hydra.mode is None  # no study: one run, as before
+    assert (REPO / "conf" / "sweep").resolve() == REPO / "multirun_sweeps"
+
+
+def test_unknown_study_is_one_line():
+    with pytest.raises(ConfigError, match="sweep='typo' is not an option: choose one of accumulation, compile, grid"):
+        check_group_overrides(["sweep=typo"])
+
+
+@pytest.mark.parametrize("study", ["accumulation", "grid"])
+def test_accumulation_jobs_share_one_effective_batch(study):
+    swept = OmegaConf.load(REPO / "multirun_sweeps" / f"{study}.yaml").hydra.sweeper.params
+    micro = {}
+    for steps in str(swept.gradient_accumulation_steps).split(","):
+        # as a job of the study composes it: no micro_batch_size override from the tiny test preset
+        cfg = compose("model=tiny", "data=synthetic", f"sweep={study}", f"gradient_accumulation_steps={steps}", tiny=False)
+        validate(cfg)
+        micro[int(steps)] = cfg.micro_batch_size
+    assert {steps * m for steps, m in micro.items()} == {32}
+    assert micro == ({1: 32, 2: 16, 4: 8, 8: 4} if study == "accumulation" else {1: 32, 4: 8})
+
+
+def test_accumulation_that_does_not_divide_names_the_keys():
+    cfg = compose("sweep=accumulation", "effective_batch_size=30", "gradient_accumulation_steps=4", tiny=False)
+    with pytest.raises(ConfigError, match=r"^effective_batch_size=30 is not divisible by gradient_accumulation_steps=4"):
+        validate(cfg)
+    cfg = compose("sweep=accumulation", "micro_batch_size=8", "gradient_accumulation_steps=2", tiny=False)
+    with pytest.raises(ConfigError, match=r"^micro_batch_size=8 x gradient_accumulation_steps=2 != effective_batch_size=32"):
+        validate(cfg)
+
+
+def test_job_shares_the_sweep_compile_cache_and_skips_only_ok_summaries(tmp_path, monkeypatch, capsys):
+    from effitrain.results import write_json_atomic
+    from effitrain.sweep import INDUCTOR_CACHE, start_job
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    job = tmp_path / "optimizer=adamw"
+    hydra_cfg = OmegaConf.create({"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(job)}})
+    cfg = OmegaConf.create({"skip_ok_jobs": True})
+    assert start_job(cfg, hydra_cfg) is None  # nothing there yet
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path.resolve() / INDUCTOR_CACHE)
+
+    write_json_atomic(job / "summary.json", {"status": "failed", "error": "x"})
+    assert start_job(cfg, hydra_cfg) is None
+    write_json_atomic(job / "summary.json", {"status": "ok", "eval/loss": 0.5})
+    assert start_job(cfg, hydra_cfg) == {"status": "ok", "eval/loss": 0.5}
+    assert f"effitrain: skip: {job} already holds an ok summary.json" in capsys.readouterr().out
+    assert start_job(OmegaConf.create({"skip_ok_jobs": False}), hydra_cfg) is None
