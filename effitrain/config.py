@@ -66,8 +66,10 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, world_size: int = 1) -> None:
     """Check a composed run config before any data or model is loaded.
+
+    ``world_size`` is the number of data-parallel processes (the effective batch spans them all).
 
     Raises:
         ConfigError: the first problem found, named by its key.
@@ -77,6 +79,21 @@ def validate(cfg: DictConfig) -> None:
     for key in ("gradient_accumulation_steps", "micro_batch_size", "epochs", "eval_batch_size"):
         _at_least(cfg, key, 1)
     _at_least(cfg, "max_steps", 1, allow_null=True)
+    _at_least(cfg, "effective_batch_size", 1, allow_null=True)
+    effective = cfg.get("effective_batch_size")
+    if effective is not None and effective % (cfg.gradient_accumulation_steps * world_size):
+        per_step = cfg.gradient_accumulation_steps * world_size
+        raise invalid(
+            "effective_batch_size",
+            effective,
+            f"must be a multiple of gradient_accumulation_steps x processes = {per_step}, "
+            "so that every micro-batch holds effective_batch_size / that many samples",
+        )
+    _at_least(cfg, "checkpoint_every", 1, allow_null=True)
+    _at_least(cfg, "checkpoint_keep", 1)
+    resume = cfg.get("resume")
+    if resume is not None and resume != "auto" and not os.path.exists(os.path.expanduser(str(resume))):
+        raise invalid("resume", resume, "no such checkpoint folder: give null, auto or an existing path")
     _at_least(cfg, "max_length", 2)
     lr = cfg.optimizer.get("lr")
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr <= 0:
@@ -101,12 +118,34 @@ def validate(cfg: DictConfig) -> None:
     if cfg.compile.mode not in COMPILE_MODES:
         raise invalid("compile.mode", cfg.compile.mode, f"choose one of {', '.join(COMPILE_MODES)}")
 
+    if not isinstance(cfg.model.get("trust_remote_code"), bool):
+        raise invalid("model.trust_remote_code", cfg.model.get("trust_remote_code"), "must be true or false")
     if cfg.model.init not in INIT_MODES:
         raise invalid("model.init", cfg.model.init, f"choose one of {', '.join(INIT_MODES)}")
     for key in ("name_or_path", "tokenizer"):
         value = cfg.model.get(key)
         if value and _looks_like_path(value) and not os.path.exists(os.path.expanduser(value)):
             raise invalid(f"model.{key}", value, "no such folder (give an existing path or a hub id)")
+
+
+def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:
+    """When ``effective_batch_size`` is set, derive ``micro_batch_size`` from it; True if it changed.
+
+    A study that holds the effective batch fixed (e.g. over ``gradient_accumulation_steps``)
+    sets ``effective_batch_size`` and sweeps only the accumulation; ``validate`` has checked
+    that it divides.
+    """
+    from omegaconf import open_dict
+
+    effective = cfg.get("effective_batch_size")
+    if effective is None:
+        return False
+    micro = effective // (cfg.gradient_accumulation_steps * world_size)
+    if micro == cfg.micro_batch_size:
+        return False
+    with open_dict(cfg):
+        cfg.micro_batch_size = micro
+    return True
 
 
 def _looks_like_path(value: str) -> bool:
