@@ -7,7 +7,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from effitrain.config import ConfigError, check_group_overrides
+from effitrain.config import ConfigError, check_group_overrides, check_output_overrides
 
 
 def fail(message: str, code: int = 2):
@@ -16,8 +16,18 @@ def fail(message: str, code: int = 2):
 
 
 def check_overrides_or_exit(overrides: list[str]) -> None:
+    """Reject bad overrides before Hydra starts, so a mistake leaves the run folder as it was
+    (Hydra rewrites ``.hydra/`` there before the task runs). A single run is composed and
+    validated here; a multirun validates each job when it starts."""
+    import os
+
+    from effitrain.config import validate
+
     try:
         check_group_overrides(overrides)
+        check_output_overrides(overrides)
+        if not any(arg.startswith("-") for arg in overrides):  # -m, --cfg, --help...: leave to Hydra
+            validate(compose_config(overrides), int(os.environ.get("WORLD_SIZE", 1)))
     except ConfigError as error:
         fail(str(error))
 

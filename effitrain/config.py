@@ -51,6 +51,25 @@ def check_group_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> No
                 raise ConfigError(f"{key}={choice!r} is not an option: choose one of {', '.join(options)}")
 
 
+def check_output_overrides(overrides: list[str]) -> None:
+    """Reject a ``hydra.run.dir`` / ``hydra.sweep.dir`` override that could not be written, before
+    Hydra creates it and fails with a traceback.
+
+    Raises:
+        ConfigError: the folder (or its nearest existing parent) is not a writable folder.
+    """
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or key not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value:
+            continue
+        path = Path(value).expanduser().absolute()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            raise invalid(key, value, f"{existing} is a file, not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise invalid(key, value, f"{existing} cannot be written")
+
+
 def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
     value = cfg.get(key)
     if value is None and allow_null:
