@@ -42,7 +42,15 @@ META = "effitrain.json"
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d+)$")
 # Keys that may change between the killed run and its resumption without changing the trajectory.
-RESUME_MAY_CHANGE = ("hydra", "resume", "checkpoint_every", "checkpoint_keep", "progress_bar", "logger", "cache_dir")
+RESUME_MAY_CHANGE = (
+    "hydra",
+    "resume",
+    "checkpoint_every",
+    "checkpoint_keep",
+    "progress_bar",
+    "logger",
+    "cache_dir",
+)
 
 
 @dataclass
@@ -113,7 +121,9 @@ def rng_state() -> dict:
         "cpu": torch.random.get_rng_state(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.random.get_rng_state_all() if _world() > 1 else torch.cuda.random.get_rng_state()
+        state["cuda"] = (
+            torch.cuda.random.get_rng_state_all() if _world() > 1 else torch.cuda.random.get_rng_state()
+        )
     return state
 
 
@@ -162,7 +172,7 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def newest_valid(run_dir: Path) -> Path | None:
-    for step, folder in reversed(list_checkpoints(run_dir)):
+    for _, folder in reversed(list_checkpoints(run_dir)):
         if read_meta(folder) is not None:
             return folder
         log.warning("skipping incomplete checkpoint %s", folder)
@@ -190,7 +200,9 @@ def find_resume(cfg: DictConfig, output_dir: Path) -> Path | None:
         path = Path(str(resume)).expanduser()
         folder = path if read_meta(path) is not None else newest_valid(path)
         if folder is None:
-            raise invalid("resume", str(resume), "no complete checkpoint there (give auto, null or a checkpoint folder)")
+            raise invalid(
+                "resume", str(resume), "no complete checkpoint there (give auto, null or a checkpoint folder)"
+            )
     meta = read_meta(folder)
     now = trajectory_config(cfg)
     for key in sorted(set(now) | set(meta["config"])):
@@ -282,7 +294,11 @@ class Checkpointer:
                 "batches_in_epoch": at.batches,
                 "num_steps": self.num_steps,
                 "world_size": _world(),
-                "meter": {"samples": self.meter.samples, "tokens": self.meter.tokens, "last_loss": self.meter.last_loss},
+                "meter": {
+                    "samples": self.meter.samples,
+                    "tokens": self.meter.tokens,
+                    "last_loss": self.meter.last_loss,
+                },
                 "config": trajectory_config(self.cfg),
                 "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())},
             }
@@ -328,17 +344,25 @@ class Checkpointer:
         if meta is None:
             raise ConfigError(f"resume={str(folder)!r} is invalid: the checkpoint is incomplete")
         if meta["world_size"] != _world():
-            raise invalid("resume", str(folder), f"written by {meta['world_size']} processes, resumed with {_world()}")
+            raise invalid(
+                "resume", str(folder), f"written by {meta['world_size']} processes, resumed with {_world()}"
+            )
         if weights:
             device = next(self.model.parameters()).device
             load_model(self.model, str(folder / "model.safetensors"), strict=True, device=str(device))
-            self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True))
-            self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=True))
+            self.optimizer.load_state_dict(
+                torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
+            )
+            self.scheduler.load_state_dict(
+                torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=True)
+            )
         self.meter.restore(meta["step"], **meta["meter"])
         at = position(meta["step"], self.batches_per_epoch, self.cfg.gradient_accumulation_steps)
         if weights:
             self._pending_rng = (at, torch.load(folder / rng_file_name(), weights_only=True))
-        log.info("resumed from %s: step %d, epoch %d, %d micro-batches in", folder, at.step, at.epoch, at.batches)
+        log.info(
+            "resumed from %s: step %d, epoch %d, %d micro-batches in", folder, at.step, at.epoch, at.batches
+        )
         return at
 
     def epoch_batches(self, loader, epoch: int):

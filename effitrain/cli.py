@@ -27,7 +27,7 @@ def check_overrides_or_exit(overrides: list[str]) -> None:
         check_group_overrides(overrides)
         check_output_overrides(overrides)
         if not any(arg.startswith("-") for arg in overrides):  # -m, --cfg, --help...: leave to Hydra
-            validate(compose_config(overrides), int(os.environ.get("WORLD_SIZE", 1)))
+            validate(compose_config(overrides), int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as error:
         fail(str(error))
 

@@ -29,7 +29,7 @@ BACKENDS = ["accelerator", "trainer"]
 
 
 def final_weights(run_dir: Path) -> dict:
-    step, folder = checkpoint.list_checkpoints(run_dir)[-1]
+    _, folder = checkpoint.list_checkpoints(run_dir)[-1]
     return load_file(folder / "model.safetensors")
 
 
@@ -67,7 +67,11 @@ def start_and_kill(run_dir: Path, *overrides: str, at_step: int) -> int:
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and process.poll() is None:
-            steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()] if metrics.exists() else []
+            steps = (
+                [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+                if metrics.exists()
+                else []
+            )
             if steps and steps[-1] >= at_step:
                 os.kill(process.pid, signal.SIGKILL)
                 break
@@ -137,7 +141,13 @@ def test_position_counts_full_windows_and_maps_epoch_end_to_next_epoch():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_interrupted_write_leaves_previous_checkpoint_and_auto_uses_it(tmp_path, backend):
-    overrides = [f"backend={backend}", "optimizer=adamw", "max_steps=6", "checkpoint_every=2", "checkpoint_keep=3"]
+    overrides = [
+        f"backend={backend}",
+        "optimizer=adamw",
+        "max_steps=6",
+        "checkpoint_every=2",
+        "checkpoint_keep=3",
+    ]
     reference = tmp_path / "reference"
     assert run_job(reference, *overrides)["status"] == "ok"
     run_dir = tmp_path / "run"
@@ -175,13 +185,21 @@ def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
 
 def test_resume_auto_without_checkpoint_starts_from_scratch(tmp_path):
     summary = run_job(tmp_path, "max_steps=2", "resume=auto")
-    assert summary["status"] == "ok" and summary["train/resumed_from_step"] == 0 and summary["train/steps"] == 2
+    assert (
+        summary["status"] == "ok" and summary["train/resumed_from_step"] == 0 and summary["train/steps"] == 2
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_forced_nan_is_diverged_and_writes_no_checkpoint(tmp_path, backend):
     # lr 1e30 without warmup: step 1 computes a finite loss, then the weights blow up
-    overrides = [f"backend={backend}", "optimizer.lr=1e30", "warmup_ratio=0", "max_steps=10", "checkpoint_every=1"]
+    overrides = [
+        f"backend={backend}",
+        "optimizer.lr=1e30",
+        "warmup_ratio=0",
+        "max_steps=10",
+        "checkpoint_every=1",
+    ]
     if backend == "accelerator":  # once through the command line, as a user meets it
         done = train_py(*TINY, *overrides, f"hydra.run.dir={tmp_path}")
         assert done.returncode == 1

@@ -40,7 +40,9 @@ def snapshot(folder: Path, hydra_record: bool = True) -> dict:
     """Every file's bytes; ``hydra_record=False`` leaves out what Hydra writes for each invocation
     (``.hydra/`` and the job's log)."""
     files = {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-    return {k: v for k, v in files.items() if hydra_record or not (k.parts[0] == ".hydra" or k.suffix == ".log")}
+    return {
+        k: v for k, v in files.items() if hydra_record or not (k.parts[0] == ".hydra" or k.suffix == ".log")
+    }
 
 
 BAD_VALUES = [
@@ -82,8 +84,14 @@ def test_bad_value_fails_up_front_and_keeps_earlier_results(ok_run, overrides, m
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["data.text_column=body"], "data.text_column='body' is invalid: no such column: choose one of text, label"),
-        (["data.eval_split=validation"], "data.eval_split='validation' is invalid: no such split: choose one of train"),
+        (
+            ["data.text_column=body"],
+            "data.text_column='body' is invalid: no such column: choose one of text, label",
+        ),
+        (
+            ["data.eval_split=validation"],
+            "data.eval_split='validation' is invalid: no such split: choose one of train",
+        ),
         ([], "data (eval split) label=-1 is invalid: labels must be in 0..1"),
     ],
 )
