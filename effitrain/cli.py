@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from effitrain.config import ConfigError, check_group_overrides
+from effitrain.config import ConfigError, check_group_overrides, check_output_overrides
 
 
 def fail(message: str, code: int = 2):
@@ -17,29 +17,36 @@ def fail(message: str, code: int = 2):
 
 
 def check_overrides_or_exit(overrides: list[str]) -> None:
-    """Fail with one line on an unknown group option or an unknown key, before Hydra starts."""
+    """Reject bad overrides before Hydra starts, so a mistake leaves the run folder as it was
+    (Hydra rewrites ``.hydra/`` there before the task runs). A single run is composed and
+    validated here; a multirun validates each job when it starts."""
+    import os
+
+    from effitrain.config import validate
+
     try:
         check_group_overrides(overrides)
-        if not {"-m", "--multirun"} & set(overrides):
-            check_known_keys([o for o in overrides if not o.startswith("-")])
+        check_output_overrides(overrides)
+        if not any(arg.startswith("-") for arg in overrides):  # -m, --cfg, --help...: leave to Hydra
+            validate(compose_known_keys(overrides), int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as error:
         fail(str(error))
 
 
-def check_known_keys(overrides: list[str]) -> None:
-    """Raises ConfigError for ``key=value`` naming a key the composed config does not have."""
+def compose_known_keys(overrides: list[str]) -> DictConfig:
+    """The composed config; ConfigError for ``key=value`` naming a key the config does not have."""
     import re
 
     from hydra.errors import ConfigCompositionException
 
     try:
-        compose_config(overrides)
+        return compose_config(overrides)
     except ConfigCompositionException as error:
         match = re.search(r"Could not override '([^']+)'", str(error))
         if not match:
             raise
         key = match.group(1)
-        parent_path, _, name = key.rpartition(".")
+        parent_path = key.rpartition(".")[0]
         parent = compose_config([])
         for part in filter(None, parent_path.split(".")):
             parent = parent.get(part, {})

@@ -51,35 +51,23 @@ def check_group_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> No
                 raise ConfigError(f"{key}={choice!r} is not an option: choose one of {', '.join(options)}")
 
 
-def micro_batch_for(effective_batch_size, gradient_accumulation_steps):
-    """``${effitrain.micro_batch:effective,accumulation}``: the micro batch that keeps the effective batch.
+def check_output_overrides(overrides: list[str]) -> None:
+    """Reject a ``hydra.run.dir`` / ``hydra.sweep.dir`` override that could not be written, before
+    Hydra creates it and fails with a traceback.
 
-    A division that leaves a remainder gives a fraction, which :func:`validate` rejects naming both
-    keys; raising here would surface as OmegaConf's multi-line interpolation error instead.
+    Raises:
+        ConfigError: the folder (or its nearest existing parent) is not a writable folder.
     """
-    if not all(isinstance(n, int) and n >= 1 for n in (effective_batch_size, gradient_accumulation_steps)):
-        return effective_batch_size  # validate() names the bad key itself
-    micro, remainder = divmod(effective_batch_size, gradient_accumulation_steps)
-    return micro if remainder == 0 else effective_batch_size / gradient_accumulation_steps
-
-
-def _check_effective_batch(cfg: DictConfig) -> None:
-    """A study that fixes ``effective_batch_size`` (multirun_sweeps/accumulation.yaml) gets exactly it."""
-    effective = cfg.get("effective_batch_size")
-    if effective is None:
-        return
-    _at_least(cfg, "effective_batch_size", 1)
-    accumulation, micro = cfg.gradient_accumulation_steps, cfg.micro_batch_size
-    if isinstance(micro, float):  # micro_batch_for() could not divide
-        raise ConfigError(
-            f"effective_batch_size={effective} is not divisible by gradient_accumulation_steps={accumulation}: "
-            "choose an effective_batch_size divisible by every gradient_accumulation_steps of the study"
-        )
-    if isinstance(micro, int) and micro * accumulation != effective:
-        raise ConfigError(
-            f"micro_batch_size={micro} x gradient_accumulation_steps={accumulation} != "
-            f"effective_batch_size={effective}: leave micro_batch_size to the study, or set effective_batch_size"
-        )
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or key not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value:
+            continue
+        path = Path(value).expanduser().absolute()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            raise invalid(key, value, f"{existing} is a file, not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise invalid(key, value, f"{existing} cannot be written")
 
 
 def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
@@ -97,8 +85,10 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, world_size: int = 1) -> None:
     """Check a composed run config before any data or model is loaded.
+
+    ``world_size`` is the number of data-parallel processes (the effective batch spans them all).
 
     Raises:
         ConfigError: the first problem found, named by its key.
@@ -106,10 +96,24 @@ def validate(cfg: DictConfig) -> None:
     import torch
 
     _at_least(cfg, "gradient_accumulation_steps", 1)
-    _check_effective_batch(cfg)
     for key in ("micro_batch_size", "epochs", "eval_batch_size"):
         _at_least(cfg, key, 1)
     _at_least(cfg, "max_steps", 1, allow_null=True)
+    _at_least(cfg, "effective_batch_size", 1, allow_null=True)
+    effective = cfg.get("effective_batch_size")
+    if effective is not None and effective % (cfg.gradient_accumulation_steps * world_size):
+        per_step = cfg.gradient_accumulation_steps * world_size
+        raise invalid(
+            "effective_batch_size",
+            effective,
+            f"must be a multiple of gradient_accumulation_steps x processes = {per_step}, "
+            "so that every micro-batch holds effective_batch_size / that many samples",
+        )
+    _at_least(cfg, "checkpoint_every", 1, allow_null=True)
+    _at_least(cfg, "checkpoint_keep", 1)
+    resume = cfg.get("resume")
+    if resume is not None and resume != "auto" and not os.path.exists(os.path.expanduser(str(resume))):
+        raise invalid("resume", resume, "no such checkpoint folder: give null, auto or an existing path")
     _at_least(cfg, "max_length", 2)
     lr = cfg.optimizer.get("lr")
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr <= 0:
@@ -134,12 +138,34 @@ def validate(cfg: DictConfig) -> None:
     if cfg.compile.mode not in COMPILE_MODES:
         raise invalid("compile.mode", cfg.compile.mode, f"choose one of {', '.join(COMPILE_MODES)}")
 
+    if not isinstance(cfg.model.get("trust_remote_code"), bool):
+        raise invalid("model.trust_remote_code", cfg.model.get("trust_remote_code"), "must be true or false")
     if cfg.model.init not in INIT_MODES:
         raise invalid("model.init", cfg.model.init, f"choose one of {', '.join(INIT_MODES)}")
     for key in ("name_or_path", "tokenizer"):
         value = cfg.model.get(key)
         if value and _looks_like_path(value) and not os.path.exists(os.path.expanduser(value)):
             raise invalid(f"model.{key}", value, "no such folder (give an existing path or a hub id)")
+
+
+def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:
+    """When ``effective_batch_size`` is set, derive ``micro_batch_size`` from it; True if it changed.
+
+    A study that holds the effective batch fixed (e.g. over ``gradient_accumulation_steps``)
+    sets ``effective_batch_size`` and sweeps only the accumulation; ``validate`` has checked
+    that it divides.
+    """
+    from omegaconf import open_dict
+
+    effective = cfg.get("effective_batch_size")
+    if effective is None:
+        return False
+    micro = effective // (cfg.gradient_accumulation_steps * world_size)
+    if micro == cfg.micro_batch_size:
+        return False
+    with open_dict(cfg):
+        cfg.micro_batch_size = micro
+    return True
 
 
 def _looks_like_path(value: str) -> bool:

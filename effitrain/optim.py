@@ -39,7 +39,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(optimizer_cfg: DictConfig, model: torch.nn.Module, weight_decay: float):
     """Instantiate the optimizer group's ``_target_`` (a partial) with effitrain's parameter groups."""
-    return instantiate(optimizer_cfg)(param_groups(model, weight_decay))
+    # Plain lists, not ListConfig, in param_groups: the checkpoint is read back with weights_only=True.
+    return instantiate(optimizer_cfg, _convert_="all")(param_groups(model, weight_decay))
 
 
 def num_optimizer_steps(batches_per_epoch: int, gradient_accumulation_steps: int, epochs: int, max_steps=None) -> int:

@@ -19,11 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from effitrain import results
-from effitrain.memory import TrainingMemory
-from effitrain.config import ConfigError, check_output_dir, validate
+from effitrain import checkpoint, results
+from effitrain.config import ConfigError, apply_effective_batch_size, check_output_dir, validate
 from effitrain.data import build_dataloaders, check_raw, tokenize_cached
-from effitrain.loggers import build_tracker
+from effitrain.loggers import build_tracker, run_config
+from effitrain.memory import TrainingMemory
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
 from effitrain.training import StepMeter, TrainingDiverged, process_state
@@ -51,6 +51,7 @@ class Job:
     num_steps: int
     meter: StepMeter
     output_dir: Path
+    checkpoints: checkpoint.Checkpointer | None = None
 
 
 def hydra_choices() -> dict:
@@ -93,8 +94,9 @@ def instantiate_node(node):
         raise
 
 
-def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool) -> Job:
-    """Build data, model, optimizer, scheduler and meter for ``cfg`` (validated already)."""
+def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,
+              resume_from: Path | None = None) -> Job:  # fmt: skip
+    """Build data, model, optimizer, scheduler, meter and checkpointer for ``cfg`` (validated already)."""
     from transformers import set_seed
 
     set_seed(cfg.seed)
@@ -119,7 +121,11 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     num_steps = num_optimizer_steps(batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps)
     scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
     meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main)
-    return Job(cfg, model, tokenizer, train_loader, eval_loader, sampler, optimizer, scheduler, num_steps, meter, output_dir)
+    job = Job(cfg, model, tokenizer, train_loader, eval_loader, sampler, optimizer, scheduler, num_steps, meter, output_dir)
+    job.checkpoints = checkpoint.Checkpointer(
+        cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume_from
+    )
+    return job
 
 
 def fit(job: Job) -> dict:
@@ -156,11 +162,18 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         check_output_dir(output_dir)
         if state.is_main_process:  # started before validation so a rejected config shows as crashed
             tracker = build_tracker(cfg, output_dir, config_keys(cfg, state.num_processes))
-        validate(cfg)
+        validate(cfg, state.num_processes)
+        if apply_effective_batch_size(cfg, state.num_processes):
+            summary.update(config_keys(cfg, state.num_processes))
+            if tracker is not None:
+                tracker.update_config(run_config(cfg, config_keys(cfg, state.num_processes)))
+        resume_from = checkpoint.find_resume(cfg, output_dir)
         if state.is_main_process:
+            if resume_from is not None:
+                checkpoint.drop_metrics_after(output_dir / results.METRICS, checkpoint.read_meta(resume_from)["step"])
             loggers.append(results.MetricsFile(output_dir / results.METRICS))
             loggers += [tracker] if tracker is not None else []
-        job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process)
+        job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process, resume_from)
         summary["params/total"] = sum(p.numel() for p in job.model.parameters())
         summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
         summary["train/scheduled_steps"] = job.num_steps

@@ -86,6 +86,7 @@ class StepMeter:
         self.samples = 0
         self.tokens = 0
         self.last_loss = math.nan
+        self.resumed = {"step": 0, "samples": 0, "tokens": 0}  # counts of the run this one resumes
         self._reset_window()
         self._progress = None
         if progress_bar and is_main:
@@ -137,6 +138,13 @@ class StepMeter:
             self._progress.update(1)
         return record
 
+    def restore(self, step: int, samples: int, tokens: int, last_loss: float) -> None:
+        """Continue the counts of a resumed run; speeds cover only the steps run in this process."""
+        self.resumed = {"step": step, "samples": samples, "tokens": tokens}
+        self.samples, self.tokens, self.last_loss = samples, tokens, last_loss
+        if self._progress is not None:
+            self._progress.update(step)
+
     def close(self) -> None:
         if self._progress is not None:
             self._progress.close()
@@ -145,13 +153,15 @@ class StepMeter:
         train_s = sum(self.step_times)
         steady = self.step_times[WARMUP_STEPS:] or self.step_times[1:] or self.step_times
         median = statistics.median(steady) if steady else math.nan
+        samples, tokens = self.samples - self.resumed["samples"], self.tokens - self.resumed["tokens"]
         return {
             "train/loss": self.last_loss,
-            "train/steps": len(self.step_times),
+            "train/steps": self.resumed["step"] + len(self.step_times),
             "train/samples": self.samples,
             "train/tokens": self.tokens,
-            "speed/samples_per_s": self.samples / train_s if train_s else math.nan,
-            "speed/tokens_per_s": self.tokens / train_s if train_s else math.nan,
+            "train/resumed_from_step": self.resumed["step"],
+            "speed/samples_per_s": samples / train_s if train_s else math.nan,
+            "speed/tokens_per_s": tokens / train_s if train_s else math.nan,
             "speed/step_s_median": median,
             "speed/compile_s": self.step_times[0] - median if self.step_times else math.nan,
             "speed/train_s": train_s,

@@ -9,7 +9,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from effitrain.config import ConfigError, check_group_overrides, validate
+from effitrain.config import ConfigError, apply_effective_batch_size, check_group_overrides, validate
 from tests.conftest import REPO, TINY, compose, train_py
 
 # Each job starts its own Python (about 3 s of imports here), so jobs are few and short.
@@ -116,6 +116,7 @@ def test_accumulation_jobs_share_one_effective_batch(study):
         # as a job of the study composes it: no micro_batch_size override from the tiny test preset
         cfg = compose("model=tiny", "data=synthetic", f"sweep={study}", f"gradient_accumulation_steps={steps}", tiny=False)
         validate(cfg)
+        apply_effective_batch_size(cfg)
         micro[int(steps)] = cfg.micro_batch_size
     assert {steps * m for steps, m in micro.items()} == {32}
     assert micro == ({1: 32, 2: 16, 4: 8, 8: 4} if study == "accumulation" else {1: 32, 4: 8})
@@ -123,11 +124,17 @@ def test_accumulation_jobs_share_one_effective_batch(study):
 
 def test_accumulation_that_does_not_divide_names_the_keys():
     cfg = compose("sweep=accumulation", "effective_batch_size=30", "gradient_accumulation_steps=4", tiny=False)
-    with pytest.raises(ConfigError, match=r"^effective_batch_size=30 is not divisible by gradient_accumulation_steps=4"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^effective_batch_size=30 is invalid: must be a multiple of gradient_accumulation_steps x processes = 4",
+    ):
         validate(cfg)
-    cfg = compose("sweep=accumulation", "micro_batch_size=8", "gradient_accumulation_steps=2", tiny=False)
-    with pytest.raises(ConfigError, match=r"^micro_batch_size=8 x gradient_accumulation_steps=2 != effective_batch_size=32"):
-        validate(cfg)
+    cfg = compose("sweep=accumulation", "effective_batch_size=32", "gradient_accumulation_steps=4", tiny=False)
+    validate(cfg, world_size=2)  # two processes: 32 / (4 x 2) = 4 samples per micro-batch
+    apply_effective_batch_size(cfg, world_size=2)
+    assert cfg.micro_batch_size == 4
+    with pytest.raises(ConfigError, match=r"x processes = 12,"):
+        validate(cfg, world_size=3)
 
 
 def test_job_shares_the_sweep_compile_cache_and_skips_only_ok_summaries(tmp_path, monkeypatch, capsys):

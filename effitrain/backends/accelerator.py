@@ -33,12 +33,14 @@ def fit(job) -> dict:
     scheduler = job.scheduler  # stepped by hand once per optimizer step, not per process
     max_norm = cfg.max_grad_norm or float("inf")  # inf: measure the norm without clipping
 
+    start = job.checkpoints.restore()  # step 0 unless resuming
+
     model.train()
     meter.start()
-    step, epoch = 0, 0
+    step, epoch = start.step, start.epoch
     while step < job.num_steps:
-        job.train_sampler.set_epoch(epoch)
-        for window in accumulation_windows(train_loader, cfg.gradient_accumulation_steps):
+        batches = job.checkpoints.epoch_batches(train_loader, epoch)
+        for window in accumulation_windows(batches, cfg.gradient_accumulation_steps):
             samples = count_samples(window, accelerator.device)
             # accumulate() syncs after `gradient_accumulation_steps` micro-batches: make that this
             # window's length (the last window of an epoch may be shorter) and restart its count.
@@ -61,6 +63,7 @@ def fit(job) -> dict:
                 scheduler.step()
             step += 1
             meter.end_step(step, lr, grad_norm)
+            job.checkpoints.after_step(step)  # after end_step: a diverged state is never saved
             if step >= job.num_steps:
                 break
         epoch += 1

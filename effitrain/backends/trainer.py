@@ -50,6 +50,18 @@ class _MeterCallback(TrainerCallback):
             self.meter.end_step(state.global_step, logs["learning_rate"], logs["grad_norm"])
 
 
+class _CheckpointCallback(TrainerCallback):
+    """Saves effitrain checkpoints; registered after _MeterCallback, whose on_log raises first on a
+    non-finite loss, so a diverged state is never saved."""
+
+    def __init__(self, checkpoints):
+        self.checkpoints = checkpoints
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "grad_norm" in logs:
+            self.checkpoints.after_step(state.global_step, trainer_state=state)
+
+
 def training_arguments(cfg, num_steps: int, output_dir) -> TrainingArguments:
     precision = cfg.precision.mixed_precision
     return TrainingArguments(
@@ -87,13 +99,17 @@ def fit(job) -> dict:
         optimizers=(job.optimizer, job.scheduler),
         train_loader=job.train_loader,
         meter=job.meter,
-        callbacks=[_MeterCallback(job.meter)],
+        callbacks=[_MeterCallback(job.meter), _CheckpointCallback(job.checkpoints)],
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)  # the shared meter draws the progress bar
 
+    # The Trainer loads weights, optimizer, scheduler and generators from effitrain's checkpoint
+    # (its file names are the Trainer's) and skips the consumed batches itself.
+    job.checkpoints.restore(weights=False)
+    resume = str(job.checkpoints.resume_from) if job.checkpoints.resume_from else None
     job.meter.start()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     job.meter.close()
     metrics = job.meter.summary()
     eval_loader = trainer.accelerator.prepare(job.eval_loader)

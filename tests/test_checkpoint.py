@@ -1,0 +1,214 @@
+"""Checkpoints and resume: SIGKILL mid-training then ``resume=auto`` gives bit-identical parameters;
+interrupted writes are never resumed from; a diverged run writes no checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from effitrain import checkpoint
+from tests.conftest import REPO, TINY, read_metrics, run_job, train_py
+
+# 64 samples / micro 8 = 8 micro-batches per epoch; 3 epochs = 24 optimizer steps: the kill lands
+# mid-run and the resumed run crosses epoch boundaries (new permutation, new loader iterator).
+RESUMABLE = ["data.num_train=64", "data.num_eval=16", "epochs=3", "checkpoint_every=3", "checkpoint_keep=2"]
+STEPS = 24
+KILL_AT_STEP = 4
+OPTIMIZERS = ["adamw", "adafactor", "adam8bit"]
+BACKENDS = ["accelerator", "trainer"]
+
+
+def final_weights(run_dir: Path) -> dict:
+    _, folder = checkpoint.list_checkpoints(run_dir)[-1]
+    return load_file(folder / "model.safetensors")
+
+
+def assert_bit_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory):
+    """Uninterrupted runs, one per optimizer and backend, made on first use and shared."""
+    made = {}
+
+    def get(optimizer: str, backend: str) -> Path:
+        if (optimizer, backend) not in made:
+            folder = tmp_path_factory.mktemp(f"ref-{optimizer}-{backend}")
+            summary = run_job(folder, f"optimizer={optimizer}", f"backend={backend}", *RESUMABLE)
+            assert summary["status"] == "ok", summary["error"]
+            made[optimizer, backend] = folder
+        return made[optimizer, backend]
+
+    return get
+
+
+def start_and_kill(run_dir: Path, *overrides: str, at_step: int) -> int:
+    """Start ``train.py`` and SIGKILL it as soon as metrics.jsonl shows ``at_step``; returns the last step seen."""
+    metrics = run_dir / "metrics.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *TINY, *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and process.poll() is None:
+            steps = (
+                [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+                if metrics.exists()
+                else []
+            )
+            if steps and steps[-1] >= at_step:
+                os.kill(process.pid, signal.SIGKILL)
+                break
+            time.sleep(0.005)
+    finally:
+        process.kill()  # no-op when already dead
+        process.wait()
+    assert process.returncode == -signal.SIGKILL, f"train.py ended by itself (rc {process.returncode})"
+    return steps[-1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_sigkill_then_resume_auto_is_bit_identical(tmp_path, reference_runs, optimizer, backend):
+    reference = reference_runs(optimizer, backend)
+    overrides = [f"optimizer={optimizer}", f"backend={backend}", *RESUMABLE]
+    run_dir = tmp_path / "run"
+    start_and_kill(run_dir, *overrides, at_step=KILL_AT_STEP)
+    assert not (run_dir / "summary.json").exists()
+    saved = [step for step, _ in checkpoint.list_checkpoints(run_dir)]
+    assert saved and saved[-1] >= 3 and len(saved) <= 2
+
+    if (optimizer, backend) == ("adamw", "accelerator"):  # once end to end, as a user types it
+        done = train_py(*TINY, *overrides, "resume=auto", f"hydra.run.dir={run_dir}")
+        assert done.returncode == 0, done.stderr[-2000:]
+    else:  # in this process: saves a second interpreter start per case
+        run_job(run_dir, *overrides, "resume=auto")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["train/resumed_from_step"] == saved[-1]
+    assert summary["train/steps"] == STEPS and summary["train/samples"] == 3 * 64
+
+    assert_bit_identical(final_weights(run_dir), final_weights(reference))
+    # metrics.jsonl: lines past the checkpoint were dropped and written again, identically
+    resumed, uninterrupted = read_metrics(run_dir), read_metrics(reference)
+    assert [line["step"] for line in resumed] == list(range(1, STEPS + 1))
+    assert [line["train/loss"] for line in resumed] == [line["train/loss"] for line in uninterrupted]
+    assert [line["train/samples"] for line in resumed] == [line["train/samples"] for line in uninterrupted]
+
+
+def test_checkpoint_files_and_pruning(tmp_path):
+    summary = run_job(tmp_path, "max_steps=7", "checkpoint_every=3", "checkpoint_keep=2", "compile=on",
+                      "compile.backend=aot_eager")  # fmt: skip
+    assert summary["status"] == "ok", summary["error"]
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [6, 7]  # 3 pruned; 7 is the end
+    folder = tmp_path / "checkpoints" / "step-00000007"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "effitrain.json", "model.safetensors", "optimizer.pt", "rng_state.pth", "scheduler.pt"
+    ]  # fmt: skip
+    meta = checkpoint.read_meta(folder)
+    assert (meta["step"], meta["epoch"], meta["batches_in_epoch"]) == (7, 0, 7)
+    assert meta["meter"]["samples"] == 7 * 8
+    weights = load_file(folder / "model.safetensors")
+    assert not any(name.startswith("_orig_mod.") for name in weights)
+    assert "classifier.weight" in weights
+    # everything but the safetensors file loads without unpickling arbitrary objects
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.load(folder / name, weights_only=True)
+    assert not list((tmp_path / "checkpoints").glob(".partial-*"))
+
+
+def test_position_counts_full_windows_and_maps_epoch_end_to_next_epoch():
+    # 13 micro-batches, accumulation 4: windows of 4, 4, 4, 1 per epoch
+    assert checkpoint.position(3, 13, 4) == checkpoint.Position(3, 0, 12)
+    assert checkpoint.position(4, 13, 4) == checkpoint.Position(4, 1, 0)
+    assert checkpoint.position(6, 13, 4) == checkpoint.Position(6, 1, 8)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_interrupted_write_leaves_previous_checkpoint_and_auto_uses_it(tmp_path, backend):
+    overrides = [
+        f"backend={backend}",
+        "optimizer=adamw",
+        "max_steps=6",
+        "checkpoint_every=2",
+        "checkpoint_keep=3",
+    ]
+    reference = tmp_path / "reference"
+    assert run_job(reference, *overrides)["status"] == "ok"
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    (run_dir / "summary.json").unlink()
+    # a kill while step 6 was being written: its files sit half-written in the temporary folder
+    step6 = run_dir / "checkpoints" / "step-00000006"
+    step6.rename(run_dir / "checkpoints" / ".partial-step-00000006")
+    with open(run_dir / "checkpoints" / ".partial-step-00000006" / "optimizer.pt", "r+b") as handle:
+        handle.truncate(100)
+    # and a finished-looking folder whose file was truncated afterwards (disk full, a copy cut short)
+    broken = run_dir / "checkpoints" / "step-00000008"
+    shutil.copytree(run_dir / "checkpoints" / "step-00000004", broken)
+    with open(broken / "model.safetensors", "r+b") as handle:
+        handle.truncate(1000)
+    assert checkpoint.read_meta(broken) is None
+    assert checkpoint.newest_valid(run_dir) == run_dir / "checkpoints" / "step-00000004"
+
+    summary = run_job(run_dir, *overrides, "resume=auto")
+    assert summary["status"] == "ok", summary["error"]
+    assert summary["train/resumed_from_step"] == 4 and summary["train/steps"] == 6
+    assert_bit_identical(
+        load_file(run_dir / "checkpoints" / "step-00000006" / "model.safetensors"),
+        load_file(reference / "checkpoints" / "step-00000006" / "model.safetensors"),
+    )
+    assert not (run_dir / "checkpoints" / ".partial-step-00000006").exists()
+
+
+def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
+    assert run_job(tmp_path, "max_steps=2", "checkpoint_every=1")["status"] == "ok"
+    summary = run_job(tmp_path, "max_steps=2", "checkpoint_every=1", "optimizer.lr=0.5", "resume=auto")
+    assert summary["status"] == "failed" and summary["error_type"] == "config"
+    assert summary["error"].startswith("optimizer.lr=0.5 is invalid: differs from the checkpoint")
+
+
+def test_resume_auto_without_checkpoint_starts_from_scratch(tmp_path):
+    summary = run_job(tmp_path, "max_steps=2", "resume=auto")
+    assert (
+        summary["status"] == "ok" and summary["train/resumed_from_step"] == 0 and summary["train/steps"] == 2
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forced_nan_is_diverged_and_writes_no_checkpoint(tmp_path, backend):
+    # lr 1e30 without warmup: step 1 computes a finite loss, then the weights blow up
+    overrides = [
+        f"backend={backend}",
+        "optimizer.lr=1e30",
+        "warmup_ratio=0",
+        "max_steps=10",
+        "checkpoint_every=1",
+    ]
+    if backend == "accelerator":  # once through the command line, as a user meets it
+        done = train_py(*TINY, *overrides, f"hydra.run.dir={tmp_path}")
+        assert done.returncode == 1
+        assert "effitrain: error: diverged: train/loss is nan at optimizer step 2" in done.stderr
+        assert "effitrain: ok" not in done.stdout
+        summary = json.loads((tmp_path / "summary.json").read_text())
+    else:
+        summary = run_job(tmp_path, *overrides)
+    assert summary["status"] == "diverged"
+    assert summary["error"] == "train/loss is nan at optimizer step 2"
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [1]
+    assert [line["step"] for line in read_metrics(tmp_path)] == [1]

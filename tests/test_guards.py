@@ -1,0 +1,150 @@
+"""Bad input is caught before training: a one-line message naming key and value, exit code 2,
+no summary marked ok, and the results already in the run folder left byte for byte as they were."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY, run_job, train_py
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def hub_csv(tmp_path_factory):
+    """A two-class CSV dataset whose test split holds a label the model has no class for."""
+    folder = tmp_path_factory.mktemp("csv")
+    (folder / "train.csv").write_text("text,label\ngood,1\nbad,0\nfine,1\nawful,0\n")
+    (folder / "test.csv").write_text("text,label\nokay,1\nunlabeled,-1\n")
+    return [
+        "data=hub",
+        "data.load_args.path=csv",
+        f"+data.load_args.data_files={{train: {folder}/train.csv, test: {folder}/test.csv}}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def ok_run(tmp_path_factory):
+    """A finished run whose files every bad input below must leave untouched."""
+    folder = tmp_path_factory.mktemp("ok-run")
+    summary = run_job(folder, "max_steps=2", "checkpoint_every=2")
+    assert summary["status"] == "ok", summary["error"]
+    return folder
+
+
+def snapshot(folder: Path, hydra_record: bool = True) -> dict:
+    """Every file's bytes; ``hydra_record=False`` leaves out what Hydra writes for each invocation
+    (``.hydra/`` and the job's log)."""
+    files = {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        k: v for k, v in files.items() if hydra_record or not (k.parts[0] == ".hydra" or k.suffix == ".log")
+    }
+
+
+BAD_VALUES = [
+    ("gradient_accumulation_steps=0", "gradient_accumulation_steps=0 is invalid: must be an integer >= 1"),
+    ("micro_batch_size=0", "micro_batch_size=0 is invalid: must be an integer >= 1"),
+    ("epochs=0", "epochs=0 is invalid: must be an integer >= 1"),
+    ("max_steps=-3", "max_steps=-3 is invalid: must be an integer >= 1 (or null)"),
+    ("max_length=1", "max_length=1 is invalid: must be an integer >= 2"),
+    ("optimizer.lr=-0.1", "optimizer.lr=-0.1 is invalid: must be a number > 0"),
+    ("warmup_ratio=-0.1", "warmup_ratio=-0.1 is invalid: must be in [0, 1)"),
+    ("max_grad_norm=-1", "max_grad_norm=-1 is invalid: must be >= 0 (0 disables clipping)"),
+    ("lr_scheduler=step", "lr_scheduler='step' is invalid: choose one of linear, cosine, constant"),
+    ("compile.mode=fast", "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
+    ("model.name_or_path=/no/such/model", "model.name_or_path='/no/such/model' is invalid: no such folder"),
+    ("model.trust_remote_code=yes", "model.trust_remote_code='yes' is invalid: must be true or false"),
+    ("effective_batch_size=30 gradient_accumulation_steps=4",
+     "effective_batch_size=30 is invalid: must be a multiple of gradient_accumulation_steps x processes = 4"),
+    ("checkpoint_every=0", "checkpoint_every=0 is invalid: must be an integer >= 1 (or null)"),
+    ("checkpoint_keep=0", "checkpoint_keep=0 is invalid: must be an integer >= 1"),
+    ("resume=/no/such/checkpoint", "resume='/no/such/checkpoint' is invalid: no such checkpoint folder"),
+    ("data.num_eval=0", "data (eval split)=0 is invalid: the split is empty"),
+    pytest.param("precision=fp16", "precision='fp16' is invalid: fp16 needs a CUDA device",
+                 marks=pytest.mark.skipif(not NO_CUDA, reason="CUDA present")),
+    pytest.param("optimizer._target_=bitsandbytes.optim.PagedAdamW8bit",
+                 "optimizer='bitsandbytes.optim.PagedAdamW8bit' is invalid: paged optimizers need a CUDA device",
+                 marks=pytest.mark.skipif(not NO_CUDA, reason="CUDA present")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides, message", BAD_VALUES)
+def test_bad_value_fails_up_front_and_keeps_earlier_results(ok_run, overrides, message):
+    before = snapshot(ok_run)
+    summary = run_job(ok_run, *overrides.split())
+    assert summary["status"] == "failed" and summary["error_type"] == "config"
+    assert summary["error"].startswith(message) and "\n" not in summary["error"]
+    assert snapshot(ok_run) == before
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["data.text_column=body"],
+            "data.text_column='body' is invalid: no such column: choose one of text, label",
+        ),
+        (
+            ["data.eval_split=validation"],
+            "data.eval_split='validation' is invalid: no such split: choose one of train",
+        ),
+        ([], "data (eval split) label=-1 is invalid: labels must be in 0..1"),
+    ],
+)
+def test_bad_data_fails_before_the_model_is_built(ok_run, hub_csv, overrides, message):
+    before = snapshot(ok_run)
+    summary = run_job(ok_run, *hub_csv, *overrides)
+    assert summary["status"] == "failed" and summary["error_type"] == "config"
+    assert summary["error"].startswith(message)
+    assert "params/total" not in summary  # no model was built
+    assert snapshot(ok_run) == before
+
+
+@pytest.mark.parametrize(
+    "override, message, before_hydra",
+    [
+        ("checkpoint_every=0", "checkpoint_every=0 is invalid: must be an integer >= 1 (or null)", True),
+        ("warmup_ratio=1.5", "warmup_ratio=1.5 is invalid: must be in [0, 1)", True),
+        # found when the data is read, inside the Hydra job: Hydra has rewritten .hydra/ by then
+        ("data.num_train=0", "data (train split)=0 is invalid: the split is empty", False),
+    ],
+)
+def test_command_line_exits_2_with_one_line_and_leaves_the_folder(ok_run, override, message, before_hydra):
+    before = snapshot(ok_run, hydra_record=before_hydra)
+    done = train_py(*TINY, override, f"hydra.run.dir={ok_run}")
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("effitrain: error: ") and message in last
+    assert "effitrain: ok" not in done.stdout and "Traceback" not in done.stderr
+    assert snapshot(ok_run, hydra_record=before_hydra) == before
+    assert json.loads((ok_run / "summary.json").read_text())["status"] == "ok"
+
+
+def test_output_folder_that_cannot_be_written_is_refused_before_hydra(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    done = train_py(*TINY, f"hydra.run.dir={blocker}/run")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"effitrain: error: hydra.run.dir='{blocker}/run' is invalid: {blocker} is a file, not a folder"
+    )
+    assert blocker.read_text() == "not a folder"
+
+
+def test_effective_batch_size_sets_the_micro_batch(tmp_path):
+    summary = run_job(tmp_path, "effective_batch_size=16", "gradient_accumulation_steps=4", "max_steps=2")
+    assert summary["status"] == "ok", summary["error"]
+    assert summary["cfg/micro_batch_size"] == 4 and summary["cfg/effective_batch_size"] == 16
+    assert summary["train/samples"] == 2 * 16
+
+
+def test_trust_remote_code_is_off_in_every_model_option():
+    from effitrain.config import group_options
+    from tests.conftest import compose
+
+    for option in group_options("model"):
+        assert compose(f"model={option}").model.trust_remote_code is False, option
