@@ -7,6 +7,7 @@ key, the bad value and what is allowed.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -177,8 +178,8 @@ def check_output_dir(path: Path) -> None:
     """Raises ConfigError when results could not be written to ``path``."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".effitrain-write-probe"
-        probe.write_text("")
-        probe.unlink()
+        # a name of its own: ranks of one job probe the same folder at the same moment
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".effitrain-write-probe-"):
+            pass
     except OSError as error:
         raise invalid("hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})") from None
