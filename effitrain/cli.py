@@ -143,7 +143,7 @@ def _check(args) -> None:
 def _compare(args) -> None:
     from effitrain.compare import compare
 
-    compare(args.folders, args.output)
+    compare(args.folders, args.output, args.wandb_mode)
 
 
 def _estimate(args) -> None:
@@ -192,6 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     comparison.add_argument("folders", nargs="+", type=Path, help="sweep folders (multirun/...)")
     comparison.add_argument("--output", type=Path, help="where to write the report (default: the first folder)")
+    comparison.add_argument(
+        "--wandb-mode",
+        choices=["online", "offline", "disabled"],
+        help="how to log the table to W&B for sweeps that logged to W&B (default: offline without credentials)",
+    )
     comparison.set_defaults(handler=_compare)
     estimate = commands.add_parser(
         "estimate", help="weights, gradients and optimizer state of a run, for every optimizer, without weights"

@@ -388,9 +388,27 @@ img {{ max-width: 100%; }}
     path.write_text(page)
 
 
-def compare(sweeps: list[Path], output: Path | None = None) -> dict[str, Path]:
+def log_to_wandb(jobs: list[JobResult], sweeps: list[Path], mode: str | None) -> None:
+    """Each sweep whose jobs logged to W&B (``<sweep>/wandb`` exists) gets the table as a W&B
+    Table, in a run of its own in the sweep's group (the sweep folder as Hydra named it)."""
+    from omegaconf import OmegaConf
+
+    from effitrain.loggers import log_comparison_table
+
+    for sweep in sweeps:
+        own = [job for job in jobs if job.sweep == sweep]
+        hydra_file = own[0].folder / ".hydra" / "hydra.yaml"
+        if not (sweep / "wandb").is_dir() or not hydra_file.exists():
+            continue
+        group = str(OmegaConf.load(hydra_file).hydra.sweep.dir)
+        rows = [{"job": job.label, **job.choices, **job.summary} for job in own]
+        log_comparison_table(rows, group=group, wandb_dir=sweep, mode=mode)
+
+
+def compare(sweeps: list[Path], output: Path | None = None, wandb_mode: str | None = None) -> dict[str, Path]:
     """Write the comparison of the jobs under ``sweeps`` into ``output`` (default: the first sweep folder).
 
+    Sweeps that logged to W&B also get the table as a W&B Table (``wandb_mode="disabled"`` skips it).
     Returns the paths written, by name. Raises ConfigError for a folder with no jobs.
     """
     sweeps = [Path(s) for s in sweeps]
@@ -416,4 +434,5 @@ def compare(sweeps: list[Path], output: Path | None = None) -> dict[str, Path]:
     for line in problems:
         print(f"not ok: {line}")
     print(f"effitrain: compare: {len(jobs)} jobs -> {written['md']}, {written['html']}")
+    log_to_wandb(jobs, sweeps, wandb_mode)
     return written

@@ -118,3 +118,29 @@ def test_missing_folder_is_one_line(tmp_path, capsys):
 def test_pareto_front_keeps_points_nothing_beats_on_both_axes():
     points = [(300, 0.72), (250, 0.75), (400, 0.70), (350, 0.80), (250, 0.76)]
     assert pareto_front(points) == [1, 0, 2]
+
+
+def test_a_sweep_that_logged_to_wandb_gets_the_table_in_its_group(tmp_path):
+    from tests.test_loggers import inspect_records, inspect_summary, wandb_files
+
+    sweep = _write_sweep(tmp_path / "sweep")
+    for name in JOBS:  # as Hydra records a job of a sweep run with hydra.sweep.dir=multirun/grid/1
+        (sweep / name / ".hydra" / "hydra.yaml").write_text("hydra:\n  sweep:\n    dir: multirun/grid/1\n")
+    (sweep / "wandb").mkdir()  # the jobs logged to W&B
+    main(["compare", str(sweep), "--wandb-mode", "offline"])
+    [run_file] = wandb_files(sweep / "wandb")
+    records = inspect_records(run_file)
+    run = next(r for r in records if r["type"] == "run")["run"]
+    assert (run["run_group"], run["job_type"], run["display_name"]) == ("multirun/grid/1", "compare", "comparison")
+    assert inspect_summary(run_file)["summary"]["jobs"] == 3
+    [table_file] = (run_file.parent / "files").rglob("comparison_*.table.json")
+    table = json.loads(table_file.read_text())
+    rows = {row[table["columns"].index("job")]: dict(zip(table["columns"], row)) for row in table["data"]}
+    assert rows["gradient_accumulation_steps=4,optimizer=adamw"]["status"] == "oom"
+    assert rows["gradient_accumulation_steps=1,optimizer=adam8bit"]["mem/optimizer_state_bytes"] == 2_031_250
+
+
+def test_a_sweep_without_wandb_logs_no_table(tmp_path):
+    sweep = _write_sweep(tmp_path / "sweep")
+    main(["compare", str(sweep), "--wandb-mode", "offline"])
+    assert not (sweep / "wandb").exists()

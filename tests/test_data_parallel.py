@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.conftest import REPO, TINY, read_metrics, train_py
 
@@ -28,9 +30,11 @@ def torchrun(*args: str, cwd) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["accelerator", "trainer"])
 def test_two_processes_with_k_equal_one_process_with_2k(tmp_path, backend):
+    # checkpoint_every=8: the only checkpoint is the final one, whose weights are compared below
     parallel = torchrun(
-        *DDP, f"backend={backend}", "gradient_accumulation_steps=2", "logger=wandb", "logger.mode=offline", cwd=tmp_path
-    )
+        *DDP, f"backend={backend}", "gradient_accumulation_steps=2", "checkpoint_every=8",
+        "logger=wandb", "logger.mode=offline", cwd=tmp_path,
+    )  # fmt: skip
     assert parallel.returncode == 0, parallel.stderr[-3000:]
     # Both ranks used one folder (Hydra names it from the clock): exactly one run folder exists,
     # holding one summary and one metrics file written by rank 0 alone.
@@ -45,7 +49,9 @@ def test_two_processes_with_k_equal_one_process_with_2k(tmp_path, backend):
     assert len(list(parallel_dir.glob("wandb/offline-run-*"))) == 1  # one W&B run, from rank 0
 
     single_dir = tmp_path / "single"
-    single = train_py(*DDP, f"backend={backend}", "gradient_accumulation_steps=4", f"hydra.run.dir={single_dir}")
+    single = train_py(
+        *DDP, f"backend={backend}", "gradient_accumulation_steps=4", "checkpoint_every=8", f"hydra.run.dir={single_dir}"
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     reference = read_metrics(single_dir)
     for ddp_line, one_line in zip(lines, reference, strict=True):
@@ -57,3 +63,12 @@ def test_two_processes_with_k_equal_one_process_with_2k(tmp_path, backend):
     for key in ("eval/loss", "eval/accuracy", "eval/f1"):
         assert summary[key] == pytest.approx(single_summary[key], rel=1e-5)
     assert summary["eval/samples"] == single_summary["eval/samples"] == 24
+
+    [parallel_weights] = parallel_dir.glob("checkpoints/step-*/model.safetensors")
+    [single_weights] = single_dir.glob("checkpoints/step-*/model.safetensors")
+    a, b = load_file(parallel_weights), load_file(single_weights)
+    assert a.keys() == b.keys()
+    names = [n for n in a if not n.endswith("attention.self.key.bias")]  # zero-gradient noise, see test_equivalence
+    flat_a = torch.cat([a[n].flatten().double() for n in names])
+    flat_b = torch.cat([b[n].flatten().double() for n in names])
+    assert ((flat_a - flat_b).norm() / flat_a.norm()).item() < 1e-5
