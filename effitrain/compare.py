@@ -401,7 +401,7 @@ def log_to_wandb(jobs: list[JobResult], sweeps: list[Path], mode: str | None) ->
         if not (sweep / "wandb").is_dir() or not hydra_file.exists():
             continue
         group = str(OmegaConf.load(hydra_file).hydra.sweep.dir)
-        rows = [{"job": job.label, **job.choices, **job.summary} for job in own]
+        rows = [{"job": job.folder.relative_to(sweep).as_posix(), **job.choices, **job.summary} for job in own]
         log_comparison_table(rows, group=group, wandb_dir=sweep, mode=mode)
 
 
