@@ -172,12 +172,17 @@ def _estimate(args) -> None:
     header = f"{'optimizer':<12}{'weights':>10}{'gradients':>11}{'opt. state':>12}{'total':>10}{'state B/param':>15}"
     print(header)
     for name, row in rows.items():
-        cells = [row[k] / MIB if row[k] is not None else float("nan") for k in
-                 ("weights_bytes", "grads_bytes", "optimizer_state_bytes", "total_bytes")]
+        cells = [
+            row[k] / MIB if row[k] is not None else float("nan")
+            for k in ("weights_bytes", "grads_bytes", "optimizer_state_bytes", "total_bytes")
+        ]
         per_param = row["optimizer_bytes_per_param"] or float("nan")
         mark = "*" if name == chosen else " "
-        print(f"{mark}{name:<11}" + "".join(f"{c:>{w}.1f}" for c, w in zip(cells, (10, 11, 12, 10)))
-              + f"{per_param:>15.3f}")
+        print(
+            f"{mark}{name:<11}"
+            + "".join(f"{c:>{w}.1f}" for c, w in zip(cells, (10, 11, 12, 10)))
+            + f"{per_param:>15.3f}"
+        )
     print("* the chosen optimizer")
 
 
@@ -191,7 +196,9 @@ def main(argv: list[str] | None = None) -> None:
         "compare", help="table, plots and one HTML page comparing the jobs of one or more sweep folders"
     )
     comparison.add_argument("folders", nargs="+", type=Path, help="sweep folders (multirun/...)")
-    comparison.add_argument("--output", type=Path, help="where to write the report (default: the first folder)")
+    comparison.add_argument(
+        "--output", type=Path, help="where to write the report (default: the first folder)"
+    )
     comparison.add_argument(
         "--wandb-mode",
         choices=["online", "offline", "disabled"],
@@ -199,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     comparison.set_defaults(handler=_compare)
     estimate = commands.add_parser(
-        "estimate", help="weights, gradients and optimizer state of a run, for every optimizer, without weights"
+        "estimate",
+        help="weights, gradients and optimizer state of a run, for every optimizer, without weights",
     )
     estimate.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     estimate.add_argument("--json", action="store_true", help="exact bytes as JSON, for scripts")

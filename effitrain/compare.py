@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import csv
 import html
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,7 +143,9 @@ def load_jobs(sweeps: list[Path]) -> list[JobResult]:
             raise ConfigError(f"compare: {str(sweep)!r} is not a folder: give a sweep folder (multirun/...)")
         found = job_folders(sweep)
         if not found:
-            raise ConfigError(f"compare: no summary.json under {str(sweep)!r}: give a sweep folder (multirun/...)")
+            raise ConfigError(
+                f"compare: no summary.json under {str(sweep)!r}: give a sweep folder (multirun/...)"
+            )
         for folder in found:
             summary = results.read_summary(folder) or {"status": "missing", "error": "no summary.json"}
             jobs.append(JobResult(sweep, folder, summary, _read_overrides(folder), _read_metrics(folder)))
@@ -165,7 +166,8 @@ def label_jobs(jobs: list[JobResult], several_sweeps: bool) -> None:
     derived = {
         short: key
         for key, short in DERIVED_CHOICES.items()
-        if short not in columns and differs([job.summary.get(key) for job in jobs if job.summary.get("status") != "missing"])
+        if short not in columns
+        and differs([job.summary.get(key) for job in jobs if job.summary.get("status") != "missing"])
     }
     for job in jobs:
         job.choices = {}
@@ -233,7 +235,9 @@ def _is_number(cell: str) -> bool:
 
 
 def failures(jobs: list[JobResult]) -> list[str]:
-    return [f"{job.label}: {job.summary.get('status')}: {job.summary.get('error')}" for job in jobs if not job.ok]
+    return [
+        f"{job.label}: {job.summary.get('status')}: {job.summary.get('error')}" for job in jobs if not job.ok
+    ]
 
 
 # ---------------------------------------------------------------- plots
@@ -279,7 +283,9 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
                 ax.text(peak, y + 0.18, f" {peak:.0f}", va="center", fontsize=8)
         drawn = True
     if not drawn:
-        ax.text(0.5, 0.5, "no mem/* figures in these summaries", ha="center", va="center", transform=ax.transAxes)
+        ax.text(
+            0.5, 0.5, "no mem/* figures in these summaries", ha="center", va="center", transform=ax.transAxes
+        )
     ax.set_yticks(list(ys), [_short(job) for job in jobs], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("MiB")
@@ -323,23 +329,46 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 def plot_pareto(jobs: list[JobResult], path: Path) -> None:
     """Peak memory against eval loss; the jobs no other job beats on both are joined as the front."""
     plt, fig, ax = _figure(4.5)
-    placed = [j for j in jobs if isinstance(j.summary.get("mem/peak_bytes"), (int, float))
-              and isinstance(j.summary.get("eval/loss"), (int, float))]
+    placed = [
+        j
+        for j in jobs
+        if isinstance(j.summary.get("mem/peak_bytes"), (int, float))
+        and isinstance(j.summary.get("eval/loss"), (int, float))
+    ]
     points = [(job.summary["mem/peak_bytes"] / MIB, job.summary["eval/loss"]) for job in placed]
     if points:
         ax.scatter(*zip(*points), color="#4c72b0", zorder=2)
         front = pareto_front(points)
-        ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post",
-                color="#c44e52", linewidth=1.5, zorder=1, label="Pareto front")
-        ax.scatter([points[i][0] for i in front], [points[i][1] for i in front], s=90,
-                   facecolors="none", edgecolors="#c44e52", zorder=3)
+        ax.step(
+            [points[i][0] for i in front],
+            [points[i][1] for i in front],
+            where="post",
+            color="#c44e52",
+            linewidth=1.5,
+            zorder=1,
+            label="Pareto front",
+        )
+        ax.scatter(
+            [points[i][0] for i in front],
+            [points[i][1] for i in front],
+            s=90,
+            facecolors="none",
+            edgecolors="#c44e52",
+            zorder=3,
+        )
         for job, (x, y) in zip(placed, points):
             ax.annotate(_short(job), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.margins(x=0.25, y=0.1)  # room for the labels of the rightmost points
         ax.legend(fontsize=8)
     else:
-        ax.text(0.5, 0.5, "no job has both mem/peak_bytes and eval/loss", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            "no job has both mem/peak_bytes and eval/loss",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
     ax.set_xlabel("peak memory (MiB)")
     ax.set_ylabel("eval loss")
     ax.set_title("Peak memory vs eval loss (lower left is better)")
@@ -357,13 +386,15 @@ PLOTS = {"memory.png": plot_memory, "loss.png": plot_losses, "pareto.png": plot_
 # ---------------------------------------------------------------- report
 
 
-def write_html(headers, rows, jobs: list[JobResult], plots: list[Path], path: Path, sources: list[Path]) -> None:
+def write_html(
+    headers, rows, jobs: list[JobResult], plots: list[Path], path: Path, sources: list[Path]
+) -> None:
     def cells(tag, values):
         return "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in values)
 
     body = [f"<tr>{cells('th', headers)}</tr>"]
     for job, row in zip(jobs, rows):
-        body.append(f"<tr class=\"{'' if job.ok else 'failed'}\">{cells('td', row)}</tr>")
+        body.append(f'<tr class="{"" if job.ok else "failed"}">{cells("td", row)}</tr>')
     images = []
     for plot in plots:
         data = base64.b64encode(plot.read_bytes()).decode("ascii")
@@ -401,7 +432,9 @@ def log_to_wandb(jobs: list[JobResult], sweeps: list[Path], mode: str | None) ->
         if not (sweep / "wandb").is_dir() or not hydra_file.exists():
             continue
         group = str(OmegaConf.load(hydra_file).hydra.sweep.dir)
-        rows = [{"job": job.folder.relative_to(sweep).as_posix(), **job.choices, **job.summary} for job in own]
+        rows = [
+            {"job": job.folder.relative_to(sweep).as_posix(), **job.choices, **job.summary} for job in own
+        ]
         log_comparison_table(rows, group=group, wandb_dir=sweep, mode=mode)
 
 
@@ -416,7 +449,11 @@ def compare(sweeps: list[Path], output: Path | None = None, wandb_mode: str | No
     output = Path(output) if output else sweeps[0]
     output.mkdir(parents=True, exist_ok=True)
     headers, rows = table_rows(jobs)
-    written = {"csv": output / "comparison.csv", "md": output / "comparison.md", "html": output / "comparison.html"}
+    written = {
+        "csv": output / "comparison.csv",
+        "md": output / "comparison.md",
+        "html": output / "comparison.html",
+    }
     write_csv(jobs, written["csv"])
     plots = []
     for name, plot in PLOTS.items():

@@ -130,12 +130,16 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
 
     precision = cfg.precision.mixed_precision
     if precision == "fp16" and not cuda_available():
-        raise invalid("precision", "fp16", "fp16 needs a CUDA device (none found): use precision=bf16 or fp32")
+        raise invalid(
+            "precision", "fp16", "fp16 needs a CUDA device (none found): use precision=bf16 or fp32"
+        )
     if precision == "bf16" and cuda_available() and not torch.cuda.is_bf16_supported():
         raise invalid("precision", "bf16", "this GPU lacks bf16: use precision=fp16 or fp32")
     target = str(cfg.optimizer.get("_target_", ""))
     if "Paged" in target and not cuda_available():
-        raise invalid("optimizer", target, "paged optimizers need a CUDA device: use adamw, adafactor or adam8bit")
+        raise invalid(
+            "optimizer", target, "paged optimizers need a CUDA device: use adamw, adafactor or adam8bit"
+        )
     if cfg.compile.mode not in COMPILE_MODES:
         raise invalid("compile.mode", cfg.compile.mode, f"choose one of {', '.join(COMPILE_MODES)}")
 
@@ -182,4 +186,6 @@ def check_output_dir(path: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".effitrain-write-probe-"):
             pass
     except OSError as error:
-        raise invalid("hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})") from None
+        raise invalid(
+            "hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})"
+        ) from None

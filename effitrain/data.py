@@ -84,7 +84,9 @@ def load_synthetic(num_train: int, num_eval: int, num_labels: int, words_per_tex
     return RawData(make(num_train, seed), make(num_eval, seed + 1), names)
 
 
-def load_hub(load_args: dict, text_column: str, label_column: str, train_split: str, eval_split: str) -> RawData:
+def load_hub(
+    load_args: dict, text_column: str, label_column: str, train_split: str, eval_split: str
+) -> RawData:
     """Any ``datasets.load_dataset`` source (hub name or a builder over local files).
 
     Raises:
@@ -100,14 +102,18 @@ def load_hub(load_args: dict, text_column: str, label_column: str, train_split: 
             raise invalid(key, split, f"no such split: choose one of {', '.join(dataset)}")
     for key, column in (("data.text_column", text_column), ("data.label_column", label_column)):
         if column not in dataset[train_split].column_names:
-            raise invalid(key, column, f"no such column: choose one of {', '.join(dataset[train_split].column_names)}")
+            raise invalid(
+                key, column, f"no such column: choose one of {', '.join(dataset[train_split].column_names)}"
+            )
 
     feature = dataset[train_split].features[label_column]
     if isinstance(feature, ClassLabel):
         names = list(feature.names)
         to_id = None
     else:
-        values = sorted(set(dataset[train_split][label_column]) | set(dataset[eval_split][label_column]), key=str)
+        values = sorted(
+            set(dataset[train_split][label_column]) | set(dataset[eval_split][label_column]), key=str
+        )
         if all(isinstance(v, int) for v in values):
             names, to_id = [str(i) for i in range(max(values) + 1)], None
         else:
@@ -134,7 +140,9 @@ def check_raw(raw: RawData, num_labels: int) -> None:
             raise invalid(f"data ({split} split) label", bad[0], f"labels must be in 0..{num_labels - 1}")
 
 
-def tokenize_cached(raw: RawData, tokenizer, max_length: int, cache_dir: str | None, source_key: dict) -> DatasetDict:
+def tokenize_cached(
+    raw: RawData, tokenizer, max_length: int, cache_dir: str | None, source_key: dict
+) -> DatasetDict:
     """Tokenize both splits once; later runs with the same source, tokenizer and length load the cache.
 
     The cache key is a hash of the data config, the tokenizer and ``max_length``; a cache entry is
@@ -194,7 +202,9 @@ class EpochPermutationSampler(Sampler[int]):
         return self.num_samples
 
 
-def build_dataloaders(tokenized: DatasetDict, tokenizer, micro_batch_size: int, eval_batch_size: int, seed: int):
+def build_dataloaders(
+    tokenized: DatasetDict, tokenizer, micro_batch_size: int, eval_batch_size: int, seed: int
+):
     """Train loader (seeded per-epoch permutation, dynamic padding) and eval loader (in order)."""
     from transformers import DataCollatorWithPadding
 
@@ -204,5 +214,3 @@ def build_dataloaders(tokenized: DatasetDict, tokenizer, micro_batch_size: int, 
     train = DataLoader(tokenized["train"], batch_size=micro_batch_size, sampler=sampler, collate_fn=collate)
     evaluation = DataLoader(tokenized["eval"], batch_size=eval_batch_size, shuffle=False, collate_fn=collate)
     return train, evaluation, sampler
-
-

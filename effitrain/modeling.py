@@ -56,7 +56,9 @@ def build_config(model_cfg: DictConfig, num_labels: int, tokenizer=None):
             )
         except (OSError, ValueError) as error:
             raise invalid(
-                "model.name_or_path", model_cfg.name_or_path, f"no model config could be loaded ({type(error).__name__})"
+                "model.name_or_path",
+                model_cfg.name_or_path,
+                f"no model config could be loaded ({type(error).__name__})",
             ) from None
     config.num_labels = num_labels
     if tokenizer is not None:
@@ -82,4 +84,6 @@ def build_model(model_cfg: DictConfig, num_labels: int, tokenizer=None, device: 
             model_cfg.name_or_path, config=config, trust_remote_code=model_cfg.trust_remote_code
         )
     with torch.device(device or "cpu"):
-        return AutoModelForSequenceClassification.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+        return AutoModelForSequenceClassification.from_config(
+            config, trust_remote_code=model_cfg.trust_remote_code
+        )

@@ -43,7 +43,9 @@ def build_optimizer(optimizer_cfg: DictConfig, model: torch.nn.Module, weight_de
     return instantiate(optimizer_cfg, _convert_="all")(param_groups(model, weight_decay))
 
 
-def num_optimizer_steps(batches_per_epoch: int, gradient_accumulation_steps: int, epochs: int, max_steps=None) -> int:
+def num_optimizer_steps(
+    batches_per_epoch: int, gradient_accumulation_steps: int, epochs: int, max_steps=None
+) -> int:
     """Optimizer steps of a run: ``ceil(batches / accumulation) * epochs``, capped by ``max_steps``."""
     steps = math.ceil(batches_per_epoch / gradient_accumulation_steps) * epochs
     return min(steps, max_steps) if max_steps else steps

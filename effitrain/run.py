@@ -64,7 +64,9 @@ def hydra_choices() -> dict:
 def config_keys(cfg: DictConfig, world: int) -> dict:
     choices = hydra_choices()
     accumulation, micro = cfg.gradient_accumulation_steps, cfg.micro_batch_size
-    effective = micro * accumulation * world if isinstance(micro, int) and isinstance(accumulation, int) else None
+    effective = (
+        micro * accumulation * world if isinstance(micro, int) and isinstance(accumulation, int) else None
+    )
     return {
         "cfg/optimizer": choices.get("optimizer", str(cfg.optimizer.get("_target_"))),
         "cfg/backend": choices.get("backend", str(cfg.backend.get("_target_"))),
@@ -118,10 +120,24 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     # accelerate shards batches over processes: each process sees ceil(batches / world) of them.
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     batches_per_process = math.ceil(len(train_loader) / world)
-    num_steps = num_optimizer_steps(batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps)
+    num_steps = num_optimizer_steps(
+        batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
+    )
     scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
     meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main)
-    job = Job(cfg, model, tokenizer, train_loader, eval_loader, sampler, optimizer, scheduler, num_steps, meter, output_dir)
+    job = Job(
+        cfg,
+        model,
+        tokenizer,
+        train_loader,
+        eval_loader,
+        sampler,
+        optimizer,
+        scheduler,
+        num_steps,
+        meter,
+        output_dir,
+    )
     job.checkpoints = checkpoint.Checkpointer(
         cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume_from
     )
@@ -170,7 +186,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         resume_from = checkpoint.find_resume(cfg, output_dir)
         if state.is_main_process:
             if resume_from is not None:
-                checkpoint.drop_metrics_after(output_dir / results.METRICS, checkpoint.read_meta(resume_from)["step"])
+                checkpoint.drop_metrics_after(
+                    output_dir / results.METRICS, checkpoint.read_meta(resume_from)["step"]
+                )
             loggers.append(results.MetricsFile(output_dir / results.METRICS))
             loggers += [tracker] if tracker is not None else []
         job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process, resume_from)

@@ -39,7 +39,9 @@ def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
     previous = results.read_summary(Path(hydra_cfg.runtime.output_dir))
     if previous is None or previous.get("status") != "ok":
         return None
-    print(f"effitrain: skip: {hydra_cfg.runtime.output_dir} already holds an ok summary.json (skip_ok_jobs=true)")
+    print(
+        f"effitrain: skip: {hydra_cfg.runtime.output_dir} already holds an ok summary.json (skip_ok_jobs=true)"
+    )
     return previous
 
 
@@ -110,11 +112,12 @@ class SweepReport(Callback):
             print(line if job.status == "ok" else f"{line}: {job.error}")
         failed = sum(job.status != "ok" for job in outcomes)
         skipped = sum(job.skipped for job in outcomes)
-        print(f"effitrain: {failed} of {len(outcomes)} jobs failed ({skipped} skipped: ok before) in {sweep_dir}")
+        print(
+            f"effitrain: {failed} of {len(outcomes)} jobs failed ({skipped} skipped: ok before) in {sweep_dir}"
+        )
         print(f"effitrain: compare: effitrain compare {shlex.quote(str(sweep_dir))}")
         if failed:
             args = [arg for arg in sys.argv if not arg.startswith("hydra.sweep.dir=")]
             resume = shlex.join(["python", *args, f"hydra.sweep.dir={sweep_dir}"])
             print(f"effitrain: rerun the failed jobs only: {resume}")
             sys.exit(1)
-

@@ -105,7 +105,9 @@ class StepMeter:
     def add(self, micro_loss_sum: torch.Tensor, batch) -> None:
         self._loss_sum = self._loss_sum + micro_loss_sum.detach()
         self._samples += len(batch["labels"])
-        self._tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+        self._tokens += (
+            int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+        )
 
     def end_step(self, step: int, lr: float, grad_norm) -> dict:
         loss_sum, samples, tokens = all_reduce_sum(
@@ -134,7 +136,9 @@ class StepMeter:
             logger.log_dict(record, step)
         if self._progress is not None:
             elapsed = now - self._started
-            self._progress.set_postfix(loss=f"{self.last_loss:.4f}", samples_per_s=f"{self.samples / elapsed:.1f}")
+            self._progress.set_postfix(
+                loss=f"{self.last_loss:.4f}", samples_per_s=f"{self.samples / elapsed:.1f}"
+            )
             self._progress.update(1)
         return record
 

@@ -41,7 +41,9 @@ def _write_sweep(root, jobs=JOBS):
         folder = root / name
         write_json_atomic(folder / "summary.json", summary)
         (folder / ".hydra").mkdir()
-        (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in name.split(",")) + "- sweep=grid\n")
+        (folder / ".hydra" / "overrides.yaml").write_text(
+            "".join(f"- {o}\n" for o in name.split(",")) + "- sweep=grid\n"
+        )
         if summary["status"] == "ok":
             start = 1.1 if "adamw" in name else 1.2
             lines = [{"step": s, "train/loss": start - 0.05 * s, "lr": 1e-4} for s in range(1, 11)]
@@ -72,7 +74,10 @@ def test_csv_has_one_row_per_job_with_the_summaries_values(tmp_path, capsys):
 
     markdown = (sweep / "comparison.md").read_text()
     # bytes in files, MiB in reports: 8e6 bytes of AdamW state is 7.63 MiB; 300 MiB peak
-    assert "| 1 | adamw | ok | 7.63 | 8.00 | 300.0 | 0.6100 | 0.7200 | 0.7000 | 0.6600 | 120.5 | 0.25 | 61.0 |" in markdown
+    assert (
+        "| 1 | adamw | ok | 7.63 | 8.00 | 300.0 | 0.6100 | 0.7200 | 0.7000 | 0.6600 | 120.5 | 0.25 | 61.0 |"
+        in markdown
+    )
     assert "| 4 | adamw | oom | 7.63 |  |  |  |  |  |  |  |  | 3.5 |" in markdown
     assert "OutOfMemoryError: CUDA out of memory" in markdown
     terminal = capsys.readouterr().out
@@ -95,7 +100,7 @@ def test_plots_have_content_and_the_html_embeds_them(tmp_path):
         assert len(np.unique(pixels[..., :3].reshape(-1, 3), axis=0)) > 50, name
         assert f"data:image/png;base64,{base64.b64encode(data).decode()}" in page
     assert page.count("<tr") == 4 and 'class="failed"' in page
-    assert "src=\"memory.png\"" not in page  # self-contained: nothing to fetch
+    assert 'src="memory.png"' not in page  # self-contained: nothing to fetch
 
 
 def test_several_sweep_folders_make_one_table(tmp_path):
@@ -131,7 +136,11 @@ def test_a_sweep_that_logged_to_wandb_gets_the_table_in_its_group(tmp_path):
     [run_file] = wandb_files(sweep / "wandb")
     records = inspect_records(run_file)
     run = next(r for r in records if r["type"] == "run")["run"]
-    assert (run["run_group"], run["job_type"], run["display_name"]) == ("multirun/grid/1", "compare", "comparison")
+    assert (run["run_group"], run["job_type"], run["display_name"]) == (
+        "multirun/grid/1",
+        "compare",
+        "comparison",
+    )
     assert inspect_summary(run_file)["summary"]["jobs"] == 3
     [table_file] = (run_file.parent / "files").rglob("comparison_*.table.json")
     table = json.loads(table_file.read_text())

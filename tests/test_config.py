@@ -139,7 +139,10 @@ def test_unknown_group_option_names_the_choices():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("gradient_accumulation_steps=0", "gradient_accumulation_steps=0 is invalid: must be an integer >= 1"),
+        (
+            "gradient_accumulation_steps=0",
+            "gradient_accumulation_steps=0 is invalid: must be an integer >= 1",
+        ),
         ("micro_batch_size=-2", "micro_batch_size=-2 is invalid: must be an integer >= 1"),
         ("epochs=0", "epochs=0 is invalid: must be an integer >= 1"),
         ("max_steps=0", "max_steps=0 is invalid: must be an integer >= 1 (or null)"),
@@ -149,7 +152,10 @@ def test_unknown_group_option_names_the_choices():
         ("max_grad_norm=-1", "max_grad_norm=-1 is invalid: must be >= 0 (0 disables clipping)"),
         ("lr_scheduler=step", "lr_scheduler='step' is invalid: choose one of linear, cosine, constant"),
         ("compile.mode=fast", "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
-        ("model.name_or_path=/no/such/model", "model.name_or_path='/no/such/model' is invalid: no such folder"),
+        (
+            "model.name_or_path=/no/such/model",
+            "model.name_or_path='/no/such/model' is invalid: no such folder",
+        ),
     ],
 )
 def test_validate_rejects_bad_values_naming_key_and_value(override, message):

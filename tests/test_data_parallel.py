@@ -23,7 +23,12 @@ def torchrun(*args: str, cwd) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(
-        [*command, str(REPO / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [*command, str(REPO / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -50,7 +55,11 @@ def test_two_processes_with_k_equal_one_process_with_2k(tmp_path, backend):
 
     single_dir = tmp_path / "single"
     single = train_py(
-        *DDP, f"backend={backend}", "gradient_accumulation_steps=4", "checkpoint_every=8", f"hydra.run.dir={single_dir}"
+        *DDP,
+        f"backend={backend}",
+        "gradient_accumulation_steps=4",
+        "checkpoint_every=8",
+        f"hydra.run.dir={single_dir}",
     )
     assert single.returncode == 0, single.stderr[-3000:]
     reference = read_metrics(single_dir)
@@ -68,7 +77,9 @@ def test_two_processes_with_k_equal_one_process_with_2k(tmp_path, backend):
     [single_weights] = single_dir.glob("checkpoints/step-*/model.safetensors")
     a, b = load_file(parallel_weights), load_file(single_weights)
     assert a.keys() == b.keys()
-    names = [n for n in a if not n.endswith("attention.self.key.bias")]  # zero-gradient noise, see test_equivalence
+    names = [
+        n for n in a if not n.endswith("attention.self.key.bias")
+    ]  # zero-gradient noise, see test_equivalence
     flat_a = torch.cat([a[n].flatten().double() for n in names])
     flat_b = torch.cat([b[n].flatten().double() for n in names])
     assert ((flat_a - flat_b).norm() / flat_a.norm()).item() < 1e-5

@@ -37,7 +37,7 @@ def relative_difference(a: dict, b: dict) -> float:
 
 def assert_same_training(a, b, param_rtol: float, loss_rtol: float):
     assert [line["step"] for line in a.lines] == [line["step"] for line in b.lines]
-    for line_a, line_b, params_a, params_b in zip(a.lines, b.lines, a.params, b.params):
+    for line_a, line_b, params_a, params_b in zip(a.lines, b.lines, a.params, b.params, strict=True):
         assert line_a["train/samples"] == line_b["train/samples"]
         assert line_a["lr"] == pytest.approx(line_b["lr"], rel=1e-12)
         assert line_a["train/loss"] == pytest.approx(line_b["train/loss"], rel=loss_rtol)
@@ -50,7 +50,9 @@ def assert_same_training(a, b, param_rtol: float, loss_rtol: float):
 @pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adam8bit"])
 def test_accumulation_equals_the_big_batch(tmp_path, backend, optimizer):
     common = [f"backend={backend}", f"optimizer={optimizer}", *SMALL]
-    big, _, _ = fit_with_snapshots(tmp_path / "big", "micro_batch_size=16", "gradient_accumulation_steps=1", *common)
+    big, _, _ = fit_with_snapshots(
+        tmp_path / "big", "micro_batch_size=16", "gradient_accumulation_steps=1", *common
+    )
     accumulated, _, _ = fit_with_snapshots(
         tmp_path / "acc", "micro_batch_size=4", "gradient_accumulation_steps=4", *common
     )
@@ -71,11 +73,16 @@ def test_backends_compute_the_same_thing(tmp_path, optimizer):
 def test_backends_see_the_same_batches_in_the_same_order(tmp_path):
     seen = {}
     for backend in ("accelerator", "trainer"):
-        snapshots, _, job = fit_with_snapshots(tmp_path / backend, f"backend={backend}", "max_steps=5", *SMALL)
+        snapshots, _, job = fit_with_snapshots(
+            tmp_path / backend, f"backend={backend}", "max_steps=5", *SMALL
+        )
         seen[backend] = [line["train/tokens"] for line in snapshots.lines]
         # the sampler is effitrain's, and its order is a pure function of seed and epoch
         job.train_sampler.set_epoch(1)
-        assert list(job.train_sampler)[:5] == torch.randperm(58, generator=torch.Generator().manual_seed(43)).tolist()[:5]
+        assert (
+            list(job.train_sampler)[:5]
+            == torch.randperm(58, generator=torch.Generator().manual_seed(43)).tolist()[:5]
+        )
     assert seen["accelerator"] == seen["trainer"]
 
 

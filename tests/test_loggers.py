@@ -110,7 +110,11 @@ def test_two_job_multirun_in_one_process_gives_two_runs_in_one_group(tmp_path):
     assert sorted("optimizer=adafactor" in run["display_name"] for run in runs) == [False, True]
     for f in files:
         state = inspect_summary(f)
-        job = next(p.parent for p in sweep.glob("*/summary.json") if f"optimizer={state['summary']['cfg/optimizer']}" in p.parent.name)
+        job = next(
+            p.parent
+            for p in sweep.glob("*/summary.json")
+            if f"optimizer={state['summary']['cfg/optimizer']}" in p.parent.name
+        )
         assert state["exit_code"] == 0 and state["summary"] == {**state["summary"], **_non_null(job)}
         assert [row["step"] for row in history(inspect_records(f))] == [
             line["step"] for line in read_metrics(job)

@@ -39,7 +39,9 @@ def test_few_steps_write_every_required_key(tmp_path, optimizer, backend):
     assert all(STEP_KEYS <= set(line) for line in lines)
     assert on_disk["train/loss"] == lines[-1]["train/loss"]
     assert on_disk["train/tokens"] == lines[-1]["train/tokens"] > 0
-    assert 0 < on_disk["eval/loss"] < 5 and 0 <= on_disk["eval/accuracy"] <= 1 and 0 <= on_disk["eval/f1"] <= 1
+    assert (
+        0 < on_disk["eval/loss"] < 5 and 0 <= on_disk["eval/accuracy"] <= 1 and 0 <= on_disk["eval/f1"] <= 1
+    )
     assert on_disk["speed/samples_per_s"] > 0 and on_disk["speed/wall_s"] > 0
 
 
@@ -82,7 +84,9 @@ def test_steps_and_schedule_length_follow_accumulation(tmp_path):
 def test_failed_run_writes_failed_summary_and_keeps_an_ok_one(tmp_path):
     summary = run_job(tmp_path, "gradient_accumulation_steps=0")
     assert summary["status"] == "failed"
-    assert json.loads((tmp_path / "summary.json").read_text())["error"].startswith("gradient_accumulation_steps=0")
+    assert json.loads((tmp_path / "summary.json").read_text())["error"].startswith(
+        "gradient_accumulation_steps=0"
+    )
 
     ok_dir = tmp_path / "ok"
     assert run_job(ok_dir, *FEW_STEPS)["status"] == "ok"

@@ -23,7 +23,12 @@ def _summaries(sweep_dir):
 @pytest.mark.slow
 def test_plain_multirun_runs_each_job_in_its_own_process(tmp_path):
     result = train_py(
-        "-m", *TINY, *SHORT, "optimizer=adamw,adafactor", "backend=accelerator,trainer", f"hydra.sweep.dir={tmp_path}"
+        "-m",
+        *TINY,
+        *SHORT,
+        "optimizer=adamw,adafactor",
+        "backend=accelerator,trainer",
+        f"hydra.sweep.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summaries = _summaries(tmp_path)
@@ -48,7 +53,14 @@ def test_plain_multirun_runs_each_job_in_its_own_process(tmp_path):
 def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path):
     # max_length=1 is rejected by validate(): only that job fails, in its own process; the three
     # jobs run at once (the setting), which also keeps this test short.
-    args = ["-m", *TINY, *SHORT, "max_length=16,24,1", "hydra.sweeper.max_batch_size=3", f"hydra.sweep.dir={tmp_path}"]
+    args = [
+        "-m",
+        *TINY,
+        *SHORT,
+        "max_length=16,24,1",
+        "hydra.sweeper.max_batch_size=3",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     first = train_py(*args)
     assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
     assert "effitrain: 1 of 3 jobs failed (0 skipped: ok before)" in first.stdout
@@ -73,7 +85,11 @@ def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path
 
     main(["compare", str(tmp_path)])
     rows = list(csv.DictReader(open(tmp_path / "comparison.csv")))
-    assert sorted((row["max_length"], row["status"]) for row in rows) == [("1", "failed"), ("16", "ok"), ("24", "ok")]
+    assert sorted((row["max_length"], row["status"]) for row in rows) == [
+        ("1", "failed"),
+        ("16", "ok"),
+        ("24", "ok"),
+    ]
     failed = next(row for row in rows if row["status"] == "failed")
     assert failed["error"] == by_length["1"]["error"]
     assert "failed" in (tmp_path / "comparison.md").read_text()
@@ -104,7 +120,9 @@ def test_named_studies_are_multiruns_over_their_choices():
 
 
 def test_unknown_study_is_one_line():
-    with pytest.raises(ConfigError, match="sweep='typo' is not an option: choose one of accumulation, compile, grid"):
+    with pytest.raises(
+        ConfigError, match="sweep='typo' is not an option: choose one of accumulation, compile, grid"
+    ):
         check_group_overrides(["sweep=typo"])
 
 
@@ -114,7 +132,13 @@ def test_accumulation_jobs_share_one_effective_batch(study):
     micro = {}
     for steps in str(swept.gradient_accumulation_steps).split(","):
         # as a job of the study composes it: no micro_batch_size override from the tiny test preset
-        cfg = compose("model=tiny", "data=synthetic", f"sweep={study}", f"gradient_accumulation_steps={steps}", tiny=False)
+        cfg = compose(
+            "model=tiny",
+            "data=synthetic",
+            f"sweep={study}",
+            f"gradient_accumulation_steps={steps}",
+            tiny=False,
+        )
         validate(cfg)
         apply_effective_batch_size(cfg)
         micro[int(steps)] = cfg.micro_batch_size
@@ -123,13 +147,17 @@ def test_accumulation_jobs_share_one_effective_batch(study):
 
 
 def test_accumulation_that_does_not_divide_names_the_keys():
-    cfg = compose("sweep=accumulation", "effective_batch_size=30", "gradient_accumulation_steps=4", tiny=False)
+    cfg = compose(
+        "sweep=accumulation", "effective_batch_size=30", "gradient_accumulation_steps=4", tiny=False
+    )
     with pytest.raises(
         ConfigError,
         match=r"^effective_batch_size=30 is invalid: must be a multiple of gradient_accumulation_steps x processes = 4",
     ):
         validate(cfg)
-    cfg = compose("sweep=accumulation", "effective_batch_size=32", "gradient_accumulation_steps=4", tiny=False)
+    cfg = compose(
+        "sweep=accumulation", "effective_batch_size=32", "gradient_accumulation_steps=4", tiny=False
+    )
     validate(cfg, world_size=2)  # two processes: 32 / (4 x 2) = 4 samples per micro-batch
     apply_effective_batch_size(cfg, world_size=2)
     assert cfg.micro_batch_size == 4

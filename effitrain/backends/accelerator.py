@@ -13,7 +13,9 @@ from effitrain.training import accumulation_windows, count_samples, evaluate, lo
 
 
 def make_accelerator(cfg) -> Accelerator:
-    dynamo = TorchDynamoPlugin(backend=cfg.compile.backend, mode=cfg.compile.mode) if cfg.compile.enabled else None
+    dynamo = (
+        TorchDynamoPlugin(backend=cfg.compile.backend, mode=cfg.compile.mode) if cfg.compile.enabled else None
+    )
     return Accelerator(
         mixed_precision=cfg.precision.mixed_precision,
         # Windows are cut by effitrain, so the sync must not follow the dataloader's end.
