@@ -179,10 +179,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         if state.is_main_process:  # started before validation so a rejected config shows as crashed
             tracker = build_tracker(cfg, output_dir, config_keys(cfg, state.num_processes))
         validate(cfg, state.num_processes)
-        if apply_effective_batch_size(cfg, state.num_processes):
-            summary.update(config_keys(cfg, state.num_processes))
+        if apply_effective_batch_size(cfg, state.num_processes):  # micro_batch_size was derived
+            keys = config_keys(cfg, state.num_processes)
+            summary.update(keys)
             if tracker is not None:
-                tracker.update_config(run_config(cfg, config_keys(cfg, state.num_processes)))
+                tracker.update_config(run_config(cfg, keys))
         resume_from = checkpoint.find_resume(cfg, output_dir)
         if state.is_main_process:
             if resume_from is not None:
