@@ -217,3 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         args.handler(args)
     except ConfigError as error:
         fail(str(error))
+
+
+if __name__ == "__main__":
+    main()
