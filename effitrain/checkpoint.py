@@ -34,6 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config import ConfigError, invalid
+from effitrain.training import rank, world_size
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ _NAME = re.compile(r"^step-(\d+)$")
 RESUME_MAY_CHANGE = (
     "hydra",
     "resume",
+    "skip_ok_jobs",
     "checkpoint_every",
     "checkpoint_keep",
     "progress_bar",
@@ -90,21 +92,13 @@ def trajectory_config(cfg: DictConfig) -> dict:
     return flat
 
 
-def _rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-def _world() -> int:
-    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-
-
 def _barrier() -> None:
-    if _world() > 1:
+    if world_size() > 1:
         torch.distributed.barrier()
 
 
 def rng_file_name() -> str:
-    return f"rng_state_{_rank()}.pth" if _world() > 1 else "rng_state.pth"
+    return f"rng_state_{rank()}.pth" if world_size() > 1 else "rng_state.pth"
 
 
 def rng_state() -> dict:
@@ -122,7 +116,7 @@ def rng_state() -> dict:
     }
     if torch.cuda.is_available():
         state["cuda"] = (
-            torch.cuda.random.get_rng_state_all() if _world() > 1 else torch.cuda.random.get_rng_state()
+            torch.cuda.random.get_rng_state_all() if world_size() > 1 else torch.cuda.random.get_rng_state()
         )
     return state
 
@@ -215,26 +209,6 @@ def find_resume(cfg: DictConfig, output_dir: Path) -> Path | None:
     return folder
 
 
-def drop_metrics_after(metrics_path: Path, step: int) -> None:
-    """Keep only the metric lines up to ``step``: the resumed run writes the later ones again."""
-    if not metrics_path.exists():
-        return
-    kept = []
-    for line in metrics_path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line half-written when the process was killed
-        if isinstance(record, dict) and (record.get("step") or 0) <= step:
-            kept.append(line)
-    tmp = metrics_path.with_name(f".{metrics_path.name}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write("".join(line + "\n" for line in kept))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, metrics_path)
-
-
 class Checkpointer:
     """Saves a run's training state on schedule and restores it on resume.
 
@@ -254,7 +228,6 @@ class Checkpointer:
         self.batches_per_epoch = batches_per_epoch
         self.resume_from = resume_from
         self._pending_rng: tuple[Position, dict] | None = None
-        self.last_saved: Path | None = None
 
     # -- saving -------------------------------------------------------------------------------
 
@@ -273,7 +246,7 @@ class Checkpointer:
 
         target = self.root / f"step-{step:08d}"
         tmp = self.root / f".partial-step-{step:08d}"
-        is_main = _rank() == 0
+        is_main = rank() == 0
         if is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -293,7 +266,7 @@ class Checkpointer:
                 "epoch": at.epoch,
                 "batches_in_epoch": at.batches,
                 "num_steps": self.num_steps,
-                "world_size": _world(),
+                "world_size": world_size(),
                 "meter": {
                     "samples": self.meter.samples,
                     "tokens": self.meter.tokens,
@@ -315,7 +288,6 @@ class Checkpointer:
             _fsync(self.root)
             self.prune()
         _barrier()
-        self.last_saved = target
         return target
 
     def prune(self) -> None:
@@ -343,9 +315,11 @@ class Checkpointer:
         meta = read_meta(folder)
         if meta is None:
             raise ConfigError(f"resume={str(folder)!r} is invalid: the checkpoint is incomplete")
-        if meta["world_size"] != _world():
+        if meta["world_size"] != world_size():
             raise invalid(
-                "resume", str(folder), f"written by {meta['world_size']} processes, resumed with {_world()}"
+                "resume",
+                str(folder),
+                f"written by {meta['world_size']} processes, resumed with {world_size()}",
             )
         if weights:
             device = next(self.model.parameters()).device

@@ -116,19 +116,6 @@ def _read_overrides(folder: Path) -> dict[str, str]:
     return overrides
 
 
-def _read_metrics(folder: Path) -> list[dict]:
-    path = folder / results.METRICS
-    if not path.exists():
-        return []
-    lines = []
-    for line in path.read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except json.JSONDecodeError:  # a job killed mid-write leaves half a line
-            continue
-    return lines
-
-
 def load_jobs(sweeps: list[Path]) -> list[JobResult]:
     """Every job folder under the sweep folders, in folder order, with the choices that differ.
 
@@ -148,7 +135,15 @@ def load_jobs(sweeps: list[Path]) -> list[JobResult]:
             )
         for folder in found:
             summary = results.read_summary(folder) or {"status": "missing", "error": "no summary.json"}
-            jobs.append(JobResult(sweep, folder, summary, _read_overrides(folder), _read_metrics(folder)))
+            jobs.append(
+                JobResult(
+                    sweep,
+                    folder,
+                    summary,
+                    _read_overrides(folder),
+                    results.read_metrics(folder / results.METRICS),
+                )
+            )
     label_jobs(jobs, several_sweeps=len(sweeps) > 1)
     return jobs
 

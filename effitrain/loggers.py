@@ -15,7 +15,6 @@ goes on; the run's result files never depend on it.
 from __future__ import annotations
 
 import logging
-import math
 import netrc
 import os
 import sys
@@ -25,6 +24,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config import invalid
+from effitrain.results import plain
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +59,6 @@ def resolve_mode(mode: str | None) -> str:
     if env_mode == "dryrun":  # wandb's old name for offline
         return "offline"
     return "online" if has_credentials() else "offline"
-
-
-def _plain(value):
-    """Summary values as summary.json stores them: non-finite floats become null."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _without(value, secret: str | None):
@@ -121,11 +116,11 @@ def run_config(cfg: DictConfig, cfg_keys: dict) -> dict:
     """
     cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     try:
-        plain = OmegaConf.to_container(cfg, resolve=True)
+        config = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # a broken interpolation fails the run itself; the dashboard still gets the config
-        plain = OmegaConf.to_container(cfg, resolve=False)
-    plain.update(cfg_keys)
-    return plain
+        config = OmegaConf.to_container(cfg, resolve=False)
+    config.update(cfg_keys)
+    return config
 
 
 class WandbLogger:
@@ -238,7 +233,7 @@ class WandbLogger:
         try:
             if summary:
                 secret = os.environ.get("WANDB_API_KEY")
-                run.summary.update(_without({k: _plain(v) for k, v in summary.items()}, secret))
+                run.summary.update(_without({k: plain(v) for k, v in summary.items()}, secret))
             run.finish(exit_code=0 if ok else 1)
         except Exception as error:
             self._warn(f"finishing the run failed ({type(error).__name__}: {error})")
@@ -290,7 +285,7 @@ def log_comparison_table(
         import wandb
 
         columns = list(dict.fromkeys(key for row in rows for key in row))
-        data = [[_plain(row.get(column)) for column in columns] for row in rows]
+        data = [[plain(row.get(column)) for column in columns] for row in rows]
         Path(wandb_dir).mkdir(parents=True, exist_ok=True)
         run = wandb.init(
             project=project,

@@ -332,6 +332,8 @@ class GradientRecorder:
             # Keep the storage's identity and size, not the gradient: holding it would change memory.
             key, nbytes = _storage_key(param.grad)
             self._grads[id(param)] = (key, nbytes, nbytes // param.grad.element_size())
+            if len(self._grads) == len(self._params):  # all seen: no hook in later backward passes
+                self.__exit__()
 
     def __enter__(self) -> Self:
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self._params]

@@ -14,27 +14,32 @@ SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
 
 
-def _plain(value):
+def plain(value):
     """JSON has no NaN: non-finite floats are written as null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
 
 
-def write_json_atomic(path: Path, payload: dict) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
     """Write to a temporary file in the same folder, flush, fsync, rename: never half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump({k: _plain(v) for k, v in payload.items()}, handle, indent=2, sort_keys=True)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    write_text_atomic(
+        path, json.dumps({k: plain(v) for k, v in payload.items()}, indent=2, sort_keys=True) + "\n"
+    )
 
 
 def read_summary(folder: Path) -> dict | None:
@@ -47,20 +52,45 @@ def read_summary(folder: Path) -> dict | None:
         return None
 
 
-class MetricsFile:
-    """The on-disk metric logger: one JSON line per ``log_dict`` call, flushed at once."""
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl; a line half-written when a process was killed is skipped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+
+class MetricsFile:
+    """The on-disk metric logger: one JSON line per ``log_dict`` call, flushed at once.
+
+    The file is opened at the first line, not before, so a run that fails before training leaves
+    an earlier run's file as it was. Lines of an earlier run are kept up to ``keep_through_step``
+    (the step a resumed run continues from; 0 for a fresh start), so each step appears once.
+    """
+
+    def __init__(self, path: Path, keep_through_step: int = 0):
         self.path = path
-        self._handle = open(path, "a")
+        self.keep_through_step = keep_through_step
+        self._handle = None
 
     def log_dict(self, payload: dict, step: int) -> None:
-        self._handle.write(json.dumps({k: _plain(v) for k, v in payload.items()}) + "\n")
+        if self._handle is None:
+            kept = [r for r in read_metrics(self.path) if (r.get("step") or 0) <= self.keep_through_step]
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            self._handle = open(self.path, "a")
+        self._handle.write(json.dumps({k: plain(v) for k, v in payload.items()}) + "\n")
         self._handle.flush()
 
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
 
 
 def _version(package: str) -> str | None:

@@ -26,7 +26,7 @@ from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
-from effitrain.training import StepMeter, TrainingDiverged, process_state
+from effitrain.training import StepMeter, TrainingDiverged, process_state, world_size
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,7 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
 
     # accelerate shards batches over processes: each process sees ceil(batches / world) of them.
-    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    batches_per_process = math.ceil(len(train_loader) / world)
+    batches_per_process = math.ceil(len(train_loader) / world_size())
     num_steps = num_optimizer_steps(
         batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
     )
@@ -168,16 +167,18 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     state = process_state()
     previous = results.read_summary(output_dir)
     summary = {"status": "failed", "error": None}
-    summary.update(config_keys(cfg, state.num_processes))
+    keys = config_keys(cfg, state.num_processes)
+    summary.update(keys)
     summary.update(results.env_info(str(state.device)))
     summary["env/rank"] = state.process_index
     loggers = []
     tracker = None  # the W&B run (rank 0, logger=wandb); finished after summary.json, also on failure
     tracked = None  # memory measured around training
+    job = None
     try:
         check_output_dir(output_dir)
         if state.is_main_process:  # started before validation so a rejected config shows as crashed
-            tracker = build_tracker(cfg, output_dir, config_keys(cfg, state.num_processes))
+            tracker = build_tracker(cfg, output_dir, keys)
         validate(cfg, state.num_processes)
         if apply_effective_batch_size(cfg, state.num_processes):  # micro_batch_size was derived
             keys = config_keys(cfg, state.num_processes)
@@ -186,11 +187,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
                 tracker.update_config(run_config(cfg, keys))
         resume_from = checkpoint.find_resume(cfg, output_dir)
         if state.is_main_process:
-            if resume_from is not None:
-                checkpoint.drop_metrics_after(
-                    output_dir / results.METRICS, checkpoint.read_meta(resume_from)["step"]
-                )
-            loggers.append(results.MetricsFile(output_dir / results.METRICS))
+            resumed_step = checkpoint.read_meta(resume_from)["step"] if resume_from is not None else 0
+            loggers.append(results.MetricsFile(output_dir / results.METRICS, resumed_step))
             loggers += [tracker] if tracker is not None else []
         job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process, resume_from)
         summary["params/total"] = sum(p.numel() for p in job.model.parameters())
@@ -216,6 +214,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
             tracker.close()
         raise
     finally:
+        if job is not None:
+            job.meter.close()  # the progress bar, also after a failed step
         for logger in loggers:
             if logger is not tracker:
                 logger.close()

@@ -50,11 +50,16 @@ def world_size() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
+def rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
 def all_reduce_sum(values: list[float], device) -> list[float]:
     """Sum scalars over processes (a no-op in a single process)."""
+    if world_size() == 1:
+        return [float(v) for v in values]
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    if world_size() > 1:
-        torch.distributed.all_reduce(tensor)
+    torch.distributed.all_reduce(tensor)
     return tensor.tolist()
 
 
@@ -78,10 +83,8 @@ class StepMeter:
     """
 
     def __init__(self, num_steps: int, loggers: list, device, progress_bar: bool, is_main: bool):
-        self.num_steps = num_steps
         self.loggers = loggers if is_main else []
         self.device = device
-        self.is_main = is_main
         self.step_times: list[float] = []
         self.samples = 0
         self.tokens = 0
@@ -103,15 +106,15 @@ class StepMeter:
         self._started = self._last = time.perf_counter()
 
     def add(self, micro_loss_sum: torch.Tensor, batch) -> None:
+        # tensors stay on the device: read once per optimizer step, never per micro-batch (a GPU sync)
         self._loss_sum = self._loss_sum + micro_loss_sum.detach()
         self._samples += len(batch["labels"])
-        self._tokens += (
-            int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
-        )
+        mask = batch.get("attention_mask")
+        self._tokens = self._tokens + (mask.sum() if mask is not None else batch["input_ids"].numel())
 
     def end_step(self, step: int, lr: float, grad_norm) -> dict:
         loss_sum, samples, tokens = all_reduce_sum(
-            [float(self._loss_sum), self._samples, self._tokens], self.device
+            [float(self._loss_sum), self._samples, float(self._tokens)], self.device
         )
         self._reset_window()
         now = time.perf_counter()

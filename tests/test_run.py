@@ -93,3 +93,9 @@ def test_failed_run_writes_failed_summary_and_keeps_an_ok_one(tmp_path):
     before = (ok_dir / "summary.json").read_text()
     assert run_job(ok_dir, "micro_batch_size=0")["status"] == "failed"
     assert (ok_dir / "summary.json").read_text() == before
+
+
+def test_a_rerun_into_the_same_folder_writes_each_step_once(tmp_path):
+    assert run_job(tmp_path, "max_steps=5", "data.num_train=48", "data.num_eval=16")["status"] == "ok"
+    assert run_job(tmp_path, *FEW_STEPS)["status"] == "ok"  # e.g. a sweep's rerun of a job, no resume
+    assert [line["step"] for line in read_metrics(tmp_path)] == [1, 2, 3]

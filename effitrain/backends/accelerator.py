@@ -69,7 +69,6 @@ def fit(job) -> dict:
             if step >= job.num_steps:
                 break
         epoch += 1
-    meter.close()
     metrics = meter.summary()
     metrics.update(evaluate(model, eval_loader, accelerator))
     return metrics

@@ -39,26 +39,17 @@ class _EffitrainTrainer(Trainer):
         return (loss, None) if return_outputs else loss
 
 
-class _MeterCallback(TrainerCallback):
-    """Hands every optimizer step to the shared meter (logging_steps=1 makes each one logged)."""
+class _StepCallback(TrainerCallback):
+    """Each optimizer step (logging_steps=1 logs every one): the shared meter, then the checkpoint,
+    in the accelerator loop's order, so a diverged state (end_step raises) is never saved."""
 
-    def __init__(self, meter):
+    def __init__(self, meter, checkpoints):
         self.meter = meter
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "grad_norm" in logs:
-            self.meter.end_step(state.global_step, logs["learning_rate"], logs["grad_norm"])
-
-
-class _CheckpointCallback(TrainerCallback):
-    """Saves effitrain checkpoints; registered after _MeterCallback, whose on_log raises first on a
-    non-finite loss, so a diverged state is never saved."""
-
-    def __init__(self, checkpoints):
         self.checkpoints = checkpoints
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "grad_norm" in logs:
+            self.meter.end_step(state.global_step, logs["learning_rate"], logs["grad_norm"])
             self.checkpoints.after_step(state.global_step, trainer_state=state)
 
 
@@ -99,7 +90,7 @@ def fit(job) -> dict:
         optimizers=(job.optimizer, job.scheduler),
         train_loader=job.train_loader,
         meter=job.meter,
-        callbacks=[_MeterCallback(job.meter), _CheckpointCallback(job.checkpoints)],
+        callbacks=[_StepCallback(job.meter, job.checkpoints)],
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)  # the shared meter draws the progress bar
@@ -110,7 +101,6 @@ def fit(job) -> dict:
     resume = str(job.checkpoints.resume_from) if job.checkpoints.resume_from else None
     job.meter.start()
     trainer.train(resume_from_checkpoint=resume)
-    job.meter.close()
     metrics = job.meter.summary()
     eval_loader = trainer.accelerator.prepare(job.eval_loader)
     metrics.update(evaluate(trainer.model_wrapped, eval_loader, trainer.accelerator))
