@@ -42,17 +42,6 @@ FOLDER = "checkpoints"
 META = "effitrain.json"
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d+)$")
-# Keys that may change between the killed run and its resumption without changing the trajectory.
-RESUME_MAY_CHANGE = (
-    "hydra",
-    "resume",
-    "skip_ok_jobs",
-    "checkpoint_every",
-    "checkpoint_keep",
-    "progress_bar",
-    "logger",
-    "cache_dir",
-)
 
 
 @dataclass
@@ -75,7 +64,11 @@ def position(step: int, batches_per_epoch: int, accumulation: int) -> Position:
 
 
 def trajectory_config(cfg: DictConfig) -> dict:
-    """The resolved config, flattened to ``a.b`` keys, without the keys a resumed run may change."""
+    """The resolved config, flattened to ``a.b`` keys, without the keys a resumed run may change
+    (``run_invariant_keys``, and Hydra's own node)."""
+    from effitrain.overrides import is_invariant
+
+    may_change = {"hydra", *(cfg.get("run_invariant_keys") or [])}
     flat = {}
 
     def walk(node, prefix):
@@ -86,10 +79,10 @@ def trajectory_config(cfg: DictConfig) -> dict:
             flat[prefix[:-1]] = node
 
     for key in cfg:
-        if key not in RESUME_MAY_CHANGE:
+        if key not in may_change:
             node = cfg[key]
             walk(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node, f"{key}.")
-    return flat
+    return {key: value for key, value in flat.items() if not is_invariant(key, may_change)}
 
 
 def _barrier() -> None:

@@ -3,58 +3,155 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-from effitrain.config import ConfigError, check_group_overrides, check_output_overrides
+from effitrain.config import ConfigError, check_group_overrides, check_output_overrides, group_names
 
 
 def fail(message: str, code: int = 2):
-    print(f"effitrain: error: {message}", file=sys.stderr)
+    for line in str(message).splitlines() or [""]:
+        print(f"effitrain: error: {line}", file=sys.stderr)
     sys.exit(code)
 
 
-def check_overrides_or_exit(overrides: list[str]) -> None:
+# Hydra's command-line flags that are not overrides; any other flag (--cfg, --info, --help...) is
+# left to Hydra with the overrides unchecked.
+_MULTIRUN_FLAGS = ("-m", "--multirun")
+# Nodes whose keys are passed on as keyword arguments, so ``+node.key=...`` adds something a target
+# reads (the optimizer's and logger's arguments are checked against their signatures).
+OPEN_NODES = ("data.load_args", "model.config_overrides", "model.architecture", "optimizer", "logger")
+MAX_JOBS_CHECKED = 64  # a sweep's first jobs validated before any starts; the rest when they start
+
+
+def check_overrides_or_exit(argv: list[str]) -> None:
     """Reject bad overrides before Hydra starts, so a mistake leaves the run folder as it was
-    (Hydra rewrites ``.hydra/`` there before the task runs). A single run is composed and
-    validated here; a multirun validates each job when it starts."""
-    import os
-
-    from effitrain.config import validate
-
+    (Hydra rewrites ``.hydra/`` there before the task runs): a single run is composed and
+    validated here, and so is every job of a sweep (up to ``MAX_JOBS_CHECKED``)."""
     try:
-        check_group_overrides(overrides)
-        check_output_overrides(overrides)
-        if not any(arg.startswith("-") for arg in overrides):  # -m, --cfg, --help...: leave to Hydra
-            validate(compose_known_keys(overrides), int(os.environ.get("WORLD_SIZE", "1")))
+        preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as error:
         fail(str(error))
 
 
+def preflight(argv: list[str], world_size: int = 1) -> None:
+    """Everything a run or sweep would reject, checked from the command line alone.
+
+    Raises:
+        ConfigError: the first grammar problem, or every problem of the first bad job.
+    """
+    from effitrain.config import validate
+    from effitrain.overrides import parse
+
+    flags = [a for a in argv if a.startswith("-")]
+    if any(flag not in _MULTIRUN_FLAGS for flag in flags):
+        return
+    overrides = [a for a in argv if not a.startswith("-")]
+    parsed = parse(overrides)
+    check_group_overrides(overrides)
+    check_output_overrides(overrides)
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    cfg = compose_known_keys(fixed)
+    multirun = bool(flags) or str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    if sweeps and not multirun:
+        raise ConfigError(
+            f"{sweeps[0].input_line} is a sweep (several values): add -m to run one job per value, "
+            "or give one value"
+        )
+    if not multirun:
+        check_output_overrides([f"hydra.run.dir={cfg.hydra.run.dir}"])
+        validate(cfg, world_size)
+        return
+    for job in sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]:
+        job_cfg = compose_known_keys(fixed + job)
+        try:
+            validate(job_cfg, world_size)
+        except ConfigError as error:
+            label = " ".join(job) or "the defaults"
+            raise ConfigError(f"the sweep's job {label}:\n{error}") from None
+
+
+def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:
+    """The override lists of a sweep's jobs: the command line's sweeps with the study's
+    ``hydra.sweeper.params`` (the command line wins for a key both name), as Hydra's sweeper expands them."""
+    import itertools
+
+    from effitrain.overrides import parse, values
+
+    params = {
+        o.key_or_group: o
+        for o in parse(f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items())
+    }
+    fixed_keys = {o.key_or_group for o in parse(fixed)}
+    params = {k: o for k, o in params.items() if k not in fixed_keys}
+    params.update({o.key_or_group: o for o in sweeps})
+    axes = []
+    for override in params.values():
+        choices = values(override)
+        if choices is None:  # a glob: Hydra expands it, each job validates itself when it starts
+            continue
+        prefix = override.input_line.partition("=")[0]
+        axes.append([f"{prefix}={choice}" for choice in choices])
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def _leaf_keys(node, prefix: str = "") -> list[str]:
+    from omegaconf import DictConfig
+
+    keys = []
+    for key in node:
+        path = f"{prefix}{key}"
+        value = node._get_node(key)
+        keys += _leaf_keys(value, f"{path}.") if isinstance(value, DictConfig) else [path]
+    return keys
+
+
 def compose_known_keys(overrides: list[str]) -> DictConfig:
-    """The composed config; ConfigError for ``key=value`` naming a key the config does not have."""
-    import re
+    """The composed config; ConfigError naming a key the config does not have, with the nearest
+    real keys (``lr`` -> ``optimizer.lr``), and for a ``+key`` that nothing would read."""
+    import difflib
 
     from hydra.errors import ConfigCompositionException
 
+    from effitrain.overrides import parse
+
+    parsed = parse(overrides)
+    groups = set(group_names())
+    base = compose_config([o.input_line for o in parsed if o.key_or_group in groups])
+    known = [k for k in _leaf_keys(base) if not k.startswith("hydra.")]
+    for override in parsed:
+        key = override.key_or_group
+        if key in groups or key.startswith("hydra.") or override.is_delete():
+            continue
+        exists = _has_key(base, key)
+        adds = override.is_add() or override.is_force_add()
+        if exists or (adds and key.rpartition(".")[0] in OPEN_NODES):
+            continue
+        same_name = [k for k in known if k.rpartition(".")[2] == key.rpartition(".")[2] and k != key]
+        near = list(dict.fromkeys(same_name + difflib.get_close_matches(key, known, n=3, cutoff=0.6)))[:3]
+        hint = (
+            f"did you mean {' or '.join(near)}?" if near else "see `python train.py --cfg job` for the keys"
+        )
+        what = "adds a key nothing reads" if adds else "is not a config key"
+        value = override.input_line.partition("=")[2]
+        raise ConfigError(f"{key}={value!r} {what}: {hint}")
     try:
         return compose_config(overrides)
     except ConfigCompositionException as error:
-        match = re.search(r"Could not override '([^']+)'", str(error))
-        if not match:
-            raise
-        key = match.group(1)
-        parent_path = key.rpartition(".")[0]
-        parent = compose_config([])
-        for part in filter(None, parent_path.split(".")):
-            parent = parent.get(part, {})
-        known = ", ".join(sorted(k for k in parent if k != "hydra")) or "none"
-        value = next(o.partition("=")[2] for o in overrides if o.startswith(f"{key}="))
-        raise ConfigError(
-            f"{key}={value!r} is not a config key: use +{key}=... to add one, or choose one of {known}"
-        ) from None
+        raise ConfigError(" ".join(str(error).split())[:500]) from None
+
+
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    """``key`` (dotted) is in ``cfg``, also when its value is still missing (``???``)."""
+    from omegaconf import OmegaConf
+
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    return OmegaConf.is_dict(parent) and leaf in parent.keys()
 
 
 def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
@@ -133,10 +230,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 
 def _check(args) -> None:
-    from effitrain.config import validate
-
-    cfg = compose_config(args.overrides)
-    validate(cfg)
+    preflight(args.overrides)
     print("effitrain: the configuration is valid")
 
 
@@ -190,7 +284,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="effitrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="compose and validate a run config without running it")
-    check.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
+    check.add_argument(
+        "overrides",
+        nargs=argparse.REMAINDER,
+        help="Hydra overrides, as for train.py (-m: every job of a sweep)",
+    )
     check.set_defaults(handler=_check)
     comparison = commands.add_parser(
         "compare", help="table, plots and one HTML page comparing the jobs of one or more sweep folders"

@@ -24,21 +24,9 @@ from effitrain.sweep import job_folders
 
 MIB = 2**20
 
-# Overrides that change neither memory nor results: never a column (as hydra.job.config.override_dirname).
-NOISE_KEYS = {"sweep", "progress_bar", "cache_dir", "logger", "skip_ok_jobs"}
-
-# Config keys a study changes without naming them (the accumulation study derives the micro batch).
-DERIVED_CHOICES = {
-    "cfg/optimizer": "optimizer",
-    "cfg/backend": "backend",
-    "cfg/compile": "compile",
-    "cfg/precision": "precision",
-    "cfg/gradient_accumulation_steps": "gradient_accumulation_steps",
-    "cfg/micro_batch_size": "micro_batch_size",
-    "cfg/effective_batch_size": "effective_batch_size",
-    "cfg/model": "model",
-    "cfg/data": "data",
-}
+# The summary's keys that name what a job was (``cfg/<group>`` and the run-shaping scalars): a
+# column when their values differ between jobs and no override column says it already.
+CHOICE_PREFIX = "cfg/"
 
 
 @dataclass(frozen=True)
@@ -101,19 +89,15 @@ class JobResult:
         return self.summary.get("status") == "ok"
 
 
-def _read_overrides(folder: Path) -> dict[str, str]:
-    path = folder / ".hydra" / "overrides.yaml"
-    if not path.exists():
-        return {}
-    from omegaconf import OmegaConf
+def _overrides(summary: dict) -> dict[str, str]:
+    """The job's result-changing overrides, as its summary recorded them (``job/overrides``)."""
+    from effitrain.overrides import parse, values
 
-    overrides = {}
-    for item in OmegaConf.load(path):
-        key, _, value = str(item).partition("=")
-        key = key.lstrip("+~")
-        if key not in NOISE_KEYS and not key.startswith("hydra."):
-            overrides[key] = value
-    return overrides
+    try:
+        parsed = parse(summary.get("job/overrides") or [])
+    except ConfigError:
+        return {}
+    return {o.key_or_group: (values(o) or [""])[0] for o in parsed}
 
 
 def load_jobs(sweeps: list[Path]) -> list[JobResult]:
@@ -140,7 +124,7 @@ def load_jobs(sweeps: list[Path]) -> list[JobResult]:
                     sweep,
                     folder,
                     summary,
-                    _read_overrides(folder),
+                    _overrides(summary),
                     results.read_metrics(folder / results.METRICS),
                 )
             )
@@ -158,11 +142,13 @@ def label_jobs(jobs: list[JobResult], several_sweeps: bool) -> None:
     for job in jobs:
         names += [key for key in job.overrides if key not in names]
     columns = [name for name in names if differs([job.overrides.get(name) for job in jobs])]
+    finished = [job for job in jobs if job.summary.get("status") != "missing"]
+    cfg_keys = list(dict.fromkeys(k for job in finished for k in job.summary if k.startswith(CHOICE_PREFIX)))
     derived = {
-        short: key
-        for key, short in DERIVED_CHOICES.items()
-        if short not in columns
-        and differs([job.summary.get(key) for job in jobs if job.summary.get("status") != "missing"])
+        key.removeprefix(CHOICE_PREFIX): key
+        for key in cfg_keys
+        if key.removeprefix(CHOICE_PREFIX) not in columns
+        and differs([job.summary.get(key) for job in finished])
     }
     for job in jobs:
         job.choices = {}
@@ -415,22 +401,27 @@ img {{ max-width: 100%; }}
 
 
 def log_to_wandb(jobs: list[JobResult], sweeps: list[Path], mode: str | None) -> None:
-    """Each sweep whose jobs logged to W&B (``<sweep>/wandb`` exists) gets the table as a W&B
-    Table, in a run of its own in the sweep's group (the sweep folder as Hydra named it)."""
-    from omegaconf import OmegaConf
-
+    """Each sweep whose jobs logged to W&B gets the table as a W&B Table, in a run of its own in the
+    project, entity and group its jobs recorded (``wandb/*`` in their summaries)."""
     from effitrain.loggers import log_comparison_table
 
     for sweep in sweeps:
         own = [job for job in jobs if job.sweep == sweep]
-        hydra_file = own[0].folder / ".hydra" / "hydra.yaml"
-        if not (sweep / "wandb").is_dir() or not hydra_file.exists():
+        logged = [job.summary for job in own if job.summary.get("wandb/mode") in ("online", "offline")]
+        if not logged:
             continue
-        group = str(OmegaConf.load(hydra_file).hydra.sweep.dir)
+        where = logged[0]
         rows = [
             {"job": job.folder.relative_to(sweep).as_posix(), **job.choices, **job.summary} for job in own
         ]
-        log_comparison_table(rows, group=group, wandb_dir=sweep, mode=mode)
+        log_comparison_table(
+            rows,
+            group=where.get("wandb/group"),
+            wandb_dir=sweep,
+            project=where.get("wandb/project") or "effitrain",
+            entity=where.get("wandb/entity"),
+            mode=mode,
+        )
 
 
 def compare(sweeps: list[Path], output: Path | None = None, wandb_mode: str | None = None) -> dict[str, Path]:

@@ -6,6 +6,7 @@ key, the bad value and what is allowed.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -31,37 +32,49 @@ def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
     return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
 
 
+def group_names(conf_dir: Path = CONF_DIR) -> list[str]:
+    """The config groups: the folders of conf/ (``hydra`` is Hydra's own)."""
+    return sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra")
+
+
 def check_group_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> None:
     """Reject ``group=option`` overrides naming an option that does not exist.
 
     Hydra would reject them too, but with a multi-line report; this gives the one-line message
-    before Hydra starts. Sweep values (``optimizer=adamw,adafactor``) are checked one by one.
+    before Hydra starts. Each value of a sweep (``optimizer=adamw,adafactor``) is checked.
 
     Raises:
-        ConfigError: an option is not a file of its group.
+        ConfigError: an option is not a file of its group, or an override breaks Hydra's grammar.
     """
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if not sep or key.startswith(("+", "~", "hydra")) or not (conf_dir / key).is_dir():
+    from effitrain.overrides import parse, values
+
+    groups = set(group_names(conf_dir))
+    for override in parse(overrides):
+        if override.key_or_group not in groups:
             continue
-        if value in ("null", "") or value.startswith(("choice(", "range(", "glob(")):
-            continue
-        options = group_options(key, conf_dir)
-        for choice in value.split(","):
-            if choice not in options:
-                raise ConfigError(f"{key}={choice!r} is not an option: choose one of {', '.join(options)}")
+        options = group_options(override.key_or_group, conf_dir)
+        for choice in values(override) or []:
+            if choice not in options and choice != "null":
+                raise ConfigError(
+                    f"{override.key_or_group}={choice!r} is not an option: choose one of {', '.join(options)}"
+                )
 
 
 def check_output_overrides(overrides: list[str]) -> None:
-    """Reject a ``hydra.run.dir`` / ``hydra.sweep.dir`` override that could not be written, before
-    Hydra creates it and fails with a traceback.
+    """Reject a ``hydra.run.dir`` / ``hydra.sweep.dir`` that could not be written, before Hydra
+    creates it and fails with a traceback.
 
     Raises:
         ConfigError: the folder (or its nearest existing parent) is not a writable folder.
     """
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if not sep or key not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value:
+    from effitrain.overrides import parse, values
+
+    for override in parse(overrides):
+        key = override.key_or_group
+        if key not in ("hydra.run.dir", "hydra.sweep.dir") or override.is_sweep_override():
+            continue
+        value = values(override)[0]
+        if "${" in value:
             continue
         path = Path(value).expanduser().absolute()
         existing = next(p for p in (path, *path.parents) if p.exists())
@@ -80,53 +93,133 @@ def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False)
         raise invalid(key, value, f"must be an integer >= {minimum}{suffix}")
 
 
+def _finite(key: str, value, condition: str, ok) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not ok(value)
+    ):
+        raise invalid(key, value, condition)
+
+
 def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
 
 
+class ConfigErrors(ConfigError):
+    """Several problems of one config, each a one-line message; ``str()`` puts one per line."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _collect(checks) -> list[str]:
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except ConfigErrors as errors:
+            problems += errors.problems
+        except ConfigError as error:
+            problems.append(str(error))
+    return problems
+
+
 def validate(cfg: DictConfig, world_size: int = 1) -> None:
     """Check a composed run config before any data or model is loaded.
 
-    ``world_size`` is the number of data-parallel processes (the effective batch spans them all).
+    Every check runs, so a user sees all problems at once. ``world_size`` is the number of
+    data-parallel processes (the effective batch spans them all).
 
     Raises:
-        ConfigError: the first problem found, named by its key.
+        ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
     """
-    import torch
+    problems = _collect(
+        [
+            lambda: _missing_values(cfg),
+            lambda: _at_least(cfg, "seed", 0),
+            lambda: _at_least(cfg, "gradient_accumulation_steps", 1),
+            lambda: _at_least(cfg, "micro_batch_size", 1),
+            lambda: _at_least(cfg, "epochs", 1),
+            lambda: _at_least(cfg, "eval_batch_size", 1),
+            lambda: _at_least(cfg, "max_steps", 1, allow_null=True),
+            lambda: _at_least(cfg, "effective_batch_size", 1, allow_null=True),
+            lambda: _effective_batch(cfg, world_size),
+            lambda: _at_least(cfg, "checkpoint_every", 1, allow_null=True),
+            lambda: _at_least(cfg, "checkpoint_keep", 1),
+            lambda: _resume(cfg),
+            lambda: _at_least(cfg, "max_length", 2),
+            lambda: _finite(
+                "optimizer.lr", cfg.optimizer.get("lr"), "must be a finite number > 0", lambda v: v > 0
+            ),
+            lambda: _finite("warmup_ratio", cfg.warmup_ratio, "must be in [0, 1)", lambda v: 0 <= v < 1),
+            lambda: _finite(
+                "max_grad_norm", cfg.max_grad_norm, "must be >= 0 (0 disables clipping)", lambda v: v >= 0
+            ),
+            lambda: _finite("weight_decay", cfg.weight_decay, "must be >= 0", lambda v: v >= 0),
+            lambda: _scheduler(cfg),
+            lambda: _precision(cfg),
+            lambda: _compile(cfg),
+            lambda: _model(cfg),
+        ]
+    )
+    if not problems:  # these build things from the values above, which must be sane first
+        problems = _collect([lambda: _optimizer(cfg), lambda: _max_length(cfg), lambda: _data_files(cfg)])
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigErrors(problems)
 
-    _at_least(cfg, "gradient_accumulation_steps", 1)
-    for key in ("micro_batch_size", "epochs", "eval_batch_size"):
-        _at_least(cfg, key, 1)
-    _at_least(cfg, "max_steps", 1, allow_null=True)
-    _at_least(cfg, "effective_batch_size", 1, allow_null=True)
+
+def _missing_values(cfg: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    missing = []
+    for key in cfg:
+        if key == "hydra":
+            continue
+        node = cfg._get_node(key)
+        if OmegaConf.is_config(node):
+            missing += sorted(OmegaConf.missing_keys(node))
+        elif OmegaConf.is_missing(cfg, key):
+            missing.append(str(key))
+    if missing:
+        raise ConfigErrors([invalid(key, "???", "a value is required: give it on the command line").args[0]
+                            for key in sorted(missing)])  # fmt: skip
+
+
+def _effective_batch(cfg: DictConfig, world_size: int) -> None:
     effective = cfg.get("effective_batch_size")
-    if effective is not None and effective % (cfg.gradient_accumulation_steps * world_size):
-        per_step = cfg.gradient_accumulation_steps * world_size
+    accumulation = cfg.get("gradient_accumulation_steps")
+    if not isinstance(effective, int) or not isinstance(accumulation, int) or accumulation < 1:
+        return
+    per_step = accumulation * world_size
+    if effective % per_step:
         raise invalid(
             "effective_batch_size",
             effective,
             f"must be a multiple of gradient_accumulation_steps x processes = {per_step}, "
             "so that every micro-batch holds effective_batch_size / that many samples",
         )
-    _at_least(cfg, "checkpoint_every", 1, allow_null=True)
-    _at_least(cfg, "checkpoint_keep", 1)
+
+
+def _resume(cfg: DictConfig) -> None:
     resume = cfg.get("resume")
     if resume is not None and resume != "auto" and not os.path.exists(os.path.expanduser(str(resume))):
         raise invalid("resume", resume, "no such checkpoint folder: give null, auto or an existing path")
-    _at_least(cfg, "max_length", 2)
-    lr = cfg.optimizer.get("lr")
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr <= 0:
-        raise invalid("optimizer.lr", lr, "must be a number > 0")
-    if not isinstance(cfg.warmup_ratio, (int, float)) or not 0 <= cfg.warmup_ratio < 1:
-        raise invalid("warmup_ratio", cfg.warmup_ratio, "must be in [0, 1)")
-    if not isinstance(cfg.max_grad_norm, (int, float)) or cfg.max_grad_norm < 0:
-        raise invalid("max_grad_norm", cfg.max_grad_norm, "must be >= 0 (0 disables clipping)")
-    if not isinstance(cfg.weight_decay, (int, float)) or cfg.weight_decay < 0:
-        raise invalid("weight_decay", cfg.weight_decay, "must be >= 0")
+
+
+def _scheduler(cfg: DictConfig) -> None:
     if cfg.lr_scheduler not in LR_SCHEDULERS:
         raise invalid("lr_scheduler", cfg.lr_scheduler, f"choose one of {', '.join(LR_SCHEDULERS)}")
+
+
+def _precision(cfg: DictConfig) -> None:
+    import torch
 
     precision = cfg.precision.mixed_precision
     if precision == "fp16" and not cuda_available():
@@ -140,9 +233,20 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
         raise invalid(
             "optimizer", target, "paged optimizers need a CUDA device: use adamw, adafactor or adam8bit"
         )
+
+
+def _compile(cfg: DictConfig) -> None:
     if cfg.compile.mode not in COMPILE_MODES:
         raise invalid("compile.mode", cfg.compile.mode, f"choose one of {', '.join(COMPILE_MODES)}")
+    if cfg.compile.enabled:
+        import torch._dynamo
 
+        if cfg.compile.backend not in torch._dynamo.list_backends(exclude_tags=()):
+            usual = torch._dynamo.list_backends()  # without the debugging and experimental ones
+            raise invalid("compile.backend", cfg.compile.backend, f"choose one of {', '.join(usual)}")
+
+
+def _model(cfg: DictConfig) -> None:
     if not isinstance(cfg.model.get("trust_remote_code"), bool):
         raise invalid("model.trust_remote_code", cfg.model.get("trust_remote_code"), "must be true or false")
     if cfg.model.init not in INIT_MODES:
@@ -151,6 +255,114 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
         value = cfg.model.get(key)
         if value and _looks_like_path(value) and not os.path.exists(os.path.expanduser(value)):
             raise invalid(f"model.{key}", value, "no such folder (give an existing path or a hub id)")
+
+
+def _optimizer(cfg: DictConfig) -> None:
+    """Arguments against the target's signature, then the optimizer built on one dummy parameter,
+    so a value the class rejects (``betas=[0.9]``) fails here rather than after the model loaded."""
+    import inspect
+
+    import torch
+    from hydra.utils import get_class, instantiate
+
+    target = cfg.optimizer.get("_target_")
+    try:
+        cls = get_class(target)
+    except Exception:
+        raise invalid(
+            "optimizer._target_", target, "no such class: give an importable optimizer class"
+        ) from None
+    parameters = inspect.signature(cls.__init__).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    known = [name for name in parameters if name not in ("self", "params")]
+    for key in cfg.optimizer:
+        if not str(key).startswith("_") and key not in parameters and not accepts_any:
+            raise invalid(
+                f"optimizer.{key}",
+                cfg.optimizer[key],
+                f"{cls.__name__} takes no such argument: choose from {', '.join(known)}",
+            )
+    try:
+        instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(2, 2))])
+    except Exception as error:  # the class's own check of its arguments
+        from omegaconf import OmegaConf
+
+        cause = error.__cause__ or error
+        reason = str(cause).split("full_key:")[0]
+        reason = " ".join(reason.split()) or type(cause).__name__
+        given = {k: v for k, v in OmegaConf.to_container(cfg.optimizer).items() if not k.startswith("_")}
+        raise invalid("optimizer", given, f"{cls.__name__} rejects these arguments ({reason})") from None
+
+
+def max_positions(model_cfg: DictConfig) -> int | None:
+    """The model's position limit from its architecture config alone (no weights); None when unknown."""
+    from omegaconf import OmegaConf
+
+    def plain(key) -> dict:
+        node = model_cfg.get(key)
+        return dict(OmegaConf.to_container(node, resolve=True)) if OmegaConf.is_config(node) else {}
+
+    config = plain("architecture")
+    path = os.path.expanduser(str(model_cfg.get("name_or_path") or ""))
+    if not config and os.path.isfile(os.path.join(path, "config.json")):
+        import json
+
+        with open(os.path.join(path, "config.json")) as handle:
+            config = json.load(handle)
+    config.update(plain("config_overrides"))
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
+
+
+def _max_length(cfg: DictConfig) -> None:
+    limit = max_positions(cfg.model)
+    if limit is not None and cfg.max_length > limit:
+        raise invalid("max_length", cfg.max_length, f"the model has {limit} positions: give at most {limit}")
+
+
+def _data_files(cfg: DictConfig) -> None:
+    """Local files named by ``data.load_args.data_files``: they exist, CSV headers agree and hold the
+    configured columns, and the splits used are not empty. Read from the files' heads, cheaply."""
+    import csv
+    import glob
+
+    from omegaconf import OmegaConf
+
+    load_args = cfg.data.get("load_args")
+    if not load_args or "data_files" not in load_args:
+        return
+    files = OmegaConf.to_container(load_args.data_files, resolve=True)
+    if isinstance(files, (str, list)):
+        files = {"train": files}
+    headers = {}
+    for split, paths in files.items():
+        for pattern in [paths] if isinstance(paths, str) else paths:
+            if "://" in str(pattern):
+                continue
+            matches = glob.glob(os.path.expanduser(str(pattern)))
+            if not matches:
+                raise invalid(f"data.load_args.data_files.{split}", pattern, "no such file")
+            for path in matches:
+                if load_args.get("path") == "csv" and path.endswith(".csv"):
+                    with open(path, newline="") as handle:
+                        rows = csv.reader(handle)
+                        header = next(rows, [])
+                        empty = next(rows, None) is None
+                    headers[path] = header
+                    used = (cfg.data.get("train_split"), cfg.data.get("eval_split"))
+                    if empty and split in used:
+                        raise invalid(f"data.load_args.data_files.{split}", path, "the file holds no rows")
+    distinct = {tuple(h) for h in headers.values()}
+    if len(distinct) > 1:
+        listing = "; ".join(f"{p}: {','.join(h)}" for p, h in headers.items())
+        raise invalid("data.load_args.data_files", "...", f"the CSV files' columns differ ({listing})")
+    for header in distinct:
+        for key in ("text_column", "label_column"):
+            column = cfg.data.get(key)
+            if column and column not in header:
+                raise invalid(f"data.{key}", column, f"no such column: choose one of {', '.join(header)}")
 
 
 def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:
@@ -189,3 +401,49 @@ def check_output_dir(path: Path) -> None:
         raise invalid(
             "hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})"
         ) from None
+
+
+def hydra_record(cfg: DictConfig):
+    """Hydra's node of this job: the composed config's own (``compose(return_hydra_config=True)``)
+    or, inside a Hydra task, the HydraConfig singleton; None outside Hydra."""
+    if "hydra" in cfg:
+        return cfg.hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
+    """The keys that make ``summary.json`` self-describing: ``cfg/<group>`` for every config group's
+    choice, the run-shaping scalars, and the job's identity (its result-changing overrides, a short
+    name, its sweep folder). Compare and W&B read these, never Hydra's files."""
+    from hydra.types import RunMode
+
+    from effitrain.overrides import job_overrides, short_name
+
+    hydra = hydra_record(cfg)
+    choices = {k: v for k, v in (hydra.runtime.choices if hydra else {}).items() if not k.startswith("hydra")}
+    invariant = set(cfg.get("run_invariant_keys") or [])
+    task_overrides = list(hydra.overrides.task) if hydra else []
+    multirun = hydra is not None and hydra.mode == RunMode.MULTIRUN
+    accumulation, micro = cfg.gradient_accumulation_steps, cfg.micro_batch_size
+    effective = (
+        micro * accumulation * world if isinstance(micro, int) and isinstance(accumulation, int) else None
+    )
+    keys = {f"cfg/{group}": option for group, option in choices.items()}
+    keys.update(
+        {
+            "cfg/seed": cfg.seed,
+            "cfg/gradient_accumulation_steps": accumulation,
+            "cfg/micro_batch_size": micro,
+            "cfg/effective_batch_size": effective,
+            "cfg/world_size": world,
+            "cfg/lr": cfg.optimizer.get("lr"),
+            "cfg/model_name_or_path": cfg.model.name_or_path,
+            "job/overrides": job_overrides(task_overrides, invariant),
+            "job/name": short_name(task_overrides, invariant, set(choices)),
+            "job/sweep_dir": str(Path(hydra.sweep.dir).absolute()) if multirun else None,
+            "job/dir": str(Path(output_dir).absolute()),
+        }
+    )
+    return keys

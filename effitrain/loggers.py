@@ -74,38 +74,32 @@ def _without(value, secret: str | None):
     return value
 
 
-def _hydra():
-    from hydra.core.hydra_config import HydraConfig
+def job_identity(output_dir: Path, cfg_keys: dict) -> dict:
+    """Group, name, job type, tags and W&B folder of this job, from the summary's own ``cfg/*`` and
+    ``job/*`` keys (see :func:`effitrain.config.summary_config_keys`).
 
-    return HydraConfig.get() if HydraConfig.initialized() else None
-
-
-def job_identity(output_dir: Path) -> dict:
-    """Group, name, job type, tags and W&B folder of this job, read from Hydra's record of it.
-
-    In a multirun the group is the sweep folder (as Hydra names it, e.g. ``multirun/2025-01-31/12-00-00``)
-    and every job's W&B run lives in ``<sweep folder>/wandb``: one folder that ``wandb leet`` and
-    ``wandb sync`` take whole. A single run keeps its W&B run in its own output folder.
+    In a multirun the group is the sweep folder and every job's W&B run lives in
+    ``<sweep folder>/wandb``: one folder that ``wandb leet`` and ``wandb sync`` take whole. A single
+    run keeps its W&B run in its own output folder. The name is the short one
+    (``adam8bit | trainer | ga4``); the full overrides are in the run's config.
     """
-    from hydra.types import RunMode
+    from effitrain.overrides import parse
 
-    hydra = _hydra()
-    choices = dict(hydra.runtime.choices) if hydra else {}
-    multirun = hydra is not None and hydra.mode == RunMode.MULTIRUN
-    sweep_dir = Path(hydra.sweep.dir) if multirun else None
-    tags = []
-    for override in hydra.overrides.task if hydra else []:
-        key, _, value = override.lstrip("+~").partition("=")
-        # a swapped choice is a group override; the logger's own group says nothing about the run
-        if key in choices and not key.startswith(("hydra", "logger")):
-            tags.append(f"{key}={value}"[:_TAG_CHARS])
+    sweep_dir = cfg_keys.get("job/sweep_dir")
+    groups = {key.removeprefix("cfg/") for key in cfg_keys if key.startswith("cfg/")}
+    # a swapped choice is a group override; the logger's own group says nothing about the run
+    tags = [
+        o.input_line.lstrip("+~")[:_TAG_CHARS]
+        for o in parse(cfg_keys.get("job/overrides", []))
+        if o.key_or_group in groups and o.key_or_group != "logger"
+    ]
     return {
-        "group": str(sweep_dir) if multirun else None,
-        "name": (hydra.job.override_dirname if hydra else "") or "defaults",
-        "job_type": choices.get("backend", "train"),
+        "group": sweep_dir,
+        "name": cfg_keys.get("job/name") or "defaults",
+        "job_type": cfg_keys.get("cfg/backend") or "train",
         "tags": tags,
-        "dir": str(sweep_dir if multirun else output_dir),
-        "multirun": multirun,
+        "dir": sweep_dir or str(output_dir),
+        "multirun": sweep_dir is not None,
     }
 
 
@@ -146,6 +140,7 @@ class WandbLogger:
     ):
         self.mode = resolve_mode(mode)
         self.run = None
+        self._where = {"project": project, "entity": entity, "group": group or identity["group"]}
         self._warned = False
         if self.mode == "disabled":
             return
@@ -193,6 +188,17 @@ class WandbLogger:
                 f"{wandb_dir / 'wandb'}/offline-run-*" if identity["multirun"] else self.run.settings.sync_dir
             )
             print(f"effitrain: W&B run saved offline; upload it later with: wandb sync {target}", flush=True)
+
+    def identity_keys(self) -> dict:
+        """Where this job's W&B run went, for summary.json: compare logs its table there too."""
+        run = self.run
+        return {
+            "wandb/project": self._where["project"],
+            "wandb/entity": (run.entity if run is not None else None) or self._where["entity"],
+            "wandb/group": self._where["group"],
+            "wandb/mode": self.mode if run is not None else "disabled",
+            "wandb/run_id": run.id if run is not None else None,
+        }
 
     def _warn(self, message: str) -> None:
         if not self._warned:
@@ -256,7 +262,7 @@ def build_tracker(cfg: DictConfig, output_dir: Path, cfg_keys: dict):
     # partial: the run's config and identity are passed as plain Python objects, never merged
     # into (and re-interpolated by) OmegaConf
     start = instantiate(node, _partial_=True, _convert_="all")
-    return start(run_config(cfg, cfg_keys), job_identity(output_dir))
+    return start(run_config(cfg, cfg_keys), job_identity(output_dir, cfg_keys))
 
 
 def log_comparison_table(

@@ -15,12 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain import checkpoint, results
-from effitrain.config import ConfigError, apply_effective_batch_size, check_output_dir, validate
+from effitrain.config import (
+    ConfigError,
+    apply_effective_batch_size,
+    check_output_dir,
+    summary_config_keys,
+    validate,
+)
 from effitrain.data import build_dataloaders, check_raw, tokenize_cached
 from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
@@ -52,36 +57,6 @@ class Job:
     meter: StepMeter
     output_dir: Path
     checkpoints: checkpoint.Checkpointer | None = None
-
-
-def hydra_choices() -> dict:
-    """The option chosen in each config group, as Hydra recorded it."""
-    if not HydraConfig.initialized():
-        return {}
-    return dict(HydraConfig.get().runtime.choices)
-
-
-def config_keys(cfg: DictConfig, world: int) -> dict:
-    choices = hydra_choices()
-    accumulation, micro = cfg.gradient_accumulation_steps, cfg.micro_batch_size
-    effective = (
-        micro * accumulation * world if isinstance(micro, int) and isinstance(accumulation, int) else None
-    )
-    return {
-        "cfg/optimizer": choices.get("optimizer", str(cfg.optimizer.get("_target_"))),
-        "cfg/backend": choices.get("backend", str(cfg.backend.get("_target_"))),
-        "cfg/compile": choices.get("compile", "on" if cfg.compile.enabled else "off"),
-        "cfg/precision": choices.get("precision", cfg.precision.mixed_precision),
-        "cfg/model": choices.get("model", cfg.model.name_or_path),
-        "cfg/data": choices.get("data", str(cfg.data.get("_target_"))),
-        "cfg/seed": cfg.seed,
-        "cfg/gradient_accumulation_steps": accumulation,
-        "cfg/micro_batch_size": micro,
-        "cfg/effective_batch_size": effective,
-        "cfg/world_size": world,
-        "cfg/lr": cfg.optimizer.get("lr"),
-        "cfg/model_name_or_path": cfg.model.name_or_path,
-    }
 
 
 def instantiate_node(node):
@@ -167,7 +142,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     state = process_state()
     previous = results.read_summary(output_dir)
     summary = {"status": "failed", "error": None}
-    keys = config_keys(cfg, state.num_processes)
+    keys = summary_config_keys(cfg, output_dir, state.num_processes)
     summary.update(keys)
     summary.update(results.env_info(str(state.device)))
     summary["env/rank"] = state.process_index
@@ -179,9 +154,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         check_output_dir(output_dir)
         if state.is_main_process:  # started before validation so a rejected config shows as crashed
             tracker = build_tracker(cfg, output_dir, keys)
+            summary.update(tracker.identity_keys() if tracker is not None else {})
         validate(cfg, state.num_processes)
         if apply_effective_batch_size(cfg, state.num_processes):  # micro_batch_size was derived
-            keys = config_keys(cfg, state.num_processes)
+            keys = summary_config_keys(cfg, output_dir, state.num_processes)
             summary.update(keys)
             if tracker is not None:
                 tracker.update_config(run_config(cfg, keys))

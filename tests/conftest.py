@@ -34,6 +34,18 @@ def _offline_cache(tmp_path_factory):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session")
+def csv_files(tmp_path_factory) -> Path:
+    """The CSV files the bad-input table (tests/bad_inputs.py) names as {CSV}/<name>."""
+    folder = tmp_path_factory.mktemp("csv")
+    (folder / "train.csv").write_text("text,label\ngood,1\nbad,0\nfine,1\nawful,0\n")
+    (folder / "test.csv").write_text("text,label\nokay,1\nworse,0\n")
+    (folder / "other_columns.csv").write_text("body,label\nokay,1\n")
+    (folder / "header_only.csv").write_text("text,label\n")
+    (folder / "bad_label.csv").write_text("text,label\nokay,1\nunlabeled,-1\n")
+    return folder
+
+
 def compose(*overrides: str, tiny: bool = True):
     """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""
     from effitrain.cli import compose_config

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from effitrain.config import CONF_DIR, ConfigError, check_group_overrides, group_options, validate
+from effitrain.cli import preflight
+from effitrain.config import CONF_DIR, ConfigError, ConfigErrors, group_options, validate
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer
-from tests.conftest import compose
+from tests.bad_inputs import PREFLIGHT, fill
+from tests.conftest import TINY, compose
 
 GROUPS = ["optimizer", "backend", "compile", "precision", "model", "data", "logger"]
 
@@ -45,13 +46,6 @@ def test_every_optimizer_builds_the_real_class_with_its_lr(option):
 def test_every_backend_resolves_to_its_fit(option):
     fit = instantiate(compose(f"backend={option}").backend)
     assert fit.func.__name__ == "fit" and fit.func.__module__ == f"effitrain.backends.{option}"
-
-
-@pytest.mark.parametrize("option", group_options("compile"))
-def test_every_compile_option_validates(option):
-    cfg = compose(f"compile={option}")
-    validate(cfg)
-    assert cfg.compile.enabled is (option == "on")
 
 
 @pytest.mark.parametrize("option", group_options("precision"))
@@ -123,46 +117,34 @@ def test_hub_data_reads_local_files_with_load_dataset(tmp_path):
     assert raw.train["label"] == [1, 0, 1] and raw.eval["text"] == ["okay", "awful"]
 
 
-def test_logger_none_builds_nothing():
-    assert OmegaConf.to_container(compose("logger=none").logger) == {"_target_": None}
-
-
-def test_unknown_group_option_names_the_choices():
+@pytest.mark.parametrize("overrides, message", PREFLIGHT)
+def test_preflight_names_key_value_and_what_is_allowed_in_one_line(csv_files, overrides, message):
+    overrides, message = fill(overrides, message, csv_files)
     with pytest.raises(ConfigError) as error:
-        check_group_overrides(["optimizer=sgd"])
-    assert str(error.value) == "optimizer='sgd' is not an option: choose one of adafactor, adam8bit, adamw"
-    with pytest.raises(ConfigError, match="backend='keras' is not an option"):
-        check_group_overrides(["backend=trainer,keras"])
-    check_group_overrides(["optimizer=adamw,adafactor", "+foo=1", "seed=3"])  # valid: no error
-
-
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        (
-            "gradient_accumulation_steps=0",
-            "gradient_accumulation_steps=0 is invalid: must be an integer >= 1",
-        ),
-        ("micro_batch_size=-2", "micro_batch_size=-2 is invalid: must be an integer >= 1"),
-        ("epochs=0", "epochs=0 is invalid: must be an integer >= 1"),
-        ("max_steps=0", "max_steps=0 is invalid: must be an integer >= 1 (or null)"),
-        ("max_length=1", "max_length=1 is invalid: must be an integer >= 2"),
-        ("optimizer.lr=0", "optimizer.lr=0 is invalid: must be a number > 0"),
-        ("warmup_ratio=1.0", "warmup_ratio=1.0 is invalid: must be in [0, 1)"),
-        ("max_grad_norm=-1", "max_grad_norm=-1 is invalid: must be >= 0 (0 disables clipping)"),
-        ("lr_scheduler=step", "lr_scheduler='step' is invalid: choose one of linear, cosine, constant"),
-        ("compile.mode=fast", "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
-        (
-            "model.name_or_path=/no/such/model",
-            "model.name_or_path='/no/such/model' is invalid: no such folder",
-        ),
-    ],
-)
-def test_validate_rejects_bad_values_naming_key_and_value(override, message):
-    with pytest.raises(ConfigError) as error:
-        validate(compose(override))
+        preflight(TINY + overrides)
     assert str(error.value).startswith(message)
     assert "\n" not in str(error.value)
+
+
+def test_preflight_reports_every_problem_of_a_config_at_once():
+    with pytest.raises(ConfigErrors) as error:
+        preflight(TINY + ["seed=x", "epochs=0", "max_grad_norm=nan"])
+    assert error.value.problems == [
+        "seed='x' is invalid: must be an integer >= 0",
+        "epochs=0 is invalid: must be an integer >= 1",
+        "max_grad_norm=nan is invalid: must be >= 0 (0 disables clipping)",
+    ]
+
+
+def test_preflight_checks_every_job_of_a_sweep_and_accepts_hydra_syntax():
+    preflight(TINY + ["-m", "optimizer=adamw, adafactor", 'backend="trainer"'])  # valid: no error
+    with pytest.raises(ConfigError) as error:  # Adafactor takes beta1, AdamW does not
+        preflight(TINY + ["-m", "optimizer=adafactor,adamw", "+optimizer.beta1=0.9"])
+    assert str(error.value).startswith(
+        "the sweep's job optimizer=adamw:\noptimizer.beta1=0.9 is invalid: AdamW takes no such argument"
+    )
+    with pytest.raises(ConfigError, match=r"micro_batch_size=0 is invalid"):
+        preflight(TINY + ["sweep=optimizers", "micro_batch_size=0"])
 
 
 def test_conf_dir_is_the_repository_conf():

@@ -9,22 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.bad_inputs import DATA, VALUES, fill
 from tests.conftest import TINY, run_job, train_py
 
 NO_CUDA = not torch.cuda.is_available()
-
-
-@pytest.fixture(scope="module")
-def hub_csv(tmp_path_factory):
-    """A two-class CSV dataset whose test split holds a label the model has no class for."""
-    folder = tmp_path_factory.mktemp("csv")
-    (folder / "train.csv").write_text("text,label\ngood,1\nbad,0\nfine,1\nawful,0\n")
-    (folder / "test.csv").write_text("text,label\nokay,1\nunlabeled,-1\n")
-    return [
-        "data=hub",
-        "data.load_args.path=csv",
-        f"+data.load_args.data_files={{train: {folder}/train.csv, test: {folder}/test.csv}}",
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -45,59 +33,21 @@ def snapshot(folder: Path, hydra_record: bool = True) -> dict:
     }
 
 
-BAD_VALUES = [
-    ("gradient_accumulation_steps=0", "gradient_accumulation_steps=0 is invalid: must be an integer >= 1"),
-    ("micro_batch_size=0", "micro_batch_size=0 is invalid: must be an integer >= 1"),
-    ("epochs=0", "epochs=0 is invalid: must be an integer >= 1"),
-    ("max_steps=-3", "max_steps=-3 is invalid: must be an integer >= 1 (or null)"),
-    ("max_length=1", "max_length=1 is invalid: must be an integer >= 2"),
-    ("optimizer.lr=-0.1", "optimizer.lr=-0.1 is invalid: must be a number > 0"),
-    ("warmup_ratio=-0.1", "warmup_ratio=-0.1 is invalid: must be in [0, 1)"),
-    ("max_grad_norm=-1", "max_grad_norm=-1 is invalid: must be >= 0 (0 disables clipping)"),
-    ("lr_scheduler=step", "lr_scheduler='step' is invalid: choose one of linear, cosine, constant"),
-    ("compile.mode=fast", "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
-    ("model.name_or_path=/no/such/model", "model.name_or_path='/no/such/model' is invalid: no such folder"),
-    ("model.trust_remote_code=yes", "model.trust_remote_code='yes' is invalid: must be true or false"),
-    ("effective_batch_size=30 gradient_accumulation_steps=4",
-     "effective_batch_size=30 is invalid: must be a multiple of gradient_accumulation_steps x processes = 4"),
-    ("checkpoint_every=0", "checkpoint_every=0 is invalid: must be an integer >= 1 (or null)"),
-    ("checkpoint_keep=0", "checkpoint_keep=0 is invalid: must be an integer >= 1"),
-    ("resume=/no/such/checkpoint", "resume='/no/such/checkpoint' is invalid: no such checkpoint folder"),
-    ("data.num_eval=0", "data (eval split)=0 is invalid: the split is empty"),
-    pytest.param("precision=fp16", "precision='fp16' is invalid: fp16 needs a CUDA device",
-                 marks=pytest.mark.skipif(not NO_CUDA, reason="CUDA present")),
-    pytest.param("optimizer._target_=bitsandbytes.optim.PagedAdamW8bit",
-                 "optimizer='bitsandbytes.optim.PagedAdamW8bit' is invalid: paged optimizers need a CUDA device",
-                 marks=pytest.mark.skipif(not NO_CUDA, reason="CUDA present")),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("overrides, message", BAD_VALUES)
-def test_bad_value_fails_up_front_and_keeps_earlier_results(ok_run, overrides, message):
+@pytest.mark.parametrize("overrides, message", VALUES)
+def test_bad_value_fails_up_front_and_keeps_earlier_results(ok_run, csv_files, overrides, message):
+    overrides, message = fill(overrides, message, csv_files)
     before = snapshot(ok_run)
-    summary = run_job(ok_run, *overrides.split())
+    summary = run_job(ok_run, *overrides)
     assert summary["status"] == "failed" and summary["error_type"] == "config"
     assert summary["error"].startswith(message) and "\n" not in summary["error"]
     assert snapshot(ok_run) == before
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (
-            ["data.text_column=body"],
-            "data.text_column='body' is invalid: no such column: choose one of text, label",
-        ),
-        (
-            ["data.eval_split=validation"],
-            "data.eval_split='validation' is invalid: no such split: choose one of train",
-        ),
-        ([], "data (eval split) label=-1 is invalid: labels must be in 0..1"),
-    ],
-)
-def test_bad_data_fails_before_the_model_is_built(ok_run, hub_csv, overrides, message):
+@pytest.mark.parametrize("overrides, message", DATA)
+def test_bad_data_fails_before_the_model_is_built(ok_run, csv_files, overrides, message):
+    overrides, message = fill(overrides, message, csv_files)
     before = snapshot(ok_run)
-    summary = run_job(ok_run, *hub_csv, *overrides)
+    summary = run_job(ok_run, *overrides)
     assert summary["status"] == "failed" and summary["error_type"] == "config"
     assert summary["error"].startswith(message)
     assert "params/total" not in summary  # no model was built

@@ -1,0 +1,87 @@
+"""The one table of bad inputs: each override list with the start of its one-line message.
+
+``preflight``: caught from the command line alone (``effitrain check`` and ``train.py`` before Hydra
+starts, and ``validate`` inside a run). ``data``: found when the data is read, inside the job.
+``{CSV}`` stands for the folder of CSV files that conftest's ``csv_files`` fixture writes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+NO_CUDA = not torch.cuda.is_available()
+HUB = ["data=hub", "data.load_args.path=csv"]
+FILES = "+data.load_args.data_files={{train: {CSV}/{train}, test: {CSV}/{test}}}"
+
+
+def files(train: str = "train.csv", test: str = "test.csv") -> str:
+    return FILES.format(CSV="{CSV}", train=train, test=test)
+
+
+# Rejected while the command line is read: grammar, unknown options and keys, sweeps without -m.
+PARSE = [
+    (["optimizer=sgd"], "optimizer='sgd' is not an option: choose one of adafactor, adam8bit, adamw"),
+    (["backend=trainer,keras"], "backend='keras' is not an option: choose one of accelerator, trainer"),
+    (["optimizer.lrr=1e-3"], "optimizer.lrr='1e-3' is not a config key: did you mean optimizer.lr"),
+    (["lr=1e-3"], "lr='1e-3' is not a config key: did you mean optimizer.lr?"),
+    (["+lr=1e-3"], "lr='1e-3' adds a key nothing reads: did you mean optimizer.lr?"),
+    (["micro_batchsize=4"], "micro_batchsize='4' is not a config key: did you mean micro_batch_size"),
+    (["a=[1,"], "'a=[1,' is not a valid override"),
+    (["optimizer=adamw,adafactor"], "optimizer=adamw,adafactor is a sweep (several values): add -m"),
+]
+
+# Values a run rejects itself too (``validate``), before anything heavy is loaded.
+VALUES = [
+    (["seed=x"], "seed='x' is invalid: must be an integer >= 0"),
+    (["gradient_accumulation_steps=0"], "gradient_accumulation_steps=0 is invalid: must be an integer >= 1"),
+    (["micro_batch_size=-2"], "micro_batch_size=-2 is invalid: must be an integer >= 1"),
+    (["epochs=0"], "epochs=0 is invalid: must be an integer >= 1"),
+    (["max_steps=0"], "max_steps=0 is invalid: must be an integer >= 1 (or null)"),
+    (["max_length=1"], "max_length=1 is invalid: must be an integer >= 2"),
+    (["max_length=1000"], "max_length=1000 is invalid: the model has 512 positions: give at most 512"),
+    (["optimizer.lr=0"], "optimizer.lr=0 is invalid: must be a finite number > 0"),
+    (["optimizer.lr=nan"], "optimizer.lr=nan is invalid: must be a finite number > 0"),
+    (["optimizer.lr=inf"], "optimizer.lr=inf is invalid: must be a finite number > 0"),
+    (["optimizer.betas=[0.9]"], "optimizer={'lr': 0.0001, 'betas': [0.9], 'eps': 1e-08} is invalid: AdamW rejects"),
+    (["+optimizer.bogus=1"], "optimizer.bogus=1 is invalid: AdamW takes no such argument: choose from lr, betas"),
+    (["warmup_ratio=1.0"], "warmup_ratio=1.0 is invalid: must be in [0, 1)"),
+    (["max_grad_norm=-1"], "max_grad_norm=-1 is invalid: must be >= 0 (0 disables clipping)"),
+    (["max_grad_norm=nan"], "max_grad_norm=nan is invalid: must be >= 0 (0 disables clipping)"),
+    (["lr_scheduler=step"], "lr_scheduler='step' is invalid: choose one of linear, cosine, constant"),
+    (["compile.mode=fast"], "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
+    (["compile=on", "compile.backend=nonsense"], "compile.backend='nonsense' is invalid: choose one of"),
+    (["model.name_or_path=/no/such/model"], "model.name_or_path='/no/such/model' is invalid: no such folder"),
+    (["model.trust_remote_code=yes"], "model.trust_remote_code='yes' is invalid: must be true or false"),
+    (["effective_batch_size=30", "gradient_accumulation_steps=4"],
+     "effective_batch_size=30 is invalid: must be a multiple of gradient_accumulation_steps x processes = 4"),
+    (["checkpoint_every=0"], "checkpoint_every=0 is invalid: must be an integer >= 1 (or null)"),
+    (["checkpoint_keep=0"], "checkpoint_keep=0 is invalid: must be an integer >= 1"),
+    (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint' is invalid: no such checkpoint folder"),
+    (["data=hub"], "data.load_args.path='???' is invalid: a value is required"),
+    ([*HUB, files(test="missing.csv")], "data.load_args.data_files.test='{CSV}/missing.csv' is invalid: no such file"),
+    ([*HUB, files(test="other_columns.csv")], "data.load_args.data_files='...' is invalid: the CSV files' columns differ"),
+    ([*HUB, files(test="header_only.csv")], "data.load_args.data_files.test='{CSV}/header_only.csv' is invalid: the file holds no rows"),
+    ([*HUB, files(), "data.text_column=body"], "data.text_column='body' is invalid: no such column: choose one of text, label"),
+    pytest.param(["precision=fp16"], "precision='fp16' is invalid: fp16 needs a CUDA device",
+                 marks=pytest.mark.skipif(not NO_CUDA, reason="CUDA present")),
+    pytest.param(["optimizer._target_=bitsandbytes.optim.PagedAdamW8bit"],
+                 "optimizer='bitsandbytes.optim.PagedAdamW8bit' is invalid: paged optimizers need a CUDA device",
+                 marks=pytest.mark.skipif(not NO_CUDA, reason="CUDA present")),
+]  # fmt: skip
+
+PREFLIGHT = PARSE + VALUES
+
+# Found only when the data is read (inside the job, before the model is built).
+DATA = [
+    (["data.num_eval=0"], "data (eval split)=0 is invalid: the split is empty"),
+    ([*HUB, files(), "data.eval_split=validation"], "data.eval_split='validation' is invalid: no such split"),
+    ([*HUB, files(test="bad_label.csv")], "data (eval split) label=-1 is invalid: labels must be in 0..1"),
+]
+
+
+def fill(overrides: list[str], message: str, folder: Path) -> tuple[list[str], str]:
+    """The table's row with ``{CSV}`` replaced by the folder the fixture wrote."""
+    return [o.replace("{CSV}", str(folder)) for o in overrides], message.replace("{CSV}", str(folder))
