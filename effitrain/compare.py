@@ -118,7 +118,11 @@ def load_jobs(sweeps: list[Path]) -> list[JobResult]:
                 f"compare: no summary.json under {str(sweep)!r}: give a sweep folder (multirun/...)"
             )
         for folder in found:
-            summary = results.read_summary(folder) or {"status": "missing", "error": "no summary.json"}
+            summary = results.read_summary(folder)
+            if summary is None:
+                exists = (folder / results.SUMMARY).exists()
+                reason = "summary.json cannot be read (damaged)" if exists else "no summary.json"
+                summary = {"status": "missing", "error": reason}
             jobs.append(
                 JobResult(
                     sweep,
@@ -138,18 +142,19 @@ def label_jobs(jobs: list[JobResult], several_sweeps: bool) -> None:
     def differs(values: list) -> bool:
         return len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1
 
-    names: list[str] = []
-    for job in jobs:
-        names += [key for key in job.overrides if key not in names]
-    columns = [name for name in names if differs([job.overrides.get(name) for job in jobs])]
     finished = [job for job in jobs if job.summary.get("status") != "missing"]
+    names: list[str] = []
+    for job in finished:
+        names += [key for key in job.overrides if key not in names]
+    columns = [name for name in names if differs([job.overrides.get(name) for job in finished])]
     cfg_keys = list(dict.fromkeys(k for job in finished for k in job.summary if k.startswith(CHOICE_PREFIX)))
-    derived = {
-        key.removeprefix(CHOICE_PREFIX): key
-        for key in cfg_keys
-        if key.removeprefix(CHOICE_PREFIX) not in columns
-        and differs([job.summary.get(key) for job in finished])
-    }
+    derived = {}
+    for key in cfg_keys:
+        short = key.removeprefix(CHOICE_PREFIX)
+        # an override column says it already (optimizer.lr for cfg/lr)
+        said = any(column == short or column.endswith(f".{short}") for column in columns)
+        if not said and differs([job.summary.get(key) for job in finished]):
+            derived[short] = key
     for job in jobs:
         job.choices = {}
         if several_sweeps:
@@ -433,7 +438,15 @@ def compare(sweeps: list[Path], output: Path | None = None, wandb_mode: str | No
     sweeps = [Path(s) for s in sweeps]
     jobs = load_jobs(sweeps)
     output = Path(output) if output else sweeps[0]
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe = output / ".effitrain-write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"--output={str(output)!r} is invalid: cannot be written ({error.strerror})"
+        ) from None
     headers, rows = table_rows(jobs)
     written = {
         "csv": output / "comparison.csv",
