@@ -121,11 +121,13 @@ def compose_known_keys(overrides: list[str]) -> DictConfig:
 
     parsed = parse(overrides)
     groups = set(group_names())
-    base = compose_config([o.input_line for o in parsed if o.key_or_group in groups])
+    base = compose_config(
+        [o.input_line for o in parsed if o.key_or_group in groups or _is_hydra(o.key_or_group)]
+    )
     known = [k for k in _leaf_keys(base) if not k.startswith("hydra.")]
     for override in parsed:
         key = override.key_or_group
-        if key in groups or key.startswith("hydra.") or override.is_delete():
+        if key in groups or _is_hydra(key) or override.is_delete():
             continue
         exists = _has_key(base, key)
         adds = override.is_add() or override.is_force_add()
@@ -143,6 +145,10 @@ def compose_known_keys(overrides: list[str]) -> DictConfig:
         return compose_config(overrides)
     except ConfigCompositionException as error:
         raise ConfigError(" ".join(str(error).split())[:500]) from None
+
+
+def _is_hydra(key: str) -> bool:
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
 
 
 def _has_key(cfg: DictConfig, key: str) -> bool:

@@ -418,13 +418,15 @@ def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
     choice, the run-shaping scalars, and the job's identity (its result-changing overrides, a short
     name, its sweep folder). Compare and W&B read these, never Hydra's files."""
     from hydra.types import RunMode
+    from omegaconf import OmegaConf
 
     from effitrain.overrides import job_overrides, short_name
 
     hydra = hydra_record(cfg)
     choices = {k: v for k, v in (hydra.runtime.choices if hydra else {}).items() if not k.startswith("hydra")}
     invariant = set(cfg.get("run_invariant_keys") or [])
-    task_overrides = list(hydra.overrides.task) if hydra else []
+    # as typed: resolving ${oc.env:...} here would copy secrets into the summary
+    task_overrides = OmegaConf.to_container(hydra.overrides.task, resolve=False) if hydra else []
     multirun = hydra is not None and hydra.mode == RunMode.MULTIRUN
     accumulation, micro = cfg.gradient_accumulation_steps, cfg.micro_batch_size
     effective = (

@@ -83,10 +83,11 @@ def job_identity(output_dir: Path, cfg_keys: dict) -> dict:
     run keeps its W&B run in its own output folder. The name is the short one
     (``adam8bit | trainer | ga4``); the full overrides are in the run's config.
     """
+    from effitrain.config import group_names
     from effitrain.overrides import parse
 
     sweep_dir = cfg_keys.get("job/sweep_dir")
-    groups = {key.removeprefix("cfg/") for key in cfg_keys if key.startswith("cfg/")}
+    groups = set(group_names())
     # a swapped choice is a group override; the logger's own group says nothing about the run
     tags = [
         o.input_line.lstrip("+~")[:_TAG_CHARS]

@@ -51,13 +51,15 @@ def test_plain_multirun_runs_each_job_in_its_own_process(tmp_path):
 
 @pytest.mark.slow
 def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path):
-    # max_length=1 is rejected by validate(): only that job fails, in its own process; the three
-    # jobs run at once (the setting), which also keeps this test short.
+    # an empty eval split is found when the job reads its data: only that job fails, in its own
+    # process (a value validate() rejects stops the whole sweep before it starts); the three jobs
+    # run at once (the setting), which also keeps this test short.
     args = [
         "-m",
         *TINY,
-        *SHORT,
-        "max_length=16,24,1",
+        "max_steps=2",
+        "data.num_train=32",
+        "data.num_eval=16,24,0",
         "hydra.sweeper.max_batch_size=3",
         f"hydra.sweep.dir={tmp_path}",
     ]
@@ -65,9 +67,9 @@ def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path
     assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
     assert "effitrain: 1 of 3 jobs failed (0 skipped: ok before)" in first.stdout
     before = _summaries(tmp_path)
-    by_length = {name.split("max_length=")[1].split(",")[0]: s for name, s in before.items()}
-    assert by_length["1"]["status"] == "failed"
-    assert "max_length=1 is invalid" in by_length["1"]["error"]
+    by_length = {name.split("data.num_eval=")[1].split(",")[0]: s for name, s in before.items()}
+    assert by_length["0"]["status"] == "failed"
+    assert "data (eval split)=0 is invalid: the split is empty" in by_length["0"]["error"]
     assert by_length["16"]["status"] == by_length["24"]["status"] == "ok"
     mtimes = {name: (tmp_path / name / "summary.json").stat().st_mtime_ns for name in before}
 
@@ -77,7 +79,7 @@ def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path
     assert second.stdout.count("effitrain: ok (skipped: ok before):") == 2
     after = _summaries(tmp_path)
     for name, summary in after.items():
-        rerun = "max_length=1," in name
+        rerun = "data.num_eval=0," in name
         assert (summary["env/pid"] != before[name]["env/pid"]) == rerun
         assert ((tmp_path / name / "summary.json").stat().st_mtime_ns != mtimes[name]) == rerun
 
@@ -85,13 +87,13 @@ def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path
 
     main(["compare", str(tmp_path)])
     rows = list(csv.DictReader(open(tmp_path / "comparison.csv")))
-    assert sorted((row["max_length"], row["status"]) for row in rows) == [
-        ("1", "failed"),
+    assert sorted((row["data.num_eval"], row["status"]) for row in rows) == [
+        ("0", "failed"),
         ("16", "ok"),
         ("24", "ok"),
     ]
     failed = next(row for row in rows if row["status"] == "failed")
-    assert failed["error"] == by_length["1"]["error"]
+    assert failed["error"] == by_length["0"]["error"]
     assert "failed" in (tmp_path / "comparison.md").read_text()
 
 
