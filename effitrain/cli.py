@@ -32,13 +32,21 @@ def check_overrides_or_exit(argv: list[str]) -> None:
     (Hydra rewrites ``.hydra/`` there before the task runs): a single run is composed and
     validated here, and so is every job of a sweep (up to ``MAX_JOBS_CHECKED``)."""
     try:
-        preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))
+        cfg = preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))
+        if cfg is not None:
+            from effitrain.results import finished_run
+
+            finished = finished_run(cfg, Path(cfg.hydra.run.dir))
+            if finished is not None:
+                print(finished)
+                sys.exit(0)
     except ConfigError as error:
         fail(str(error))
 
 
-def preflight(argv: list[str], world_size: int = 1) -> None:
-    """Everything a run or sweep would reject, checked from the command line alone.
+def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
+    """Everything a run or sweep would reject, checked from the command line alone; returns a
+    single run's composed config (None for a sweep, or flags left to Hydra).
 
     Raises:
         ConfigError: the first grammar problem, or every problem of the first bad job.
@@ -48,7 +56,7 @@ def preflight(argv: list[str], world_size: int = 1) -> None:
 
     flags = [a for a in argv if a.startswith("-")]
     if any(flag not in _MULTIRUN_FLAGS for flag in flags):
-        return
+        return None
     overrides = [a for a in argv if not a.startswith("-")]
     parsed = parse(overrides)
     check_group_overrides(overrides)
@@ -65,7 +73,7 @@ def preflight(argv: list[str], world_size: int = 1) -> None:
     if not multirun:
         check_output_overrides([f"hydra.run.dir={cfg.hydra.run.dir}"])
         validate(cfg, world_size)
-        return
+        return cfg
     for job in sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]:
         job_cfg = compose_known_keys(fixed + job)
         try:
@@ -73,6 +81,7 @@ def preflight(argv: list[str], world_size: int = 1) -> None:
         except ConfigError as error:
             label = " ".join(job) or "the defaults"
             raise ConfigError(f"the sweep's job {label}:\n{error}") from None
+    return None
 
 
 def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:

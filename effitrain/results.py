@@ -21,11 +21,22 @@ def plain(value):
     return value
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, flush, fsync, rename: never half a file."""
+    """Write to a temporary file in the same folder, flush, fsync, rename: never half a file.
+
+    The file gets the mode any other new file gets (0666 less the umask): ``mkstemp`` makes 0600,
+    which would hide results from colleagues on shared storage.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
@@ -65,6 +76,26 @@ def read_metrics(path: Path) -> list[dict]:
         if isinstance(record, dict):
             records.append(record)
     return records
+
+
+def finished_run(cfg, folder: Path) -> str | None:
+    """A line saying ``folder`` holds a finished ok run that ``resume=auto`` leaves as it is, or None
+    when there is nothing there to keep.
+
+    Raises:
+        ConfigError: the folder holds an ok run and this is no resume: running would overwrite it.
+    """
+    from effitrain.config import ConfigError
+
+    previous = read_summary(folder)
+    if previous is None or previous.get("status") != "ok":
+        return None
+    if cfg.get("resume") != "auto":  # resume=<path> starts this folder's run anew from elsewhere
+        raise ConfigError(
+            f"hydra.run.dir={str(folder)!r} is invalid: it holds a finished ok run (summary.json); "
+            "give another folder, or add resume=auto to keep it as it is"
+        )
+    return f"effitrain: {folder} already holds a finished ok run (resume=auto): left as it is"
 
 
 class MetricsFile:

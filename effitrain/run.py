@@ -152,10 +152,17 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     job = None
     try:
         check_output_dir(output_dir)
+        if cfg.get("resume") == "auto":
+            kept = results.finished_run(cfg, output_dir)
+            if kept is not None:  # resume of a finished run: its results stay as they are
+                checkpoint.find_resume(cfg, output_dir)  # but a changed config is still named
+                print(kept)
+                return previous
         if state.is_main_process:  # started before validation so a rejected config shows as crashed
             tracker = build_tracker(cfg, output_dir, keys)
             summary.update(tracker.identity_keys() if tracker is not None else {})
         validate(cfg, state.num_processes)
+        results.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
         if apply_effective_batch_size(cfg, state.num_processes):  # micro_batch_size was derived
             keys = summary_config_keys(cfg, output_dir, state.num_processes)
             summary.update(keys)
