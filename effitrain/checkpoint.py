@@ -27,6 +27,7 @@ import os
 import random
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +136,28 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def damage(folder: Path) -> str | None:
+    """Why the checkpoint in ``folder`` cannot be resumed from (incomplete, or a file whose bytes
+    differ from the checksum stored when it was saved), or None when it is whole."""
+    meta = read_meta(folder)
+    if meta is None:
+        return "incomplete (a file is missing or of the wrong size)"
+    for name, expected in meta.get("sha256", {}).items():
+        if _sha256(folder / name) != expected:
+            return f"{name} differs from its checksum (damaged)"
+    return None
+
+
 def read_meta(folder: Path) -> dict | None:
     """The checkpoint's ``effitrain.json`` when the folder is complete (every file at its size), else None."""
     try:
@@ -159,10 +182,13 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def newest_valid(run_dir: Path) -> Path | None:
+    """The newest whole checkpoint; each damaged one skipped on the way is named, with why."""
     for _, folder in reversed(list_checkpoints(run_dir)):
-        if read_meta(folder) is not None:
+        why = damage(folder)
+        if why is None:
             return folder
-        log.warning("skipping incomplete checkpoint %s", folder)
+        log.warning("skipping checkpoint %s: %s", folder, why)
+        print(f"effitrain: warning: skipping checkpoint {folder}: {why}", file=sys.stderr, flush=True)
     return None
 
 
@@ -185,7 +211,13 @@ def find_resume(cfg: DictConfig, output_dir: Path) -> Path | None:
             return None
     else:
         path = Path(str(resume)).expanduser()
-        folder = path if read_meta(path) is not None else newest_valid(path)
+        if read_meta(path) is not None:  # a checkpoint folder, not a run folder
+            why = damage(path)
+            if why is not None:
+                raise invalid("resume", str(resume), f"the checkpoint is {why}")
+            folder = path
+        else:
+            folder = newest_valid(path)
         if folder is None:
             raise invalid(
                 "resume", str(resume), "no complete checkpoint there (give auto, null or a checkpoint folder)"
@@ -267,6 +299,8 @@ class Checkpointer:
                 },
                 "config": trajectory_config(self.cfg),
                 "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())},
+                # verified before resuming: a flipped byte must not resume silently
+                "sha256": {p.name: _sha256(p) for p in sorted(tmp.iterdir())},
             }
             with open(tmp / META, "w") as handle:
                 json.dump(meta, handle, indent=2, sort_keys=True, default=str)

@@ -10,8 +10,10 @@ import hashlib
 import html
 import io
 import json
+import logging
 import random
 import shutil
+import sys
 import uuid
 import zipfile
 from dataclasses import dataclass
@@ -23,8 +25,10 @@ from torch.utils.data import DataLoader, Sampler
 
 from effitrain.config import invalid
 
+log = logging.getLogger(__name__)
+
 DRUG_REVIEW_LABELS = ["negative", "neutral", "positive"]
-CACHE_FORMAT = 1  # bump when the tokenized layout changes, so stale caches are not reused
+CACHE_FORMAT = 2  # bump when the tokenized layout changes, so stale caches are not reused
 
 
 @dataclass
@@ -106,6 +110,13 @@ def load_hub(
                 key, column, f"no such column: choose one of {', '.join(dataset[train_split].column_names)}"
             )
 
+    for split in (train_split, eval_split):
+        for row, value in enumerate(dataset[split][label_column]):
+            if value is None or (isinstance(value, float) and value != value):
+                raise invalid(
+                    f"data.label_column ({split} split, row {row + 2} of a CSV)", value,
+                    "a label is missing: every sample needs one",
+                )  # fmt: skip
     feature = dataset[train_split].features[label_column]
     if isinstance(feature, ClassLabel):
         names = list(feature.names)
@@ -115,6 +126,16 @@ def load_hub(
             set(dataset[train_split][label_column]) | set(dataset[eval_split][label_column]), key=str
         )
         if all(isinstance(v, int) for v in values):
+            # integer labels are class ids: a gap means a typo (one stray 100000 would build a
+            # 100001-class head), not classes nobody labelled
+            unused = sorted(set(range(max(values) + 1)) - set(values))
+            if unused or min(values) < 0:
+                shown = ", ".join(map(str, unused[:5])) + (", ..." if len(unused) > 5 else "")
+                raise invalid(
+                    "data.label_column", label_column,
+                    f"integer labels must be the class ids 0..{max(values)} with none unused "
+                    f"(unused: {shown or 'none'}; smallest: {min(values)})",
+                )  # fmt: skip
             names, to_id = [str(i) for i in range(max(values) + 1)], None
         else:
             names = [str(v) for v in values]
@@ -152,9 +173,11 @@ def tokenize_cached(
         {
             "format": CACHE_FORMAT,
             "source": source_key,
+            # what was read, not where from: files rewritten at the same path give another key
+            "data": [raw.train._fingerprint, raw.eval._fingerprint],
             "tokenizer": tokenizer.name_or_path,
             "tokenizer_class": type(tokenizer).__name__,
-            "vocab": len(tokenizer),
+            "tokenizer_files": _tokenizer_digest(tokenizer),
             "max_length": max_length,
         },
         sort_keys=True,
@@ -163,7 +186,11 @@ def tokenize_cached(
     key = hashlib.sha256(key_material.encode()).hexdigest()[:20]
     target = Path(cache_dir).expanduser() / key if cache_dir else None
     if target is not None and target.exists():
-        return load_from_disk(str(target))
+        try:
+            return load_from_disk(str(target))
+        except Exception as error:  # a damaged entry is rebuilt, never a dead end for this config
+            log.warning("tokenized cache %s unreadable (%s): rebuilding it", target, type(error).__name__)
+            shutil.rmtree(target, ignore_errors=True)
 
     def encode(batch):
         return tokenizer(batch["text"], truncation=True, max_length=max_length)
@@ -172,15 +199,30 @@ def tokenize_cached(
         encode, batched=True, remove_columns=["text"], desc="tokenizing"
     )
     tokenized = tokenized.rename_column("label", "labels")
-    if target is not None:
-        partial = target.with_name(f".{key}.{uuid.uuid4().hex}.partial")
+    if target is None:
+        return tokenized
+    partial = target.with_name(f".{key}.{uuid.uuid4().hex}.partial")
+    try:
         tokenized.save_to_disk(str(partial))
-        try:
-            partial.rename(target)
-        except OSError:  # another job wrote the same entry first
-            shutil.rmtree(partial, ignore_errors=True)
-        return load_from_disk(str(target))
-    return tokenized
+        partial.rename(target)
+    except OSError as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        if not target.exists():  # not written (a full disk): train from memory, say so once
+            print(
+                f"effitrain: warning: the tokenized data could not be cached in {target.parent} "
+                f"({error.strerror or type(error).__name__}); continuing without the cache",
+                file=sys.stderr,
+                flush=True,
+            )
+            return tokenized
+    return load_from_disk(str(target))
+
+
+def _tokenizer_digest(tokenizer) -> str:
+    """A hash of the tokenizer's vocabulary and rules: a retrained tokenizer at the same path differs."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class EpochPermutationSampler(Sampler[int]):

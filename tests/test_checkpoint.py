@@ -212,3 +212,45 @@ def test_forced_nan_is_diverged_and_writes_no_checkpoint(tmp_path, backend):
     assert summary["error"] == "train/loss is nan at optimizer step 2"
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [1]
     assert [line["step"] for line in read_metrics(tmp_path)] == [1]
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.pt"])
+def test_a_damaged_checkpoint_of_the_right_size_is_skipped_for_the_one_before(tmp_path, damaged, capsys):
+    """A byte flipped inside the newest checkpoint: resume=auto names it, falls back to the one
+    before and ends with the weights of an uninterrupted run."""
+    steps = ["max_steps=4", "checkpoint_every=1", "checkpoint_keep=3"]
+    run_dir = tmp_path / "run"
+    assert run_job(run_dir, *steps)["status"] == "ok"
+    # as if killed after step 3: no final checkpoint, no summary
+    shutil.rmtree(run_dir / "checkpoints" / "step-00000004")
+    (run_dir / "summary.json").unlink()
+    newest = run_dir / "checkpoints" / "step-00000003"
+    data = bytearray((newest / damaged).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    (newest / damaged).write_bytes(bytes(data))
+    assert checkpoint.damage(newest) == f"{damaged} differs from its checksum (damaged)"
+
+    summary = run_job(run_dir, *steps, "resume=auto")
+    assert summary["status"] == "ok", summary["error"]
+    assert summary["train/resumed_from_step"] == 2 and summary["train/steps"] == 4
+    assert f"skipping checkpoint {newest}: {damaged} differs from its checksum" in capsys.readouterr().err
+    uninterrupted = tmp_path / "uninterrupted"
+    assert run_job(uninterrupted, "max_steps=4", "checkpoint_every=4")["status"] == "ok"
+    final = load_file(run_dir / "checkpoints" / "step-00000004" / "model.safetensors")
+    expected = load_file(uninterrupted / "checkpoints" / "step-00000004" / "model.safetensors")
+    assert final.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(final[name], tensor), name
+
+
+def test_resume_from_a_damaged_checkpoint_path_is_one_line(tmp_path):
+    assert run_job(tmp_path / "run", "max_steps=1", "checkpoint_every=1")["status"] == "ok"
+    folder = tmp_path / "run" / "checkpoints" / "step-00000001"
+    weights = bytearray((folder / "model.safetensors").read_bytes())
+    weights[-1] ^= 0xFF
+    (folder / "model.safetensors").write_bytes(bytes(weights))
+    summary = run_job(tmp_path / "other", "max_steps=1", f"resume={folder}")
+    assert summary["status"] == "failed" and summary["error_type"] == "config"
+    assert summary["error"] == (
+        f"resume={str(folder)!r} is invalid: the checkpoint is model.safetensors differs from its checksum (damaged)"
+    )
