@@ -4,23 +4,14 @@
     python train.py optimizer=adam8bit backend=trainer compile=on gradient_accumulation_steps=4
     python train.py -m optimizer=adamw,adafactor,adam8bit backend=trainer,accelerator
 
-Returns ``eval/loss`` so a Hydra sweeper can minimize it.
+The same as ``effitrain train ...`` from an installed package. Bad overrides stop here with one
+line and exit code 2, before Hydra writes anything; the job returns ``optimized_metric``
+(eval/loss) so a Hydra sweeper can minimize it.
 """
 
 import sys
 
-import hydra
-from omegaconf import DictConfig
-
-from effitrain.cli import check_overrides_or_exit, share_run_dir_across_ranks, train_job
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float | None:
-    return train_job(cfg)
-
+from effitrain.cli import train
 
 if __name__ == "__main__":
-    check_overrides_or_exit(sys.argv[1:])
-    sys.argv[1:] = share_run_dir_across_ranks(sys.argv[1:])
-    main()
+    train(sys.argv[1:])

@@ -193,6 +193,20 @@ def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
     return [*argv, f"hydra.run.dir={folder[0]}"]
 
 
+def train(argv: list[str]) -> None:
+    """``python train.py ARGS`` and ``effitrain train ARGS``: check, then hand over to Hydra."""
+    import hydra
+
+    from effitrain.config import CONF_DIR
+
+    check_overrides_or_exit(argv)
+    argv = share_run_dir_across_ranks(argv)
+    # Hydra reads the command line from sys.argv; the config comes from CONF_DIR, the checkout's
+    # conf/ or the copy inside an installed wheel
+    sys.argv = [sys.argv[0], *argv]
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(train_job)()
+
+
 def train_job(cfg: DictConfig) -> float | None:
     """The Hydra task: run one job into Hydra's output folder; exit non-zero if it failed.
 
@@ -209,7 +223,7 @@ def train_job(cfg: DictConfig) -> float | None:
 
         done = start_job(cfg, hydra_cfg)
         if done is not None:
-            return done.get("eval/loss")
+            return done.get(cfg.get("optimized_metric", "eval/loss"))
 
     from effitrain.run import run
 
@@ -222,7 +236,7 @@ def train_job(cfg: DictConfig) -> float | None:
             f"-> {hydra_cfg.runtime.output_dir}"
         )
     if summary["status"] == "ok":
-        return summary["eval/loss"]
+        return summary.get(cfg.get("optimized_metric", "eval/loss"))
     message = f"{summary['status']}: {summary['error']}"
     if hydra_cfg.mode == RunMode.MULTIRUN:
         print(f"effitrain: job {hydra_cfg.job.num} {message}", file=sys.stderr)
@@ -296,8 +310,16 @@ def _estimate(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # everything after it is Hydra's: overrides, -m, --cfg job, ...
+        train(argv[1:])
+        return
+    from effitrain import __version__
+
     parser = argparse.ArgumentParser(prog="effitrain", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"effitrain {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("train", help="train one configuration, or sweep with -m (as python train.py)")
     check = commands.add_parser("check", help="compose and validate a run config without running it")
     check.add_argument(
         "overrides",

@@ -13,7 +13,16 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+def _conf_dir() -> Path:
+    """conf/ of a source checkout (beside this package), else the copy an installed wheel holds."""
+    checkout = Path(__file__).resolve().parent.parent / "conf"
+    if (checkout / "config.yaml").is_file():
+        return checkout
+    return Path(__file__).resolve().parent / "conf"
+
+
+CONF_DIR = _conf_dir()
 LR_SCHEDULERS = ("linear", "cosine", "constant")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 INIT_MODES = ("pretrained", "random")

@@ -96,12 +96,6 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.started = time.time()
-        # Job processes unpickle the task and import effitrain from their own sys.path: make it the
-        # effitrain this process runs, also for a checkout that is not the installed one.
-        root = str(Path(__file__).resolve().parent.parent)
-        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if root not in paths:
-            os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

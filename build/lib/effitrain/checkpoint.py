@@ -1,0 +1,385 @@
+"""Checkpoints every ``checkpoint_every`` optimizer steps and at the end; exact resume from the newest.
+
+A checkpoint is a folder ``<run>/checkpoints/step-<N>``:
+
+    model.safetensors    weights of the uncompiled module (no ``_orig_mod.`` prefix)
+    optimizer.pt         ``optimizer.state_dict()``, 8-bit state included
+    scheduler.pt         learning-rate schedule
+    rng_state.pth        python, numpy, torch CPU (and CUDA) generators; ``rng_state_<rank>.pth`` per process
+    trainer_state.json   Trainer backend only: lets ``Trainer.train(resume_from_checkpoint=)`` skip data
+    effitrain.json       step, data position, meter counts, config and file sizes; written last
+
+File names are the Trainer's, so the Trainer backend resumes through the Trainer's own loading
+(safetensors and ``torch.load(weights_only=True)``) and its data skipping. Loading never unpickles
+arbitrary objects: everything that is not safetensors is read with ``weights_only=True``.
+
+A folder is assembled under a hidden temporary name, every file fsynced, then renamed in one
+step: a run killed at any moment leaves the previous checkpoints whole, and a folder without a
+matching ``effitrain.json`` is never resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from effitrain.config import ConfigError, invalid
+from effitrain.training import rank, world_size
+
+log = logging.getLogger(__name__)
+
+FOLDER = "checkpoints"
+META = "effitrain.json"
+FORMAT = 1
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class Position:
+    """Where training stands after ``step`` optimizer steps: epoch and micro-batches consumed in it."""
+
+    step: int
+    epoch: int
+    batches: int
+
+
+def position(step: int, batches_per_epoch: int, accumulation: int) -> Position:
+    """Every optimizer step but an epoch's last takes ``accumulation`` micro-batches.
+
+    A step that ends an epoch maps to the start of the next one, as the Trainer counts.
+    """
+    steps_per_epoch = math.ceil(batches_per_epoch / accumulation)
+    epoch, steps_done = divmod(step, steps_per_epoch)
+    return Position(step, epoch, steps_done * accumulation)
+
+
+def trajectory_config(cfg: DictConfig) -> dict:
+    """The resolved config, flattened to ``a.b`` keys, without the keys a resumed run may change
+    (``run_invariant_keys``, and Hydra's own node)."""
+    from effitrain.overrides import is_invariant
+
+    may_change = {"hydra", *(cfg.get("run_invariant_keys") or [])}
+    flat = {}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    for key in cfg:
+        if key not in may_change:
+            node = cfg[key]
+            walk(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node, f"{key}.")
+    return {key: value for key, value in flat.items() if not is_invariant(key, may_change)}
+
+
+def _barrier() -> None:
+    if world_size() > 1:
+        torch.distributed.barrier()
+
+
+def rng_file_name() -> str:
+    return f"rng_state_{rank()}.pth" if world_size() > 1 else "rng_state.pth"
+
+
+def rng_state() -> dict:
+    """Every generator a training step may draw from, in the Trainer's layout.
+
+    numpy's key array is stored as a list of ints so that ``weights_only`` loading needs no numpy globals.
+    """
+    import numpy as np
+
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (kind, key.tolist(), pos, has_gauss, gauss),
+        "cpu": torch.random.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = (
+            torch.cuda.random.get_rng_state_all() if world_size() > 1 else torch.cuda.random.get_rng_state()
+        )
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.random.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        if isinstance(state["cuda"], list):
+            torch.cuda.random.set_rng_state_all(state["cuda"])
+        else:
+            torch.cuda.random.set_rng_state(state["cuda"])
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def damage(folder: Path) -> str | None:
+    """Why the checkpoint in ``folder`` cannot be resumed from (incomplete, or a file whose bytes
+    differ from the checksum stored when it was saved), or None when it is whole."""
+    meta = read_meta(folder)
+    if meta is None:
+        return "incomplete (a file is missing or of the wrong size)"
+    for name, expected in meta.get("sha256", {}).items():
+        if _sha256(folder / name) != expected:
+            return f"{name} differs from its checksum (damaged)"
+    return None
+
+
+def read_meta(folder: Path) -> dict | None:
+    """The checkpoint's ``effitrain.json`` when the folder is complete (every file at its size), else None."""
+    try:
+        meta = json.loads((folder / META).read_text())
+        sizes = meta["files"]
+        if meta.get("format") != FORMAT or not sizes:
+            return None
+        if any((folder / name).stat().st_size != size for name, size in sizes.items()):
+            return None
+        return meta
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every finished checkpoint folder name under ``run_dir/checkpoints``, oldest first."""
+    root = Path(run_dir) / FOLDER
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    return sorted(found)
+
+
+def newest_valid(run_dir: Path) -> Path | None:
+    """The newest whole checkpoint; each damaged one skipped on the way is named, with why."""
+    for _, folder in reversed(list_checkpoints(run_dir)):
+        why = damage(folder)
+        if why is None:
+            return folder
+        log.warning("skipping checkpoint %s: %s", folder, why)
+        print(f"effitrain: warning: skipping checkpoint {folder}: {why}", file=sys.stderr, flush=True)
+    return None
+
+
+def find_resume(cfg: DictConfig, output_dir: Path) -> Path | None:
+    """The checkpoint folder ``cfg.resume`` points at: None, ``auto`` (newest valid in this run, if any) or a path.
+
+    A path may name a checkpoint folder or a run folder (its newest valid checkpoint is taken).
+
+    Raises:
+        ConfigError: the path holds no complete checkpoint, or the checkpoint was written by a
+            config that differs in a key that changes the training trajectory.
+    """
+    resume = cfg.get("resume")
+    if resume is None:
+        return None
+    if resume == "auto":
+        folder = newest_valid(output_dir)
+        if folder is None:
+            log.info("resume=auto: no checkpoint in %s, starting from scratch", output_dir)
+            return None
+    else:
+        path = Path(str(resume)).expanduser()
+        if read_meta(path) is not None:  # a checkpoint folder, not a run folder
+            why = damage(path)
+            if why is not None:
+                raise invalid("resume", str(resume), f"the checkpoint is {why}")
+            folder = path
+        else:
+            folder = newest_valid(path)
+        if folder is None:
+            raise invalid(
+                "resume", str(resume), "no complete checkpoint there (give auto, null or a checkpoint folder)"
+            )
+    meta = read_meta(folder)
+    now = trajectory_config(cfg)
+    for key in sorted(set(now) | set(meta["config"])):
+        if now.get(key) != meta["config"].get(key):
+            raise invalid(
+                key,
+                now.get(key),
+                f"differs from the checkpoint {folder} ({meta['config'].get(key)!r}): an exact resume needs the same config",
+            )
+    return folder
+
+
+class Checkpointer:
+    """Saves a run's training state on schedule and restores it on resume.
+
+    Holds the uncompiled model, the optimizer and scheduler that the backend steps, so a backend
+    needs one call per optimizer step (:meth:`after_step`, after the step's loss was found
+    finite) and, when resuming, :meth:`restore` plus :meth:`epoch_batches` for its data.
+    """
+
+    def __init__(self, cfg: DictConfig, output_dir: Path, model, optimizer, scheduler, meter, num_steps: int,
+                 batches_per_epoch: int, resume_from: Path | None = None):  # fmt: skip
+        self.cfg = cfg
+        self.root = Path(output_dir) / FOLDER
+        self.every = cfg.get("checkpoint_every")
+        self.keep = cfg.get("checkpoint_keep", 2)
+        self.model, self.optimizer, self.scheduler, self.meter = model, optimizer, scheduler, meter
+        self.num_steps = num_steps
+        self.batches_per_epoch = batches_per_epoch
+        self.resume_from = resume_from
+        self._pending_rng: tuple[Position, dict] | None = None
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def due(self, step: int) -> bool:
+        return bool(self.every) and (step % self.every == 0 or step == self.num_steps)
+
+    def after_step(self, step: int, trainer_state=None) -> Path | None:
+        """Save when ``step`` is due. Call after the step's loss was checked, so a diverged
+        state is never saved. ``trainer_state`` (a TrainerState) is written for the Trainer's resume."""
+        if not self.due(step):
+            return None
+        return self.save(step, trainer_state)
+
+    def save(self, step: int, trainer_state=None) -> Path:
+        from safetensors.torch import save_model
+
+        target = self.root / f"step-{step:08d}"
+        tmp = self.root / f".partial-step-{step:08d}"
+        is_main = rank() == 0
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        torch.save(rng_state(), tmp / rng_file_name())
+        _barrier()
+        if is_main:
+            save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            if trainer_state is not None:
+                trainer_state.save_to_json(str(tmp / "trainer_state.json"))
+            at = position(step, self.batches_per_epoch, self.cfg.gradient_accumulation_steps)
+            meta = {
+                "format": FORMAT,
+                "step": step,
+                "epoch": at.epoch,
+                "batches_in_epoch": at.batches,
+                "num_steps": self.num_steps,
+                "world_size": world_size(),
+                "meter": {
+                    "samples": self.meter.samples,
+                    "tokens": self.meter.tokens,
+                    "last_loss": self.meter.last_loss,
+                },
+                "config": trajectory_config(self.cfg),
+                "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())},
+                # verified before resuming: a flipped byte must not resume silently
+                "sha256": {p.name: _sha256(p) for p in sorted(tmp.iterdir())},
+            }
+            with open(tmp / META, "w") as handle:
+                json.dump(meta, handle, indent=2, sort_keys=True, default=str)
+                handle.flush()
+                os.fsync(handle.fileno())
+            for path in tmp.iterdir():
+                _fsync(path)
+            _fsync(tmp)
+            if target.exists():  # a checkpoint of the same step from an earlier attempt
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+            _fsync(self.root)
+            self.prune()
+        _barrier()
+        return target
+
+    def prune(self) -> None:
+        """Keep the newest ``checkpoint_keep`` checkpoints; remove leftovers of interrupted writes."""
+        for stale in self.root.glob(".partial-step-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        folders = list_checkpoints(self.root.parent)
+        for _, folder in folders[: max(len(folders) - self.keep, 0)]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    # -- resuming -----------------------------------------------------------------------------
+
+    def restore(self, weights: bool = True) -> Position:
+        """Load the checkpoint named by ``resume`` (if any) and return where training stands.
+
+        ``weights=False`` restores only effitrain's own counts, for a backend (the Trainer) that
+        loads model, optimizer, scheduler and generators itself. The generators are restored by
+        :meth:`epoch_batches`, after the consumed micro-batches were skipped.
+        """
+        if self.resume_from is None:
+            return Position(0, 0, 0)
+        from safetensors.torch import load_model
+
+        folder = self.resume_from
+        meta = read_meta(folder)
+        if meta is None:
+            raise ConfigError(f"resume={str(folder)!r} is invalid: the checkpoint is incomplete")
+        if meta["world_size"] != world_size():
+            raise invalid(
+                "resume",
+                str(folder),
+                f"written by {meta['world_size']} processes, resumed with {world_size()}",
+            )
+        if weights:
+            device = next(self.model.parameters()).device
+            load_model(self.model, str(folder / "model.safetensors"), strict=True, device=str(device))
+            self.optimizer.load_state_dict(
+                torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
+            )
+            self.scheduler.load_state_dict(
+                torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=True)
+            )
+        self.meter.restore(meta["step"], **meta["meter"])
+        at = position(meta["step"], self.batches_per_epoch, self.cfg.gradient_accumulation_steps)
+        if weights:
+            self._pending_rng = (at, torch.load(folder / rng_file_name(), weights_only=True))
+        log.info(
+            "resumed from %s: step %d, epoch %d, %d micro-batches in", folder, at.step, at.epoch, at.batches
+        )
+        return at
+
+    def epoch_batches(self, loader, epoch: int):
+        """An iterator over ``epoch``'s micro-batches; in the epoch being resumed, the consumed
+        ones are skipped and then the generators restored, so every later draw (dropout, the
+        next epoch's loader) matches the uninterrupted run."""
+        loader.set_epoch(epoch)  # accelerate's loader forwards this to the sampler
+        pending, self._pending_rng = self._pending_rng, None
+        if pending is None or pending[0].epoch != epoch:
+            return iter(loader)
+        at, rng = pending
+        if at.batches == 0:
+            set_rng_state(rng)
+            return iter(loader)
+        batches = iter(loader)
+        for _ in range(at.batches):
+            next(batches)  # creating the loader's iterator draws from torch's generator
+        set_rng_state(rng)
+        return batches

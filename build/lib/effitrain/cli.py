@@ -1,0 +1,358 @@
+"""Command-line entry points: the Hydra task behind ``train.py`` and the ``effitrain`` console script."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from effitrain.config import ConfigError, check_group_overrides, check_output_overrides, group_names
+
+
+def fail(message: str, code: int = 2):
+    for line in str(message).splitlines() or [""]:
+        print(f"effitrain: error: {line}", file=sys.stderr)
+    sys.exit(code)
+
+
+# Hydra's command-line flags that are not overrides; any other flag (--cfg, --info, --help...) is
+# left to Hydra with the overrides unchecked.
+_MULTIRUN_FLAGS = ("-m", "--multirun")
+# Nodes whose keys are passed on as keyword arguments, so ``+node.key=...`` adds something a target
+# reads (the optimizer's and logger's arguments are checked against their signatures).
+OPEN_NODES = ("data.load_args", "model.config_overrides", "model.architecture", "optimizer", "logger")
+MAX_JOBS_CHECKED = 64  # a sweep's first jobs validated before any starts; the rest when they start
+
+
+def check_overrides_or_exit(argv: list[str]) -> None:
+    """Reject bad overrides before Hydra starts, so a mistake leaves the run folder as it was
+    (Hydra rewrites ``.hydra/`` there before the task runs): a single run is composed and
+    validated here, and so is every job of a sweep (up to ``MAX_JOBS_CHECKED``)."""
+    try:
+        cfg = preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))
+        if cfg is not None:
+            from effitrain.results import finished_run
+
+            finished = finished_run(cfg, Path(cfg.hydra.run.dir))
+            if finished is not None:
+                print(finished)
+                sys.exit(0)
+    except ConfigError as error:
+        fail(str(error))
+
+
+def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
+    """Everything a run or sweep would reject, checked from the command line alone; returns a
+    single run's composed config (None for a sweep, or flags left to Hydra).
+
+    Raises:
+        ConfigError: the first grammar problem, or every problem of the first bad job.
+    """
+    from effitrain.config import validate
+    from effitrain.overrides import parse
+
+    flags = [a for a in argv if a.startswith("-")]
+    if any(flag not in _MULTIRUN_FLAGS for flag in flags):
+        return None
+    overrides = [a for a in argv if not a.startswith("-")]
+    parsed = parse(overrides)
+    check_group_overrides(overrides)
+    check_output_overrides(overrides)
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    cfg = compose_known_keys(fixed)
+    multirun = bool(flags) or str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    if sweeps and not multirun:
+        raise ConfigError(
+            f"{sweeps[0].input_line} is a sweep (several values): add -m to run one job per value, "
+            "or give one value"
+        )
+    if not multirun:
+        check_output_overrides([f"hydra.run.dir={cfg.hydra.run.dir}"])
+        validate(cfg, world_size)
+        return cfg
+    for job in sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]:
+        job_cfg = compose_known_keys(fixed + job)
+        try:
+            validate(job_cfg, world_size)
+        except ConfigError as error:
+            label = " ".join(job) or "the defaults"
+            raise ConfigError(f"the sweep's job {label}:\n{error}") from None
+    return None
+
+
+def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:
+    """The override lists of a sweep's jobs: the command line's sweeps with the study's
+    ``hydra.sweeper.params`` (the command line wins for a key both name), as Hydra's sweeper expands them."""
+    import itertools
+
+    from effitrain.overrides import parse, values
+
+    params = {
+        o.key_or_group: o
+        for o in parse(f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items())
+    }
+    fixed_keys = {o.key_or_group for o in parse(fixed)}
+    params = {k: o for k, o in params.items() if k not in fixed_keys}
+    params.update({o.key_or_group: o for o in sweeps})
+    axes = []
+    for override in params.values():
+        choices = values(override)
+        if choices is None:  # a glob: Hydra expands it, each job validates itself when it starts
+            continue
+        prefix = override.input_line.partition("=")[0]
+        axes.append([f"{prefix}={choice}" for choice in choices])
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def _leaf_keys(node, prefix: str = "") -> list[str]:
+    from omegaconf import DictConfig
+
+    keys = []
+    for key in node:
+        path = f"{prefix}{key}"
+        value = node._get_node(key)
+        keys += _leaf_keys(value, f"{path}.") if isinstance(value, DictConfig) else [path]
+    return keys
+
+
+def compose_known_keys(overrides: list[str]) -> DictConfig:
+    """The composed config; ConfigError naming a key the config does not have, with the nearest
+    real keys (``lr`` -> ``optimizer.lr``), and for a ``+key`` that nothing would read."""
+    import difflib
+
+    from hydra.errors import ConfigCompositionException
+
+    from effitrain.overrides import parse
+
+    parsed = parse(overrides)
+    groups = set(group_names())
+    base = compose_config(
+        [o.input_line for o in parsed if o.key_or_group in groups or _is_hydra(o.key_or_group)]
+    )
+    known = [k for k in _leaf_keys(base) if not k.startswith("hydra.")]
+    for override in parsed:
+        key = override.key_or_group
+        if key in groups or _is_hydra(key) or override.is_delete():
+            continue
+        exists = _has_key(base, key)
+        adds = override.is_add() or override.is_force_add()
+        if exists or (adds and key.rpartition(".")[0] in OPEN_NODES):
+            continue
+        same_name = [k for k in known if k.rpartition(".")[2] == key.rpartition(".")[2] and k != key]
+        near = list(dict.fromkeys(same_name + difflib.get_close_matches(key, known, n=3, cutoff=0.6)))[:3]
+        hint = (
+            f"did you mean {' or '.join(near)}?" if near else "see `python train.py --cfg job` for the keys"
+        )
+        what = "adds a key nothing reads" if adds else "is not a config key"
+        value = override.input_line.partition("=")[2]
+        raise ConfigError(f"{key}={value!r} {what}: {hint}")
+    try:
+        return compose_config(overrides)
+    except ConfigCompositionException as error:
+        raise ConfigError(" ".join(str(error).split())[:500]) from None
+
+
+def _is_hydra(key: str) -> bool:
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    """``key`` (dotted) is in ``cfg``, also when its value is still missing (``???``)."""
+    from omegaconf import OmegaConf
+
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    return OmegaConf.is_dict(parent) and leaf in parent.keys()
+
+
+def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
+    """Under ``torchrun``/``accelerate launch``, give every rank rank 0's Hydra run folder.
+
+    Hydra names the folder from the clock, and ranks start a moment apart: without this, two
+    processes of one job could write to two folders. Returns the overrides to pass on.
+    """
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or any(a.startswith("hydra.run.dir=") for a in argv):
+        return argv
+    if "-m" in argv or "--multirun" in argv:
+        return argv
+    import time
+
+    import torch.distributed as dist
+
+    from effitrain.training import process_state
+
+    process_state()  # joins the process group the launcher set up
+    folder = [time.strftime("outputs/%Y-%m-%d/%H-%M-%S")]
+    dist.broadcast_object_list(folder, src=0)
+    return [*argv, f"hydra.run.dir={folder[0]}"]
+
+
+def train(argv: list[str]) -> None:
+    """``python train.py ARGS`` and ``effitrain train ARGS``: check, then hand over to Hydra."""
+    import hydra
+
+    from effitrain.config import CONF_DIR
+
+    check_overrides_or_exit(argv)
+    argv = share_run_dir_across_ranks(argv)
+    # Hydra reads the command line from sys.argv; the config comes from CONF_DIR, the checkout's
+    # conf/ or the copy inside an installed wheel
+    sys.argv = [sys.argv[0], *argv]
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(train_job)()
+
+
+def train_job(cfg: DictConfig) -> float | None:
+    """The Hydra task: run one job into Hydra's output folder; exit non-zero if it failed.
+
+    In a multirun a failed job returns instead, so the other jobs still run, and a job whose
+    folder already holds an ok summary.json is skipped (``skip_ok_jobs``), so rerunning a sweep
+    into its folder resumes it.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        from effitrain.sweep import start_job
+
+        done = start_job(cfg, hydra_cfg)
+        if done is not None:
+            return done.get(cfg.get("optimized_metric", "eval/loss"))
+
+    from effitrain.run import run
+
+    summary = run(cfg, hydra_cfg.runtime.output_dir)
+    if summary["status"] == "ok" and summary.get("env/rank", 0) == 0:
+        print(
+            f"effitrain: ok: train/loss {summary['train/loss']:.4f}  eval/loss {summary['eval/loss']:.4f}  "
+            f"eval/accuracy {summary['eval/accuracy']:.4f}  eval/f1 {summary['eval/f1']:.4f}  "
+            f"{summary['speed/samples_per_s']:.1f} samples/s  {summary['speed/wall_s']:.1f} s  "
+            f"-> {hydra_cfg.runtime.output_dir}"
+        )
+    if summary["status"] == "ok":
+        return summary.get(cfg.get("optimized_metric", "eval/loss"))
+    message = f"{summary['status']}: {summary['error']}"
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        print(f"effitrain: job {hydra_cfg.job.num} {message}", file=sys.stderr)
+        return None
+    fail(message, 2 if summary.get("error_type") == "config" else 1)
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The run config ``train.py`` would compose for these overrides."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from effitrain.config import CONF_DIR
+
+    check_group_overrides(overrides)
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR), job_name="effitrain"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def _check(args) -> None:
+    preflight(args.overrides)
+    print("effitrain: the configuration is valid")
+
+
+def _compare(args) -> None:
+    from effitrain.compare import compare
+
+    compare(args.folders, args.output, args.wandb_mode)
+
+
+def _estimate(args) -> None:
+    """Static memory of the run these overrides describe, for every option of the optimizer group."""
+    import json
+
+    from effitrain.config import group_options
+    from effitrain.memory import MIB, estimate_memory
+
+    # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
+    # the other optimizers may have no such key.
+    base = [o for o in args.overrides if not o.startswith(("optimizer=", "optimizer."))]
+    own = [o for o in args.overrides if o.startswith("optimizer.")]
+    cfg = compose_config(args.overrides)
+    chosen = cfg.hydra.runtime.choices.optimizer
+    optimizers = {
+        name: compose_config(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
+        for name in group_options("optimizer")
+    }
+    rows = estimate_memory(cfg, optimizers)
+    if args.json:
+        print(json.dumps({"chosen": chosen, "optimizers": rows}, indent=2))
+        return
+    params = next(iter(rows.values()))["params"]
+    print(f"effitrain estimate: {params:,} parameters; MiB (activations not included)")
+    header = f"{'optimizer':<12}{'weights':>10}{'gradients':>11}{'opt. state':>12}{'total':>10}{'state B/param':>15}"
+    print(header)
+    for name, row in rows.items():
+        cells = [
+            row[k] / MIB if row[k] is not None else float("nan")
+            for k in ("weights_bytes", "grads_bytes", "optimizer_state_bytes", "total_bytes")
+        ]
+        per_param = row["optimizer_bytes_per_param"] or float("nan")
+        mark = "*" if name == chosen else " "
+        print(
+            f"{mark}{name:<11}"
+            + "".join(f"{c:>{w}.1f}" for c, w in zip(cells, (10, 11, 12, 10)))
+            + f"{per_param:>15.3f}"
+        )
+    print("* the chosen optimizer")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # everything after it is Hydra's: overrides, -m, --cfg job, ...
+        train(argv[1:])
+        return
+    from effitrain import __version__
+
+    parser = argparse.ArgumentParser(prog="effitrain", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"effitrain {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("train", help="train one configuration, or sweep with -m (as python train.py)")
+    check = commands.add_parser("check", help="compose and validate a run config without running it")
+    check.add_argument(
+        "overrides",
+        nargs=argparse.REMAINDER,
+        help="Hydra overrides, as for train.py (-m: every job of a sweep)",
+    )
+    check.set_defaults(handler=_check)
+    comparison = commands.add_parser(
+        "compare", help="table, plots and one HTML page comparing the jobs of one or more sweep folders"
+    )
+    comparison.add_argument("folders", nargs="+", type=Path, help="sweep folders (multirun/...)")
+    comparison.add_argument(
+        "--output", type=Path, help="where to write the report (default: the first folder)"
+    )
+    comparison.add_argument(
+        "--wandb-mode",
+        choices=["online", "offline", "disabled"],
+        help="how to log the table to W&B for sweeps that logged to W&B (default: offline without credentials)",
+    )
+    comparison.set_defaults(handler=_compare)
+    estimate = commands.add_parser(
+        "estimate",
+        help="weights, gradients and optimizer state of a run, for every optimizer, without weights",
+    )
+    estimate.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
+    estimate.add_argument("--json", action="store_true", help="exact bytes as JSON, for scripts")
+    estimate.set_defaults(handler=_estimate)
+    args = parser.parse_args(argv)
+    try:
+        args.handler(args)
+    except ConfigError as error:
+        fail(str(error))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,460 @@
+"""Configuration checks, in one place, before anything heavy is loaded.
+
+Every error a user can cause is a :class:`ConfigError` whose message is one line naming the
+key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+
+def _conf_dir() -> Path:
+    """conf/ of a source checkout (beside this package), else the copy an installed wheel holds."""
+    checkout = Path(__file__).resolve().parent.parent / "conf"
+    if (checkout / "config.yaml").is_file():
+        return checkout
+    return Path(__file__).resolve().parent / "conf"
+
+
+CONF_DIR = _conf_dir()
+LR_SCHEDULERS = ("linear", "cosine", "constant")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+INIT_MODES = ("pretrained", "random")
+
+
+class ConfigError(ValueError):
+    """A configuration a run cannot start with; the message is one line for the user."""
+
+
+def invalid(key: str, value, allowed: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is invalid: {allowed}")
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """The options of a config group: the YAML files of its folder (the registry is conf/)."""
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def group_names(conf_dir: Path = CONF_DIR) -> list[str]:
+    """The config groups: the folders of conf/ (``hydra`` is Hydra's own)."""
+    return sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra")
+
+
+def check_group_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """Reject ``group=option`` overrides naming an option that does not exist.
+
+    Hydra would reject them too, but with a multi-line report; this gives the one-line message
+    before Hydra starts. Each value of a sweep (``optimizer=adamw,adafactor``) is checked.
+
+    Raises:
+        ConfigError: an option is not a file of its group, or an override breaks Hydra's grammar.
+    """
+    from effitrain.overrides import parse, values
+
+    groups = set(group_names(conf_dir))
+    for override in parse(overrides):
+        if override.key_or_group not in groups:
+            continue
+        options = group_options(override.key_or_group, conf_dir)
+        for choice in values(override) or []:
+            if choice not in options and choice != "null":
+                raise ConfigError(
+                    f"{override.key_or_group}={choice!r} is not an option: choose one of {', '.join(options)}"
+                )
+
+
+def check_output_overrides(overrides: list[str]) -> None:
+    """Reject a ``hydra.run.dir`` / ``hydra.sweep.dir`` that could not be written, before Hydra
+    creates it and fails with a traceback.
+
+    Raises:
+        ConfigError: the folder (or its nearest existing parent) is not a writable folder.
+    """
+    from effitrain.overrides import parse, values
+
+    for override in parse(overrides):
+        key = override.key_or_group
+        if key not in ("hydra.run.dir", "hydra.sweep.dir") or override.is_sweep_override():
+            continue
+        value = values(override)[0]
+        if "${" in value:
+            continue
+        path = Path(value).expanduser().absolute()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            raise invalid(key, value, f"{existing} is a file, not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise invalid(key, value, f"{existing} cannot be written")
+
+
+def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
+    value = cfg.get(key)
+    if value is None and allow_null:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        suffix = " (or null)" if allow_null else ""
+        raise invalid(key, value, f"must be an integer >= {minimum}{suffix}")
+
+
+def _finite(key: str, value, condition: str, ok) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not ok(value)
+    ):
+        raise invalid(key, value, condition)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class ConfigErrors(ConfigError):
+    """Several problems of one config, each a one-line message; ``str()`` puts one per line."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _collect(checks) -> list[str]:
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except ConfigErrors as errors:
+            problems += errors.problems
+        except ConfigError as error:
+            problems.append(str(error))
+    return problems
+
+
+def validate(cfg: DictConfig, world_size: int = 1) -> None:
+    """Check a composed run config before any data or model is loaded.
+
+    Every check runs, so a user sees all problems at once. ``world_size`` is the number of
+    data-parallel processes (the effective batch spans them all).
+
+    Raises:
+        ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
+    """
+    problems = _collect(
+        [
+            lambda: _missing_values(cfg),
+            lambda: _at_least(cfg, "seed", 0),
+            lambda: _at_least(cfg, "gradient_accumulation_steps", 1),
+            lambda: _at_least(cfg, "micro_batch_size", 1),
+            lambda: _at_least(cfg, "epochs", 1),
+            lambda: _at_least(cfg, "eval_batch_size", 1),
+            lambda: _at_least(cfg, "max_steps", 1, allow_null=True),
+            lambda: _at_least(cfg, "effective_batch_size", 1, allow_null=True),
+            lambda: _effective_batch(cfg, world_size),
+            lambda: _at_least(cfg, "checkpoint_every", 1, allow_null=True),
+            lambda: _at_least(cfg, "checkpoint_keep", 1),
+            lambda: _resume(cfg),
+            lambda: _at_least(cfg, "max_length", 2),
+            lambda: _finite(
+                "optimizer.lr", cfg.optimizer.get("lr"), "must be a finite number > 0", lambda v: v > 0
+            ),
+            lambda: _finite("warmup_ratio", cfg.warmup_ratio, "must be in [0, 1)", lambda v: 0 <= v < 1),
+            lambda: _finite(
+                "max_grad_norm", cfg.max_grad_norm, "must be >= 0 (0 disables clipping)", lambda v: v >= 0
+            ),
+            lambda: _finite("weight_decay", cfg.weight_decay, "must be >= 0", lambda v: v >= 0),
+            lambda: _scheduler(cfg),
+            lambda: _precision(cfg),
+            lambda: _compile(cfg),
+            lambda: _model(cfg),
+        ]
+    )
+    if not problems:  # these build things from the values above, which must be sane first
+        problems = _collect([lambda: _optimizer(cfg), lambda: _max_length(cfg), lambda: _data_files(cfg)])
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigErrors(problems)
+
+
+def _missing_values(cfg: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    missing = []
+    for key in cfg:
+        if key == "hydra":
+            continue
+        node = cfg._get_node(key)
+        if OmegaConf.is_config(node):
+            missing += sorted(OmegaConf.missing_keys(node))
+        elif OmegaConf.is_missing(cfg, key):
+            missing.append(str(key))
+    if missing:
+        raise ConfigErrors([invalid(key, "???", "a value is required: give it on the command line").args[0]
+                            for key in sorted(missing)])  # fmt: skip
+
+
+def _effective_batch(cfg: DictConfig, world_size: int) -> None:
+    effective = cfg.get("effective_batch_size")
+    accumulation = cfg.get("gradient_accumulation_steps")
+    if not isinstance(effective, int) or not isinstance(accumulation, int) or accumulation < 1:
+        return
+    per_step = accumulation * world_size
+    if effective % per_step:
+        raise invalid(
+            "effective_batch_size",
+            effective,
+            f"must be a multiple of gradient_accumulation_steps x processes = {per_step}, "
+            "so that every micro-batch holds effective_batch_size / that many samples",
+        )
+
+
+def _resume(cfg: DictConfig) -> None:
+    resume = cfg.get("resume")
+    if resume is not None and resume != "auto" and not os.path.exists(os.path.expanduser(str(resume))):
+        raise invalid("resume", resume, "no such checkpoint folder: give null, auto or an existing path")
+
+
+def _scheduler(cfg: DictConfig) -> None:
+    if cfg.lr_scheduler not in LR_SCHEDULERS:
+        raise invalid("lr_scheduler", cfg.lr_scheduler, f"choose one of {', '.join(LR_SCHEDULERS)}")
+
+
+def _precision(cfg: DictConfig) -> None:
+    import torch
+
+    precision = cfg.precision.mixed_precision
+    if precision == "fp16" and not cuda_available():
+        raise invalid(
+            "precision", "fp16", "fp16 needs a CUDA device (none found): use precision=bf16 or fp32"
+        )
+    if precision == "bf16" and cuda_available() and not torch.cuda.is_bf16_supported():
+        raise invalid("precision", "bf16", "this GPU lacks bf16: use precision=fp16 or fp32")
+    target = str(cfg.optimizer.get("_target_", ""))
+    if "Paged" in target and not cuda_available():
+        raise invalid(
+            "optimizer", target, "paged optimizers need a CUDA device: use adamw, adafactor or adam8bit"
+        )
+
+
+def _compile(cfg: DictConfig) -> None:
+    if cfg.compile.mode not in COMPILE_MODES:
+        raise invalid("compile.mode", cfg.compile.mode, f"choose one of {', '.join(COMPILE_MODES)}")
+    if cfg.compile.enabled:
+        import torch._dynamo
+
+        if cfg.compile.backend not in torch._dynamo.list_backends(exclude_tags=()):
+            usual = torch._dynamo.list_backends()  # without the debugging and experimental ones
+            raise invalid("compile.backend", cfg.compile.backend, f"choose one of {', '.join(usual)}")
+
+
+def _model(cfg: DictConfig) -> None:
+    if not isinstance(cfg.model.get("trust_remote_code"), bool):
+        raise invalid("model.trust_remote_code", cfg.model.get("trust_remote_code"), "must be true or false")
+    if cfg.model.init not in INIT_MODES:
+        raise invalid("model.init", cfg.model.init, f"choose one of {', '.join(INIT_MODES)}")
+    for key in ("name_or_path", "tokenizer"):
+        value = cfg.model.get(key)
+        if value and _looks_like_path(value) and not os.path.exists(os.path.expanduser(value)):
+            raise invalid(f"model.{key}", value, "no such folder (give an existing path or a hub id)")
+
+
+def _optimizer(cfg: DictConfig) -> None:
+    """Arguments against the target's signature, then the optimizer built on one dummy parameter,
+    so a value the class rejects (``betas=[0.9]``) fails here rather than after the model loaded."""
+    import inspect
+
+    import torch
+    from hydra.utils import get_class, instantiate
+
+    target = cfg.optimizer.get("_target_")
+    try:
+        cls = get_class(target)
+    except Exception:
+        raise invalid(
+            "optimizer._target_", target, "no such class: give an importable optimizer class"
+        ) from None
+    parameters = inspect.signature(cls.__init__).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    known = [name for name in parameters if name not in ("self", "params")]
+    for key in cfg.optimizer:
+        if not str(key).startswith("_") and key not in parameters and not accepts_any:
+            raise invalid(
+                f"optimizer.{key}",
+                cfg.optimizer[key],
+                f"{cls.__name__} takes no such argument: choose from {', '.join(known)}",
+            )
+    try:
+        instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(2, 2))])
+    except Exception as error:  # the class's own check of its arguments
+        from omegaconf import OmegaConf
+
+        cause = error.__cause__ or error
+        reason = str(cause).split("full_key:")[0]
+        reason = " ".join(reason.split()) or type(cause).__name__
+        given = {k: v for k, v in OmegaConf.to_container(cfg.optimizer).items() if not k.startswith("_")}
+        raise invalid("optimizer", given, f"{cls.__name__} rejects these arguments ({reason})") from None
+
+
+def max_positions(model_cfg: DictConfig) -> int | None:
+    """The model's position limit from its architecture config alone (no weights); None when unknown."""
+    from omegaconf import OmegaConf
+
+    def plain(key) -> dict:
+        node = model_cfg.get(key)
+        return dict(OmegaConf.to_container(node, resolve=True)) if OmegaConf.is_config(node) else {}
+
+    config = plain("architecture")
+    path = os.path.expanduser(str(model_cfg.get("name_or_path") or ""))
+    if not config and os.path.isfile(os.path.join(path, "config.json")):
+        import json
+
+        with open(os.path.join(path, "config.json")) as handle:
+            config = json.load(handle)
+    config.update(plain("config_overrides"))
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
+
+
+def _max_length(cfg: DictConfig) -> None:
+    limit = max_positions(cfg.model)
+    if limit is not None and cfg.max_length > limit:
+        raise invalid("max_length", cfg.max_length, f"the model has {limit} positions: give at most {limit}")
+
+
+def _data_files(cfg: DictConfig) -> None:
+    """Local files named by ``data.load_args.data_files``: they exist, CSV headers agree and hold the
+    configured columns, and the splits used are not empty. Read from the files' heads, cheaply."""
+    import csv
+    import glob
+
+    from omegaconf import OmegaConf
+
+    load_args = cfg.data.get("load_args")
+    if not load_args or "data_files" not in load_args:
+        return
+    files = OmegaConf.to_container(load_args.data_files, resolve=True)
+    if isinstance(files, (str, list)):
+        files = {"train": files}
+    headers = {}
+    for split, paths in files.items():
+        for pattern in [paths] if isinstance(paths, str) else paths:
+            if "://" in str(pattern):
+                continue
+            matches = glob.glob(os.path.expanduser(str(pattern)))
+            if not matches:
+                raise invalid(f"data.load_args.data_files.{split}", pattern, "no such file")
+            for path in matches:
+                if load_args.get("path") == "csv" and path.endswith(".csv"):
+                    with open(path, newline="") as handle:
+                        rows = csv.reader(handle)
+                        header = next(rows, [])
+                        empty = next(rows, None) is None
+                    headers[path] = header
+                    used = (cfg.data.get("train_split"), cfg.data.get("eval_split"))
+                    if empty and split in used:
+                        raise invalid(f"data.load_args.data_files.{split}", path, "the file holds no rows")
+    distinct = {tuple(h) for h in headers.values()}
+    if len(distinct) > 1:
+        listing = "; ".join(f"{p}: {','.join(h)}" for p, h in headers.items())
+        raise invalid("data.load_args.data_files", "...", f"the CSV files' columns differ ({listing})")
+    for header in distinct:
+        for key in ("text_column", "label_column"):
+            column = cfg.data.get(key)
+            if column and column not in header:
+                raise invalid(f"data.{key}", column, f"no such column: choose one of {', '.join(header)}")
+
+
+def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:
+    """When ``effective_batch_size`` is set, derive ``micro_batch_size`` from it; True if it changed.
+
+    A study that holds the effective batch fixed (e.g. over ``gradient_accumulation_steps``)
+    sets ``effective_batch_size`` and sweeps only the accumulation; ``validate`` has checked
+    that it divides.
+    """
+    from omegaconf import open_dict
+
+    effective = cfg.get("effective_batch_size")
+    if effective is None:
+        return False
+    micro = effective // (cfg.gradient_accumulation_steps * world_size)
+    if micro == cfg.micro_batch_size:
+        return False
+    with open_dict(cfg):
+        cfg.micro_batch_size = micro
+    return True
+
+
+def _looks_like_path(value: str) -> bool:
+    """A local path rather than a hub id (``org/name``): absolute, relative to ., or home."""
+    return value.startswith(("/", "./", "../", "~")) or value.count("/") > 1
+
+
+def check_output_dir(path: Path) -> None:
+    """Raises ConfigError when results could not be written to ``path``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # a name of its own: ranks of one job probe the same folder at the same moment
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".effitrain-write-probe-"):
+            pass
+    except OSError as error:
+        raise invalid(
+            "hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})"
+        ) from None
+
+
+def hydra_record(cfg: DictConfig):
+    """Hydra's node of this job: the composed config's own (``compose(return_hydra_config=True)``)
+    or, inside a Hydra task, the HydraConfig singleton; None outside Hydra."""
+    if "hydra" in cfg:
+        return cfg.hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
+    """The keys that make ``summary.json`` self-describing: ``cfg/<group>`` for every config group's
+    choice, the run-shaping scalars, and the job's identity (its result-changing overrides, a short
+    name, its sweep folder). Compare and W&B read these, never Hydra's files."""
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from effitrain.overrides import job_overrides, short_name
+
+    hydra = hydra_record(cfg)
+    choices = {k: v for k, v in (hydra.runtime.choices if hydra else {}).items() if not k.startswith("hydra")}
+    invariant = set(cfg.get("run_invariant_keys") or [])
+    # as typed: resolving ${oc.env:...} here would copy secrets into the summary
+    task_overrides = OmegaConf.to_container(hydra.overrides.task, resolve=False) if hydra else []
+    multirun = hydra is not None and hydra.mode == RunMode.MULTIRUN
+    accumulation, micro = cfg.gradient_accumulation_steps, cfg.micro_batch_size
+    effective = (
+        micro * accumulation * world if isinstance(micro, int) and isinstance(accumulation, int) else None
+    )
+    keys = {f"cfg/{group}": option for group, option in choices.items()}
+    keys.update(
+        {
+            "cfg/seed": cfg.seed,
+            "cfg/gradient_accumulation_steps": accumulation,
+            "cfg/micro_batch_size": micro,
+            "cfg/effective_batch_size": effective,
+            "cfg/world_size": world,
+            "cfg/lr": cfg.optimizer.get("lr"),
+            "cfg/model_name_or_path": cfg.model.name_or_path,
+            "job/overrides": job_overrides(task_overrides, invariant),
+            "job/name": short_name(task_overrides, invariant, set(choices)),
+            "job/sweep_dir": str(Path(hydra.sweep.dir).absolute()) if multirun else None,
+            "job/dir": str(Path(output_dir).absolute()),
+        }
+    )
+    return keys

@@ -1,0 +1,258 @@
+"""Datasets: loaded from their source, checked, tokenized once (cached on disk) and batched.
+
+Every loader returns :class:`RawData` with a ``text`` and an integer ``label`` column, so
+tokenization, caching and batching are shared by all sources and both backends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import io
+import json
+import logging
+import random
+import shutil
+import sys
+import uuid
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from datasets import ClassLabel, Dataset, DatasetDict, load_from_disk
+from torch.utils.data import DataLoader, Sampler
+
+from effitrain.config import invalid
+
+log = logging.getLogger(__name__)
+
+DRUG_REVIEW_LABELS = ["negative", "neutral", "positive"]
+CACHE_FORMAT = 2  # bump when the tokenized layout changes, so stale caches are not reused
+
+
+@dataclass
+class RawData:
+    train: Dataset
+    eval: Dataset
+    label_names: list[str]
+
+
+def load_drug_reviews(path: str) -> RawData:
+    """The UCI drug-review subset: TSV files inside a zip, labels negative/neutral/positive."""
+    import pandas as pd
+
+    def read(member: str) -> Dataset:
+        with zipfile.ZipFile(path) as archive:
+            frame = pd.read_csv(io.BytesIO(archive.read(member)), sep="\t")
+        # Reviews are quoted twice in the source ("""text""") and carry HTML entities (&#039;).
+        texts = [html.unescape(str(t)).strip().strip('"').strip() for t in frame["review"]]
+        labels = [DRUG_REVIEW_LABELS.index(r) for r in frame["rating"]]
+        return Dataset.from_dict({"text": texts, "label": labels})
+
+    return RawData(read("drugsComTrain.tsv"), read("drugsComTest.tsv"), list(DRUG_REVIEW_LABELS))
+
+
+_FILLER = (
+    "the a of and to in is was it for on with as at by this that from or be are have one all "
+    "there when up out so about into time some could them see other than then now look only come "
+    "its over think also back after use two how our work first well way even new want because"
+).split()
+_KEYWORDS = [
+    ["good", "great", "happy"],
+    ["bad", "awful", "sad"],
+    ["blue", "green", "red"],
+    ["dog", "cat", "horse"],
+    ["north", "south", "east"],
+    ["water", "fire", "earth"],
+]
+
+
+def load_synthetic(num_train: int, num_eval: int, num_labels: int, words_per_text: int, seed: int) -> RawData:
+    """A learnable task made in code: each text holds one keyword of its class among filler words."""
+    if not 2 <= num_labels <= len(_KEYWORDS):
+        raise invalid("data.num_labels", num_labels, f"must be between 2 and {len(_KEYWORDS)}")
+
+    def make(count: int, split_seed: int) -> Dataset:
+        rng = random.Random(split_seed)
+        texts, labels = [], []
+        for _ in range(count):
+            label = rng.randrange(num_labels)
+            words = [rng.choice(_FILLER) for _ in range(words_per_text - 1)]
+            words.insert(rng.randrange(words_per_text), rng.choice(_KEYWORDS[label]))
+            texts.append(" ".join(words))
+            labels.append(label)
+        return Dataset.from_dict({"text": texts, "label": labels})
+
+    names = [f"class_{i}" for i in range(num_labels)]
+    return RawData(make(num_train, seed), make(num_eval, seed + 1), names)
+
+
+def load_hub(
+    load_args: dict, text_column: str, label_column: str, train_split: str, eval_split: str
+) -> RawData:
+    """Any ``datasets.load_dataset`` source (hub name or a builder over local files).
+
+    Raises:
+        ConfigError: a split or column named in the config does not exist.
+    """
+    from datasets import load_dataset
+    from omegaconf import OmegaConf
+
+    args = OmegaConf.to_container(load_args, resolve=True) if not isinstance(load_args, dict) else load_args
+    dataset = load_dataset(**args)
+    for key, split in (("data.train_split", train_split), ("data.eval_split", eval_split)):
+        if split not in dataset:
+            raise invalid(key, split, f"no such split: choose one of {', '.join(dataset)}")
+    for key, column in (("data.text_column", text_column), ("data.label_column", label_column)):
+        if column not in dataset[train_split].column_names:
+            raise invalid(
+                key, column, f"no such column: choose one of {', '.join(dataset[train_split].column_names)}"
+            )
+
+    for split in (train_split, eval_split):
+        for row, value in enumerate(dataset[split][label_column]):
+            if value is None or (isinstance(value, float) and value != value):
+                raise invalid(
+                    f"data.label_column ({split} split, row {row + 2} of a CSV)", value,
+                    "a label is missing: every sample needs one",
+                )  # fmt: skip
+    feature = dataset[train_split].features[label_column]
+    if isinstance(feature, ClassLabel):
+        names = list(feature.names)
+        to_id = None
+    else:
+        values = sorted(
+            set(dataset[train_split][label_column]) | set(dataset[eval_split][label_column]), key=str
+        )
+        if all(isinstance(v, int) for v in values):
+            # integer labels are class ids: a gap means a typo (one stray 100000 would build a
+            # 100001-class head), not classes nobody labelled
+            unused = sorted(set(range(max(values) + 1)) - set(values))
+            if unused or min(values) < 0:
+                shown = ", ".join(map(str, unused[:5])) + (", ..." if len(unused) > 5 else "")
+                raise invalid(
+                    "data.label_column", label_column,
+                    f"integer labels must be the class ids 0..{max(values)} with none unused "
+                    f"(unused: {shown or 'none'}; smallest: {min(values)})",
+                )  # fmt: skip
+            names, to_id = [str(i) for i in range(max(values) + 1)], None
+        else:
+            names = [str(v) for v in values]
+            to_id = {v: i for i, v in enumerate(values)}
+
+    def standardize(split: str) -> Dataset:
+        part = dataset[split]
+        texts = part[text_column]
+        labels = part[label_column] if to_id is None else [to_id[v] for v in part[label_column]]
+        return Dataset.from_dict({"text": [str(t) for t in texts], "label": list(labels)})
+
+    return RawData(standardize(train_split), standardize(eval_split), names)
+
+
+def check_raw(raw: RawData, num_labels: int) -> None:
+    """Raises ConfigError for an empty split or labels outside the model's classes."""
+    for split, part in (("train", raw.train), ("eval", raw.eval)):
+        if len(part) == 0:
+            raise invalid(f"data ({split} split)", 0, "the split is empty: it needs at least one sample")
+        labels = part["label"]
+        bad = [label for label in labels if not 0 <= label < num_labels]
+        if bad:
+            raise invalid(f"data ({split} split) label", bad[0], f"labels must be in 0..{num_labels - 1}")
+
+
+def tokenize_cached(
+    raw: RawData, tokenizer, max_length: int, cache_dir: str | None, source_key: dict
+) -> DatasetDict:
+    """Tokenize both splits once; later runs with the same source, tokenizer and length load the cache.
+
+    The cache key is a hash of the data config, the tokenizer and ``max_length``; a cache entry is
+    written to a temporary folder and renamed, so an interrupted run never leaves half a cache.
+    """
+    key_material = json.dumps(
+        {
+            "format": CACHE_FORMAT,
+            "source": source_key,
+            # what was read, not where from: files rewritten at the same path give another key
+            "data": [raw.train._fingerprint, raw.eval._fingerprint],
+            "tokenizer": tokenizer.name_or_path,
+            "tokenizer_class": type(tokenizer).__name__,
+            "tokenizer_files": _tokenizer_digest(tokenizer),
+            "max_length": max_length,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    key = hashlib.sha256(key_material.encode()).hexdigest()[:20]
+    target = Path(cache_dir).expanduser() / key if cache_dir else None
+    if target is not None and target.exists():
+        try:
+            return load_from_disk(str(target))
+        except Exception as error:  # a damaged entry is rebuilt, never a dead end for this config
+            log.warning("tokenized cache %s unreadable (%s): rebuilding it", target, type(error).__name__)
+            shutil.rmtree(target, ignore_errors=True)
+
+    def encode(batch):
+        return tokenizer(batch["text"], truncation=True, max_length=max_length)
+
+    tokenized = DatasetDict({"train": raw.train, "eval": raw.eval}).map(
+        encode, batched=True, remove_columns=["text"], desc="tokenizing"
+    )
+    tokenized = tokenized.rename_column("label", "labels")
+    if target is None:
+        return tokenized
+    partial = target.with_name(f".{key}.{uuid.uuid4().hex}.partial")
+    try:
+        tokenized.save_to_disk(str(partial))
+        partial.rename(target)
+    except OSError as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        if not target.exists():  # not written (a full disk): train from memory, say so once
+            print(
+                f"effitrain: warning: the tokenized data could not be cached in {target.parent} "
+                f"({error.strerror or type(error).__name__}); continuing without the cache",
+                file=sys.stderr,
+                flush=True,
+            )
+            return tokenized
+    return load_from_disk(str(target))
+
+
+def _tokenizer_digest(tokenizer) -> str:
+    """A hash of the tokenizer's vocabulary and rules: a retrained tokenizer at the same path differs."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class EpochPermutationSampler(Sampler[int]):
+    """A fresh permutation per epoch from ``seed + epoch``: both backends see the same order."""
+
+    def __init__(self, num_samples: int, seed: int):
+        self.num_samples = num_samples
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.num_samples, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def build_dataloaders(
+    tokenized: DatasetDict, tokenizer, micro_batch_size: int, eval_batch_size: int, seed: int
+):
+    """Train loader (seeded per-epoch permutation, dynamic padding) and eval loader (in order)."""
+    from transformers import DataCollatorWithPadding
+
+    collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
+    tokenized = tokenized.with_format("torch")
+    sampler = EpochPermutationSampler(len(tokenized["train"]), seed)
+    train = DataLoader(tokenized["train"], batch_size=micro_batch_size, sampler=sampler, collate_fn=collate)
+    evaluation = DataLoader(tokenized["eval"], batch_size=eval_batch_size, shuffle=False, collate_fn=collate)
+    return train, evaluation, sampler

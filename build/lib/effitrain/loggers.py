@@ -1,0 +1,319 @@
+"""Weights & Biases logging: one W&B run per job, the same keys as ``metrics.jsonl`` and ``summary.json``.
+
+    python train.py                                   # logger=wandb: online with credentials, else offline
+    python train.py logger.mode=disabled              # or logger=none: nothing goes to W&B
+    python train.py -m optimizer=adamw,adafactor      # one W&B run per job, one group per sweep
+    wandb sync multirun/<day>/<time>/wandb/offline-run-*   # upload an offline sweep later
+    wandb leet multirun/<day>/<time>/wandb            # browse it in the terminal, no account needed
+
+:class:`WandbLogger` has the interface of :class:`effitrain.results.MetricsFile` (``log_dict``,
+``close``) plus ``finish(summary)``, so the shared step meter writes the same per-step records to
+both. W&B is a side channel: when it cannot start or log, a warning is printed once and training
+goes on; the run's result files never depend on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import netrc
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+from omegaconf import DictConfig, OmegaConf
+
+from effitrain.config import invalid
+from effitrain.results import plain
+
+log = logging.getLogger(__name__)
+
+MODES = ("online", "offline", "disabled")
+_TAG_CHARS = 64  # W&B rejects longer tags
+
+
+def has_credentials() -> bool:
+    """An API key in the environment, or a netrc entry for the W&B host (what ``wandb login`` writes)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def resolve_mode(mode: str | None) -> str:
+    """``logger.mode`` if set, else ``WANDB_MODE``, else online with credentials and offline without.
+
+    Raises:
+        ConfigError: ``logger.mode`` is not one of online, offline, disabled or null.
+    """
+    if mode is not None and mode not in MODES:
+        raise invalid("logger.mode", mode, f"choose one of {', '.join(MODES)} or null (auto)")
+    if mode is not None:
+        return mode
+    env_mode = os.environ.get("WANDB_MODE")
+    if env_mode in MODES:
+        return env_mode
+    if env_mode == "dryrun":  # wandb's old name for offline
+        return "offline"
+    return "online" if has_credentials() else "offline"
+
+
+def _without(value, secret: str | None):
+    """``value`` with every string equal to or containing ``secret`` replaced, so the key is never logged."""
+    if not secret:
+        return value
+    if isinstance(value, dict):
+        return {k: _without(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without(v, secret) for v in value]
+    if isinstance(value, str) and secret in value:
+        return "<redacted>"
+    return value
+
+
+def job_identity(output_dir: Path, cfg_keys: dict) -> dict:
+    """Group, name, job type, tags and W&B folder of this job, from the summary's own ``cfg/*`` and
+    ``job/*`` keys (see :func:`effitrain.config.summary_config_keys`).
+
+    In a multirun the group is the sweep folder and every job's W&B run lives in
+    ``<sweep folder>/wandb``: one folder that ``wandb leet`` and ``wandb sync`` take whole. A single
+    run keeps its W&B run in its own output folder. The name is the short one
+    (``adam8bit | trainer | ga4``); the full overrides are in the run's config.
+    """
+    from effitrain.config import group_names
+    from effitrain.overrides import parse
+
+    sweep_dir = cfg_keys.get("job/sweep_dir")
+    groups = set(group_names())
+    # a swapped choice is a group override; the logger's own group says nothing about the run
+    tags = [
+        o.input_line.lstrip("+~")[:_TAG_CHARS]
+        for o in parse(cfg_keys.get("job/overrides", []))
+        if o.key_or_group in groups and o.key_or_group != "logger"
+    ]
+    return {
+        "group": sweep_dir,
+        "name": cfg_keys.get("job/name") or "defaults",
+        "job_type": cfg_keys.get("cfg/backend") or "train",
+        "tags": tags,
+        "dir": sweep_dir or str(output_dir),
+        "multirun": sweep_dir is not None,
+    }
+
+
+def run_config(cfg: DictConfig, cfg_keys: dict) -> dict:
+    """The resolved run config as plain dicts and lists, plus the flat ``cfg/*`` keys of summary.json.
+
+    Hydra's own node is left out: it holds the command line and Hydra's internals, not the run.
+    """
+    cfg = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # a broken interpolation fails the run itself; the dashboard still gets the config
+        config = OmegaConf.to_container(cfg, resolve=False)
+    config.update(cfg_keys)
+    return config
+
+
+class WandbLogger:
+    """One W&B run for one job; ``log_dict`` per optimizer step, ``finish(summary)`` at the end.
+
+    Any failure of W&B (not installed, ``wandb.init`` raising, a log call raising) prints one
+    warning and turns this logger into a no-op; it never raises into training.
+    """
+
+    def __init__(
+        self,
+        config: dict,
+        identity: dict,
+        mode: str | None = None,
+        project: str = "effitrain",
+        entity: str | None = None,
+        group: str | None = None,
+        tags=(),
+        notes: str | None = None,
+        name: str | None = None,
+        job_type: str | None = None,
+        init_timeout_s: float = 60.0,
+    ):
+        self.mode = resolve_mode(mode)
+        self.run = None
+        self._where = {"project": project, "entity": entity, "group": group or identity["group"]}
+        self._warned = False
+        if self.mode == "disabled":
+            return
+        try:
+            import wandb
+        except ImportError as error:
+            self._warn(f"wandb cannot be imported ({error}); this run is not logged to W&B")
+            return
+        wandb_dir = Path(identity["dir"])
+        secret = os.environ.get("WANDB_API_KEY")
+        init = {
+            "project": project,
+            "entity": entity,
+            "group": group or identity["group"],
+            "name": name or identity["name"],
+            "job_type": job_type or identity["job_type"],
+            "tags": [str(t)[:_TAG_CHARS] for t in identity["tags"] + list(tags or [])],
+            "notes": notes,
+            "config": config,
+            "dir": str(wandb_dir),
+            # one run per job: a run left open by an earlier job in this process is finished first
+            "reinit": "finish_previous",
+        }
+        # the name too: Hydra resolves an override like +x=${oc.env:WANDB_API_KEY} in override_dirname
+        init = {key: value if key == "dir" else _without(value, secret) for key, value in init.items()}
+        # silent: the one line below replaces wandb's banner, which a sweep would print per job
+        settings = {"silent": True, "init_timeout": init_timeout_s}
+        modes = [self.mode] + (["offline"] if self.mode == "online" else [])
+        for attempt in modes:
+            try:
+                wandb_dir.mkdir(parents=True, exist_ok=True)
+                self.run = wandb.init(mode=attempt, settings=wandb.Settings(**settings), **init)
+                self.mode = attempt
+                break
+            except Exception as error:  # W&B unreachable or broken: the run goes on without it
+                self._warn(f"wandb.init in {attempt} mode failed ({type(error).__name__}: {error})")
+        if self.run is None:
+            self._warn("this run is not logged to W&B")
+            return
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")  # the optimizer step is every chart's x-axis
+        if self.mode == "offline":
+            # in a sweep every job points at the whole sweep: one command uploads all of it
+            target = (
+                f"{wandb_dir / 'wandb'}/offline-run-*" if identity["multirun"] else self.run.settings.sync_dir
+            )
+            print(f"effitrain: W&B run saved offline; upload it later with: wandb sync {target}", flush=True)
+
+    def identity_keys(self) -> dict:
+        """Where this job's W&B run went, for summary.json: compare logs its table there too."""
+        run = self.run
+        return {
+            "wandb/project": self._where["project"],
+            "wandb/entity": (run.entity if run is not None else None) or self._where["entity"],
+            "wandb/group": self._where["group"],
+            "wandb/mode": self.mode if run is not None else "disabled",
+            "wandb/run_id": run.id if run is not None else None,
+        }
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            print(f"effitrain: warning: W&B: {message}", file=sys.stderr, flush=True)
+            self._warned = True
+
+    def log_dict(self, payload: dict, step: int) -> None:
+        # ``step`` is also in the payload, and define_metric made it the x-axis; W&B's own _step
+        # only counts calls, so it never rejects a record (e.g. after a resume)
+        if self.run is None:
+            return
+        try:
+            self.run.log(dict(payload))
+        except Exception as error:
+            self._warn(f"logging failed ({type(error).__name__}: {error}); no more W&B logging for this run")
+            self.run = None
+
+    def update_config(self, config: dict) -> None:
+        """Replace config values decided after the run started (a derived micro batch)."""
+        if self.run is None:
+            return
+        try:
+            secret = os.environ.get("WANDB_API_KEY")
+            self.run.config.update(_without(config, secret), allow_val_change=True)
+        except Exception as error:
+            self._warn(f"updating the config failed ({type(error).__name__}: {error})")
+
+    def finish(self, summary: dict | None) -> None:
+        """Copy ``summary`` into the run's summary and finish it: exit code 0 for ok, 1 otherwise.
+
+        The non-zero code is what makes the dashboard show a failed job as crashed. Without a
+        summary the job never got to one, which is a failure too.
+        """
+        run, self.run = self.run, None
+        if run is None:
+            return
+        ok = bool(summary) and summary.get("status") == "ok"
+        try:
+            if summary:
+                secret = os.environ.get("WANDB_API_KEY")
+                run.summary.update(_without({k: plain(v) for k, v in summary.items()}, secret))
+            run.finish(exit_code=0 if ok else 1)
+        except Exception as error:
+            self._warn(f"finishing the run failed ({type(error).__name__}: {error})")
+
+    def close(self) -> None:
+        self.finish(None)
+
+
+def build_tracker(cfg: DictConfig, output_dir: Path, cfg_keys: dict):
+    """The experiment logger the ``logger`` group chose, or None (``logger=none``).
+
+    Raises:
+        ConfigError: an invalid ``logger.mode``.
+    """
+    node = cfg.get("logger")
+    if node is None or not node.get("_target_"):
+        return None
+    from hydra.utils import instantiate
+
+    # partial: the run's config and identity are passed as plain Python objects, never merged
+    # into (and re-interpolated by) OmegaConf
+    start = instantiate(node, _partial_=True, _convert_="all")
+    return start(run_config(cfg, cfg_keys), job_identity(output_dir, cfg_keys))
+
+
+def log_comparison_table(
+    rows: list[dict],
+    group: str | None,
+    wandb_dir: str | Path,
+    project: str = "effitrain",
+    entity: str | None = None,
+    mode: str | None = None,
+    name: str = "comparison",
+    table_key: str = "comparison",
+):
+    """Log a sweep's comparison (one dict per job) as a W&B Table, in its own run of the sweep's group.
+
+    Columns are the union of the rows' keys, in first-seen order; a value missing from a row is
+    null. Returns the finished run's folder (None when W&B is disabled or unavailable); like the
+    training logger it warns and returns instead of raising when W&B fails.
+
+    Raises:
+        ConfigError: an invalid ``mode``.
+    """
+    mode = resolve_mode(mode)
+    if mode == "disabled":
+        return None
+    try:
+        import wandb
+
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        data = [[plain(row.get(column)) for column in columns] for row in rows]
+        Path(wandb_dir).mkdir(parents=True, exist_ok=True)
+        run = wandb.init(
+            project=project,
+            entity=entity,
+            group=group,
+            name=name,
+            job_type="compare",
+            dir=str(wandb_dir),
+            mode=mode,
+            reinit="finish_previous",
+            settings=wandb.Settings(silent=True),
+        )
+        run.log({table_key: wandb.Table(columns=columns, data=data)})
+        run.summary["jobs"] = len(rows)
+        folder = run.settings.sync_dir
+        run.finish()
+        return folder
+    except Exception as error:
+        print(
+            f"effitrain: warning: W&B: the comparison table was not logged ({type(error).__name__}: {error})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None

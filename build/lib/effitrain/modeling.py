@@ -1,0 +1,89 @@
+"""Model and tokenizer, built once in shared code for every backend (and on ``meta`` for estimates)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from effitrain.config import invalid
+
+log = logging.getLogger(__name__)
+
+
+def build_tokenizer(model_cfg: DictConfig):
+    """The tokenizer of ``model.tokenizer`` (default: ``model.name_or_path``).
+
+    A randomly initialized model whose tokenizer cannot be loaded (no hub offline) falls back to
+    ``model.offline_tokenizer`` when the config names one.
+
+    Raises:
+        ConfigError: the tokenizer cannot be loaded.
+    """
+    from transformers import AutoTokenizer
+
+    source = model_cfg.get("tokenizer") or model_cfg.name_or_path
+    fallback = model_cfg.get("offline_tokenizer")
+    # A random-init model with an offline fallback is an offline memory study: use the local
+    # cache only, instead of waiting out the hub's retries (about 50 s) when there is no network.
+    local_only = model_cfg.init == "random" and bool(fallback)
+    try:
+        return AutoTokenizer.from_pretrained(
+            source, trust_remote_code=model_cfg.trust_remote_code, local_files_only=local_only
+        )
+    except (OSError, ValueError) as error:
+        if local_only:
+            log.warning("tokenizer %s unavailable (%s); using %s", source, type(error).__name__, fallback)
+            return AutoTokenizer.from_pretrained(fallback)
+        key = "model.tokenizer" if model_cfg.get("tokenizer") else "model.name_or_path"
+        raise invalid(key, source, f"the tokenizer could not be loaded ({type(error).__name__})") from None
+
+
+def build_config(model_cfg: DictConfig, num_labels: int, tokenizer=None):
+    """The architecture: from ``model.architecture`` when given, else from ``name_or_path``."""
+    from transformers import AutoConfig
+
+    overrides = OmegaConf.to_container(model_cfg.config_overrides, resolve=True)
+    architecture = OmegaConf.to_container(model_cfg.architecture, resolve=True)
+    if model_cfg.init == "random" and architecture:
+        architecture = dict(architecture)
+        config = AutoConfig.for_model(architecture.pop("model_type"), **architecture, **overrides)
+    else:
+        try:
+            config = AutoConfig.from_pretrained(
+                model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, **overrides
+            )
+        except (OSError, ValueError) as error:
+            raise invalid(
+                "model.name_or_path",
+                model_cfg.name_or_path,
+                f"no model config could be loaded ({type(error).__name__})",
+            ) from None
+    config.num_labels = num_labels
+    if tokenizer is not None:
+        if model_cfg.init == "random":
+            # A fresh embedding matrix is sized to the tokenizer actually used.
+            config.vocab_size = len(tokenizer)
+        if tokenizer.pad_token_id is not None:
+            config.pad_token_id = tokenizer.pad_token_id
+    return config
+
+
+def build_model(model_cfg: DictConfig, num_labels: int, tokenizer=None, device: str | None = None):
+    """A sequence-classification model with a ``num_labels`` head.
+
+    ``init=pretrained`` loads weights from ``name_or_path``; ``init=random`` (or ``device="meta"``,
+    used by estimates) builds the architecture only, so no weights are read.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    config = build_config(model_cfg, num_labels, tokenizer)
+    if model_cfg.init == "pretrained" and device != "meta":
+        return AutoModelForSequenceClassification.from_pretrained(
+            model_cfg.name_or_path, config=config, trust_remote_code=model_cfg.trust_remote_code
+        )
+    with torch.device(device or "cpu"):
+        return AutoModelForSequenceClassification.from_config(
+            config, trust_remote_code=model_cfg.trust_remote_code
+        )

@@ -1,0 +1,158 @@
+"""Result files of a run: ``summary.json`` (atomic) and ``metrics.jsonl`` (a line per step)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+
+
+def plain(value):
+    """JSON has no NaN: non-finite floats are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, flush, fsync, rename: never half a file.
+
+    The file gets the mode any other new file gets (0666 less the umask): ``mkstemp`` makes 0600,
+    which would hide results from colleagues on shared storage.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    write_text_atomic(
+        path, json.dumps({k: plain(v) for k, v in payload.items()}, indent=2, sort_keys=True) + "\n"
+    )
+
+
+def read_summary(folder: Path) -> dict | None:
+    path = Path(folder) / SUMMARY
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl; a line half-written when a process was killed is skipped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def finished_run(cfg, folder: Path) -> str | None:
+    """A line saying ``folder`` holds a finished ok run that ``resume=auto`` leaves as it is, or None
+    when there is nothing there to keep.
+
+    Raises:
+        ConfigError: the folder holds an ok run and this is no resume: running would overwrite it.
+    """
+    from effitrain.config import ConfigError
+
+    previous = read_summary(folder)
+    if previous is None or previous.get("status") != "ok":
+        return None
+    if cfg.get("resume") != "auto":  # resume=<path> starts this folder's run anew from elsewhere
+        raise ConfigError(
+            f"hydra.run.dir={str(folder)!r} is invalid: it holds a finished ok run (summary.json); "
+            "give another folder, or add resume=auto to keep it as it is"
+        )
+    return f"effitrain: {folder} already holds a finished ok run (resume=auto): left as it is"
+
+
+class MetricsFile:
+    """The on-disk metric logger: one JSON line per ``log_dict`` call, flushed at once.
+
+    The file is opened at the first line, not before, so a run that fails before training leaves
+    an earlier run's file as it was. Lines of an earlier run are kept up to ``keep_through_step``
+    (the step a resumed run continues from; 0 for a fresh start), so each step appears once.
+    """
+
+    def __init__(self, path: Path, keep_through_step: int = 0):
+        self.path = path
+        self.keep_through_step = keep_through_step
+        self._handle = None
+
+    def log_dict(self, payload: dict, step: int) -> None:
+        if self._handle is None:
+            kept = [r for r in read_metrics(self.path) if (r.get("step") or 0) <= self.keep_through_step]
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            self._handle = open(self.path, "a")
+        self._handle.write(json.dumps({k: plain(v) for k, v in payload.items()}) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def env_info(device: str) -> dict:
+    """Versions read from package metadata, so nothing heavy (bitsandbytes) is imported for them."""
+    return {
+        "env/torch": _version("torch"),
+        "env/transformers": _version("transformers"),
+        "env/accelerate": _version("accelerate"),
+        "env/bitsandbytes": _version("bitsandbytes"),
+        "env/device": device,
+        "env/git_commit": git_commit(),
+        "env/pid": os.getpid(),  # a sweep runs each job in its own process: distinct pids show it
+    }

@@ -1,0 +1,223 @@
+"""One run: config -> model + tokenizer -> data -> optimizer + scheduler -> backend.fit -> summary.
+
+Everything a backend needs is built here, once; the backend gets a :class:`Job` and owns only
+its loop. ``summary.json`` is written at the end whatever happens, with ``status`` saying how
+the run ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from effitrain import checkpoint, results
+from effitrain.config import (
+    ConfigError,
+    apply_effective_batch_size,
+    check_output_dir,
+    summary_config_keys,
+    validate,
+)
+from effitrain.data import build_dataloaders, check_raw, tokenize_cached
+from effitrain.loggers import build_tracker, run_config
+from effitrain.memory import TrainingMemory
+from effitrain.modeling import build_model, build_tokenizer
+from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
+from effitrain.training import StepMeter, TrainingDiverged, process_state, world_size
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """What a backend receives: built objects and the config they came from.
+
+    ``model`` stays the plain module: backends wrap it (DDP, torch.compile) without copying its
+    parameters, so after training it holds the trained weights, and saving it gives keys without
+    an ``_orig_mod.`` prefix.
+    """
+
+    cfg: DictConfig
+    model: torch.nn.Module
+    tokenizer: object
+    train_loader: torch.utils.data.DataLoader
+    eval_loader: torch.utils.data.DataLoader
+    train_sampler: object
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    num_steps: int
+    meter: StepMeter
+    output_dir: Path
+    checkpoints: checkpoint.Checkpointer | None = None
+
+
+def instantiate_node(node):
+    """``hydra.utils.instantiate``, letting a ConfigError raised by the target through unwrapped."""
+    from hydra.errors import InstantiationException
+
+    try:
+        return instantiate(node)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, ConfigError):
+            raise error.__cause__ from None
+        raise
+
+
+def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,
+              resume_from: Path | None = None) -> Job:  # fmt: skip
+    """Build data, model, optimizer, scheduler, meter and checkpointer for ``cfg`` (validated already)."""
+    from transformers import set_seed
+
+    set_seed(cfg.seed)
+    raw = instantiate_node(cfg.data)
+    tokenizer = build_tokenizer(cfg.model)
+    check_raw(raw, len(raw.label_names))
+    source_key = OmegaConf.to_container(cfg.data, resolve=True)
+    tokenized = tokenize_cached(raw, tokenizer, cfg.max_length, cfg.get("cache_dir"), source_key)
+    train_loader, eval_loader, sampler = build_dataloaders(
+        tokenized, tokenizer, cfg.micro_batch_size, cfg.eval_batch_size, cfg.seed
+    )
+
+    set_seed(cfg.seed)  # the head's initialization does not depend on how much data was read
+    model = build_model(cfg.model, len(raw.label_names), tokenizer)
+    model.config.id2label = dict(enumerate(raw.label_names))
+    model.config.label2id = {name: i for i, name in enumerate(raw.label_names)}
+    optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
+
+    # accelerate shards batches over processes: each process sees ceil(batches / world) of them.
+    batches_per_process = math.ceil(len(train_loader) / world_size())
+    num_steps = num_optimizer_steps(
+        batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
+    )
+    scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
+    meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main)
+    job = Job(
+        cfg,
+        model,
+        tokenizer,
+        train_loader,
+        eval_loader,
+        sampler,
+        optimizer,
+        scheduler,
+        num_steps,
+        meter,
+        output_dir,
+    )
+    job.checkpoints = checkpoint.Checkpointer(
+        cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume_from
+    )
+    return job
+
+
+def fit(job: Job) -> dict:
+    """Hand the job to its backend's ``fit``; returns the backend's train and eval metrics."""
+    from accelerate.state import AcceleratorState
+    from transformers import set_seed
+
+    # accelerate keeps precision and compile settings in a process-wide singleton: a job must
+    # not inherit the previous job's (Hydra's basic launcher runs a multirun in one process).
+    AcceleratorState._reset_state(reset_partial_state=False)
+    set_seed(job.cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
+    return instantiate(job.cfg.backend)(job)
+
+
+def run(cfg: DictConfig, output_dir: str | Path) -> dict:
+    """Train and evaluate one configuration; write and return its summary.
+
+    Never raises for a failed run: the returned summary's ``status`` is ``ok``, ``failed``,
+    ``oom`` or ``diverged`` and ``error`` holds a one-line message. A summary already marked
+    ok in ``output_dir`` is never overwritten by a failed run.
+    """
+    started = time.perf_counter()
+    output_dir = Path(output_dir)
+    state = process_state()
+    previous = results.read_summary(output_dir)
+    summary = {"status": "failed", "error": None}
+    keys = summary_config_keys(cfg, output_dir, state.num_processes)
+    summary.update(keys)
+    summary.update(results.env_info(str(state.device)))
+    summary["env/rank"] = state.process_index
+    loggers = []
+    tracker = None  # the W&B run (rank 0, logger=wandb); finished after summary.json, also on failure
+    tracked = None  # memory measured around training
+    job = None
+    try:
+        check_output_dir(output_dir)
+        if cfg.get("resume") == "auto":
+            kept = results.finished_run(cfg, output_dir)
+            if kept is not None:  # resume of a finished run: its results stay as they are
+                checkpoint.find_resume(cfg, output_dir)  # but a changed config is still named
+                print(kept)
+                return previous
+        if state.is_main_process:  # started before validation so a rejected config shows as crashed
+            tracker = build_tracker(cfg, output_dir, keys)
+            summary.update(tracker.identity_keys() if tracker is not None else {})
+        validate(cfg, state.num_processes)
+        results.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
+        if apply_effective_batch_size(cfg, state.num_processes):  # micro_batch_size was derived
+            keys = summary_config_keys(cfg, output_dir, state.num_processes)
+            summary.update(keys)
+            if tracker is not None:
+                tracker.update_config(run_config(cfg, keys))
+        resume_from = checkpoint.find_resume(cfg, output_dir)
+        if state.is_main_process:
+            resumed_step = checkpoint.read_meta(resume_from)["step"] if resume_from is not None else 0
+            loggers.append(results.MetricsFile(output_dir / results.METRICS, resumed_step))
+            loggers += [tracker] if tracker is not None else []
+        job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process, resume_from)
+        summary["params/total"] = sum(p.numel() for p in job.model.parameters())
+        summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
+        summary["train/scheduled_steps"] = job.num_steps
+        tracked = TrainingMemory(job.model, job.optimizer, state.device)
+        with tracked:
+            summary.update(fit(job))
+        summary["status"] = "ok"
+    except ConfigError as error:
+        summary["error"] = str(error)
+        summary["error_type"] = "config"
+    except TrainingDiverged as error:
+        summary["status"], summary["error"] = "diverged", str(error)
+    except torch.OutOfMemoryError as error:
+        summary["status"], summary["error"] = "oom", _one_line(error)
+    except Exception as error:  # any other failure is recorded, with its traceback beside the summary
+        summary["error"] = _one_line(error)
+        if state.is_main_process and output_dir.is_dir():
+            (output_dir / "traceback.txt").write_text(traceback.format_exc())
+    except BaseException:  # Ctrl-C or a kill: the W&B run still ends as crashed, not left open
+        if tracker is not None:
+            tracker.close()
+        raise
+    finally:
+        if job is not None:
+            job.meter.close()  # the progress bar, also after a failed step
+        for logger in loggers:
+            if logger is not tracker:
+                logger.close()
+        if tracked is not None:  # also for a failed run: the peak of an OOM is worth keeping
+            summary.update(tracked.summary())
+
+    try:
+        summary["speed/wall_s"] = time.perf_counter() - started
+        if state.is_main_process:
+            if previous and previous.get("status") == "ok" and summary["status"] != "ok":
+                log.error("not overwriting the ok summary.json in %s with a failed run", output_dir)
+            elif output_dir.is_dir():
+                results.write_json_atomic(output_dir / results.SUMMARY, summary)
+    finally:
+        if tracker is not None:
+            tracker.finish(summary)
+    return summary
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}"[:2000]

@@ -1,0 +1,208 @@
+"""What both backends share inside the loop: the loss, accumulation windows, the step meter, evaluation.
+
+A backend owns only its loop; the numbers it reports are computed here, so a comparison never
+depends on which backend ran.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from itertools import islice
+
+import torch
+import torch.nn.functional as F
+
+from effitrain.memory import current_bytes
+
+WARMUP_STEPS = 2  # steps left out of the steady-state step time (compilation, allocator warm-up)
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+def _model_inputs(batch) -> dict:
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def loss_sum(model, batch) -> torch.Tensor:
+    """Summed cross-entropy of a micro-batch.
+
+    The caller divides by the number of samples of the whole optimizer step, so a step's loss
+    is the mean over all its samples, exactly what one big batch would give, also when the
+    last micro-batch is smaller.
+    """
+    logits = model(**_model_inputs(batch)).logits
+    return F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+
+
+def process_state():
+    """accelerate's process-wide state; on a machine without CUDA, several launched processes
+    (``torchrun``) form a gloo group on the CPU, which accelerate does only when told ``cpu``."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def world_size() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def all_reduce_sum(values: list[float], device) -> list[float]:
+    """Sum scalars over processes (a no-op in a single process)."""
+    if world_size() == 1:
+        return [float(v) for v in values]
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def accumulation_windows(dataloader, steps: int):
+    """Group micro-batches into optimizer steps of ``steps`` micro-batches (the last may be shorter)."""
+    iterator = iter(dataloader)
+    while window := list(islice(iterator, steps)):
+        yield window
+
+
+def count_samples(window, device) -> int:
+    """Samples in one optimizer step, over all processes."""
+    return int(all_reduce_sum([sum(len(b["labels"]) for b in window)], device)[0])
+
+
+class StepMeter:
+    """Per-optimizer-step bookkeeping shared by both backends: loss, counts, time, the progress bar.
+
+    ``add`` is called per micro-batch, ``end_step`` once per optimizer step; ``end_step`` writes
+    one line to every logger and raises :class:`TrainingDiverged` on a non-finite loss.
+    """
+
+    def __init__(self, num_steps: int, loggers: list, device, progress_bar: bool, is_main: bool):
+        self.loggers = loggers if is_main else []
+        self.device = device
+        self.step_times: list[float] = []
+        self.samples = 0
+        self.tokens = 0
+        self.last_loss = math.nan
+        self.resumed = {"step": 0, "samples": 0, "tokens": 0}  # counts of the run this one resumes
+        self._reset_window()
+        self._progress = None
+        if progress_bar and is_main:
+            from tqdm.auto import tqdm
+
+            self._progress = tqdm(total=num_steps, desc="train", unit="step", dynamic_ncols=True)
+
+    def _reset_window(self):
+        self._loss_sum = 0.0
+        self._samples = 0
+        self._tokens = 0
+
+    def start(self) -> None:
+        self._started = self._last = time.perf_counter()
+
+    def add(self, micro_loss_sum: torch.Tensor, batch) -> None:
+        # tensors stay on the device: read once per optimizer step, never per micro-batch (a GPU sync)
+        self._loss_sum = self._loss_sum + micro_loss_sum.detach()
+        self._samples += len(batch["labels"])
+        mask = batch.get("attention_mask")
+        self._tokens = self._tokens + (mask.sum() if mask is not None else batch["input_ids"].numel())
+
+    def end_step(self, step: int, lr: float, grad_norm) -> dict:
+        loss_sum, samples, tokens = all_reduce_sum(
+            [float(self._loss_sum), self._samples, float(self._tokens)], self.device
+        )
+        self._reset_window()
+        now = time.perf_counter()
+        self.step_times.append(now - self._last)
+        self._last = now
+        self.samples += int(samples)
+        self.tokens += int(tokens)
+        self.last_loss = loss_sum / samples
+        record = {
+            "step": step,
+            "train/loss": self.last_loss,
+            "lr": float(lr),
+            "grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "train/samples": self.samples,
+            "train/tokens": self.tokens,
+            "speed/step_s": self.step_times[-1],
+            "mem/current_bytes": current_bytes(self.device),
+        }
+        if not math.isfinite(self.last_loss):
+            raise TrainingDiverged(f"train/loss is {self.last_loss} at optimizer step {step}")
+        for logger in self.loggers:
+            logger.log_dict(record, step)
+        if self._progress is not None:
+            elapsed = now - self._started
+            self._progress.set_postfix(
+                loss=f"{self.last_loss:.4f}", samples_per_s=f"{self.samples / elapsed:.1f}"
+            )
+            self._progress.update(1)
+        return record
+
+    def restore(self, step: int, samples: int, tokens: int, last_loss: float) -> None:
+        """Continue the counts of a resumed run; speeds cover only the steps run in this process."""
+        self.resumed = {"step": step, "samples": samples, "tokens": tokens}
+        self.samples, self.tokens, self.last_loss = samples, tokens, last_loss
+        if self._progress is not None:
+            self._progress.update(step)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+
+    def summary(self) -> dict:
+        train_s = sum(self.step_times)
+        steady = self.step_times[WARMUP_STEPS:] or self.step_times[1:] or self.step_times
+        median = statistics.median(steady) if steady else math.nan
+        samples, tokens = self.samples - self.resumed["samples"], self.tokens - self.resumed["tokens"]
+        return {
+            "train/loss": self.last_loss,
+            "train/steps": self.resumed["step"] + len(self.step_times),
+            "train/samples": self.samples,
+            "train/tokens": self.tokens,
+            "train/resumed_from_step": self.resumed["step"],
+            "speed/samples_per_s": samples / train_s if train_s else math.nan,
+            "speed/tokens_per_s": tokens / train_s if train_s else math.nan,
+            "speed/step_s_median": median,
+            "speed/compile_s": self.step_times[0] - median if self.step_times else math.nan,
+            "speed/train_s": train_s,
+        }
+
+
+def macro_f1(predictions: torch.Tensor, labels: torch.Tensor) -> float:
+    """Macro F1 over the classes present in labels or predictions (scikit-learn's default)."""
+    scores = []
+    for cls in torch.unique(torch.cat([predictions, labels])):
+        true_pos = ((predictions == cls) & (labels == cls)).sum().item()
+        pred_pos = (predictions == cls).sum().item()
+        real_pos = (labels == cls).sum().item()
+        scores.append(2 * true_pos / (pred_pos + real_pos) if pred_pos + real_pos else 0.0)
+    return sum(scores) / len(scores)
+
+
+@torch.no_grad()
+def evaluate(model, dataloader, accelerator) -> dict:
+    """Loss, accuracy and macro F1 on the eval split, gathered over processes without duplicates."""
+    was_training = model.training
+    model.eval()
+    losses, predictions, labels = [], [], []
+    for batch in dataloader:
+        logits = model(**_model_inputs(batch)).logits.float()
+        per_sample = F.cross_entropy(logits, batch["labels"], reduction="none")
+        gathered = accelerator.gather_for_metrics((per_sample, logits.argmax(-1), batch["labels"]))
+        for store, value in zip((losses, predictions, labels), gathered):
+            store.append(value.cpu())
+    model.train(was_training)
+    losses, predictions, labels = torch.cat(losses), torch.cat(predictions), torch.cat(labels)
+    return {
+        "eval/loss": losses.mean().item(),
+        "eval/accuracy": (predictions == labels).float().mean().item(),
+        "eval/f1": macro_f1(predictions, labels),
+        "eval/samples": len(labels),
+    }
