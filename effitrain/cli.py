@@ -290,23 +290,31 @@ def _estimate(args) -> None:
     if args.json:
         print(json.dumps({"chosen": chosen, "optimizers": rows}, indent=2))
         return
-    params = next(iter(rows.values()))["params"]
-    print(f"effitrain estimate: {params:,} parameters; MiB (activations not included)")
-    header = f"{'optimizer':<12}{'weights':>10}{'gradients':>11}{'opt. state':>12}{'total':>10}{'state B/param':>15}"
-    print(header)
+    first = next(iter(rows.values()))
+    print(
+        f"effitrain estimate: {first['params']:,} parameters (vocabulary {first['vocab_size']:,}); one step of "
+        f"{cfg.gradient_accumulation_steps} x {cfg.micro_batch_size} samples x {cfg.max_length} tokens "
+        f"(the worst case), precision={cfg.hydra.runtime.choices.precision}, "
+        f"gradient_checkpointing={str(bool(cfg.gradient_checkpointing)).lower()}; MiB at the step peak"
+    )
+    columns = ["weights", "gradients", "optimizer_state", "activations", "temporaries"]
+    titles = [
+        "weights",
+        "gradients",
+        "opt. state",
+        "activations",
+        "temporaries",
+        "step peak",
+        "state B/param",
+    ]
+    print(f"{'optimizer':<12}" + "".join(f"{t:>{max(len(t) + 2, 10)}}" for t in titles))
     for name, row in rows.items():
-        cells = [
-            row[k] / MIB if row[k] is not None else float("nan")
-            for k in ("weights_bytes", "grads_bytes", "optimizer_state_bytes", "total_bytes")
-        ]
+        cells = [row["step_peak"][f"{c}_bytes"] / MIB for c in columns] + [row["step_peak_bytes"] / MIB]
+        widths = [max(len(t) + 2, 10) for t in titles]
         per_param = row["optimizer_bytes_per_param"] or float("nan")
         mark = "*" if name == chosen else " "
-        print(
-            f"{mark}{name:<11}"
-            + "".join(f"{c:>{w}.1f}" for c, w in zip(cells, (10, 11, 12, 10)))
-            + f"{per_param:>15.3f}"
-        )
-    print("* the chosen optimizer")
+        print(f"{mark}{name:<11}" + "".join(f"{c:>{w}.1f}" for c, w in zip(cells + [per_param], widths)))
+    print("* the chosen optimizer; opt. state at the peak includes the step's own optimizer temporaries")
 
 
 def main(argv: list[str] | None = None) -> None:

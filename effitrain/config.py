@@ -102,6 +102,11 @@ def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False)
         raise invalid(key, value, f"must be an integer >= {minimum}{suffix}")
 
 
+def _boolean(cfg: DictConfig, key: str) -> None:
+    if not isinstance(cfg.get(key, False), bool):
+        raise invalid(key, cfg.get(key), "must be true or false")
+
+
 def _finite(key: str, value, condition: str, ok) -> None:
     if (
         isinstance(value, bool)
@@ -162,6 +167,7 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
             lambda: _at_least(cfg, "checkpoint_keep", 1),
             lambda: _resume(cfg),
             lambda: _at_least(cfg, "max_length", 2),
+            lambda: _boolean(cfg, "gradient_checkpointing"),
             lambda: _finite(
                 "optimizer.lr", cfg.optimizer.get("lr"), "must be a finite number > 0", lambda v: v > 0
             ),

@@ -309,10 +309,14 @@ class PeakMemory:
             self.peak_bytes = _status_bytes("VmHWM")
 
     def summary(self) -> dict:
-        keys = {"mem/peak_bytes": self.peak_bytes, "mem/peak_source": self.source}
+        """Named for what they are: a process's resident set (libraries included) on CPU, the
+        allocator's peaks on CUDA. Context only; comparisons rank by the step peak."""
         if self.device.type == "cuda":
-            keys["mem/peak_reserved_bytes"] = self.peak_reserved_bytes
-        return keys
+            return {
+                "mem/cuda_max_allocated_bytes": self.peak_bytes,
+                "mem/cuda_max_reserved_bytes": self.peak_reserved_bytes,
+            }
+        return {"mem/process_peak_rss_bytes": self.peak_bytes}
 
 
 class GradientRecorder:
@@ -394,23 +398,32 @@ class TrainingMemory:
 # --- before running: the whole static footprint of a configuration ---------------------------
 
 
-def estimate_memory(cfg, optimizers: dict | None = None) -> dict:
-    """Parameters, weights, gradients and optimizer state of ``cfg``'s run, in bytes, from a ``meta``
-    model: nothing is allocated, so it works for models far larger than this machine.
+def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True) -> dict:
+    """Memory of ``cfg``'s run before running it, in bytes, one row per optimizer.
 
-    ``optimizers`` maps names to optimizer config nodes (default: ``{"chosen": cfg.optimizer}``);
-    one row per optimizer, all on the same model. Activations are left out: they depend on the
-    batch's shapes, not on the parameters.
+    The static part (weights, gradients, optimizer state) comes from a ``meta`` model: nothing is
+    allocated. ``step``: also the step peak by category, from one training step traced on fake
+    tensors at the worst case (every micro-batch ``max_length`` tokens), with FLOPs. No tokenizer
+    and no weights are read: the model's own architecture config (its vocabulary included) decides.
+
+    ``optimizers`` maps names to optimizer config nodes (default: ``{"chosen": cfg.optimizer}``).
     """
     from hydra.utils import instantiate
 
-    from effitrain.modeling import build_model, build_tokenizer
+    from effitrain.modeling import build_model
     from effitrain.optim import build_optimizer
+    from effitrain.step_memory import CATEGORIES, trace_step
 
-    tokenizer = build_tokenizer(cfg.model)
     num_labels = cfg.data.get("num_labels") or len(instantiate(cfg.data).label_names)
-    model = build_model(cfg.model, num_labels, tokenizer, device="meta")
+    model = build_model(cfg.model, num_labels, None, device="meta")
     weights = params_footprint(model)
+    batch = {
+        "input_ids": ((cfg.micro_batch_size, cfg.max_length), torch.int64),
+        "attention_mask": ((cfg.micro_batch_size, cfg.max_length), torch.int64),
+        "labels": ((cfg.micro_batch_size,), torch.int64),
+    }
+    if getattr(model.config, "type_vocab_size", 0):  # BERT-like tokenizers return segment ids too
+        batch["token_type_ids"] = ((cfg.micro_batch_size, cfg.max_length), torch.int64)
     rows = {}
     for name, optimizer_cfg in (optimizers or {"chosen": cfg.optimizer}).items():
         optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
@@ -419,6 +432,7 @@ def estimate_memory(cfg, optimizers: dict | None = None) -> dict:
         rows[name] = {
             "params": sum(p.numel() for p in model.parameters()),
             "params_trainable": trainable,
+            "vocab_size": getattr(model.config, "vocab_size", None),
             "weights_bytes": weights.bytes,
             "grads_bytes": grads.bytes,
             "optimizer_state_bytes": state.bytes if state else None,
@@ -426,4 +440,11 @@ def estimate_memory(cfg, optimizers: dict | None = None) -> dict:
             "optimizer_bytes_per_param": state.bytes / trainable if state and trainable else None,
             "total_bytes": weights.bytes + grads.bytes + state.bytes if state else None,
         }
+        if step:
+            peak, flops = trace_step(
+                model.config, optimizer_cfg, cfg, [batch] * cfg.gradient_accumulation_steps, True
+            )
+            rows[name]["step_peak_bytes"] = peak["total"]
+            rows[name]["step_peak"] = {f"{c}_bytes": peak[c] for c in CATEGORIES}
+            rows[name]["flops_per_step"] = flops
     return rows

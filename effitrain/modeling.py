@@ -46,20 +46,22 @@ def build_config(model_cfg: DictConfig, num_labels: int, tokenizer=None):
 
     overrides = OmegaConf.to_container(model_cfg.config_overrides, resolve=True)
     architecture = OmegaConf.to_container(model_cfg.architecture, resolve=True)
-    if model_cfg.init == "random" and architecture:
-        architecture = dict(architecture)
-        config = AutoConfig.for_model(architecture.pop("model_type"), **architecture, **overrides)
-    else:
+    config = None
+    if model_cfg.init != "random" or not architecture:
         try:
             config = AutoConfig.from_pretrained(
                 model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, **overrides
             )
         except (OSError, ValueError) as error:
-            raise invalid(
-                "model.name_or_path",
-                model_cfg.name_or_path,
-                f"no model config could be loaded ({type(error).__name__})",
-            ) from None
+            if not architecture:
+                raise invalid(
+                    "model.name_or_path",
+                    model_cfg.name_or_path,
+                    f"no model config could be loaded ({type(error).__name__})",
+                ) from None
+    if config is None:  # random init, or the hub is out of reach: the config's own architecture
+        architecture = dict(architecture)
+        config = AutoConfig.for_model(architecture.pop("model_type"), **architecture, **overrides)
     config.num_labels = num_labels
     if tokenizer is not None:
         if model_cfg.init == "random":
@@ -87,3 +89,12 @@ def build_model(model_cfg: DictConfig, num_labels: int, tokenizer=None, device: 
         return AutoModelForSequenceClassification.from_config(
             config, trust_remote_code=model_cfg.trust_remote_code
         )
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each layer's activations in backward (``gradient_checkpointing=true``), in the
+    non-reentrant form: exact gradients, and it works with torch.compile and DDP."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 renamed it
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

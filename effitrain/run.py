@@ -29,9 +29,10 @@ from effitrain.config import (
 from effitrain.data import build_dataloaders, check_raw, tokenize_cached
 from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
-from effitrain.modeling import build_model, build_tokenizer
+from effitrain.modeling import build_model, build_tokenizer, enable_activation_checkpointing
 from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
-from effitrain.training import StepMeter, TrainingDiverged, process_state, world_size
+from effitrain.step_memory import StepMemory, predicted_keys, trace_step
+from effitrain.training import StepMeter, TrainingDiverged, evaluate, process_state, world_size
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,14 @@ class Job:
     meter: StepMeter
     output_dir: Path
     checkpoints: checkpoint.Checkpointer | None = None
+    step_memory: StepMemory | None = None
+    # set by the backend after training: what the shared evaluation runs on
+    eval_model: torch.nn.Module | None = None
+    accelerator: object = None
+
+    def track_step(self, step: int, window=None):
+        """A context around optimizer step ``step``: the memory tracker measures the chosen one."""
+        return self.step_memory(step, window)
 
 
 def instantiate_node(node):
@@ -90,6 +99,8 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     model = build_model(cfg.model, len(raw.label_names), tokenizer)
     model.config.id2label = dict(enumerate(raw.label_names))
     model.config.label2id = {name: i for i, name in enumerate(raw.label_names)}
+    if cfg.get("gradient_checkpointing"):
+        enable_activation_checkpointing(model)
     optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
 
     # accelerate shards batches over processes: each process sees ceil(batches / world) of them.
@@ -115,11 +126,42 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     job.checkpoints = checkpoint.Checkpointer(
         cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume_from
     )
+    # one representative step: the second of this process (the optimizer state exists by then and
+    # the first step's one-off costs are behind), or the last when there are fewer
+    first = checkpoint.read_meta(resume_from)["step"] + 1 if resume_from is not None else 1
+    job.step_memory = StepMemory(model, optimizer, min(first + 1, num_steps), meter)
     return job
 
 
 def fit(job: Job) -> dict:
-    """Hand the job to its backend's ``fit``; returns the backend's train and eval metrics."""
+    """Train (the backend's loop), then evaluate; the train and eval metrics."""
+    metrics = train(job)
+    metrics.update(evaluate_job(job))
+    return metrics
+
+
+def evaluate_job(job: Job) -> dict:
+    """The shared evaluation, on the model and eval loader the backend prepared."""
+    return evaluate(job.eval_model, job.eval_loader, job.accelerator)
+
+
+def predict_step_peak(job: Job) -> dict:
+    """The tracked step replayed on fake tensors: ``mem/step_peak_bytes_predicted`` and FLOPs."""
+    memory = job.step_memory
+    if memory is None or not memory.batches:
+        return {}
+    try:
+        peak, flops = trace_step(
+            job.model.config, job.cfg.optimizer, job.cfg, memory.batches, memory.step > 1
+        )
+    except Exception as error:  # a model fake tensors cannot run: the run's own figures stand
+        log.warning("the step peak could not be predicted (%s: %s)", type(error).__name__, error)
+        return {"mem/step_peak_predicted_error": _one_line(error)}
+    return predicted_keys(peak, flops)
+
+
+def train(job: Job) -> dict:
+    """Hand the job to its backend's ``fit`` (the measured region); the train metrics."""
     from accelerate.state import AcceleratorState
     from transformers import set_seed
 
@@ -177,9 +219,13 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["params/total"] = sum(p.numel() for p in job.model.parameters())
         summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
         summary["train/scheduled_steps"] = job.num_steps
+        summary["model/vocab_size"] = job.model.config.vocab_size
+        summary["model/tokenizer"] = getattr(job.tokenizer, "name_or_path", None)
         tracked = TrainingMemory(job.model, job.optimizer, state.device)
         with tracked:
-            summary.update(fit(job))
+            summary.update(train(job))
+        summary.update(evaluate_job(job))  # outside the measured region: its batches are not training's
+        summary.update(predict_step_peak(job))
         summary["status"] = "ok"
     except ConfigError as error:
         summary["error"] = str(error)
@@ -198,6 +244,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         raise
     finally:
         if job is not None:
+            job.step_memory.end()  # a step that failed while tracked leaves no dispatch mode behind
+            summary.update(job.step_memory.summary())
             job.meter.close()  # the progress bar, also after a failed step
         for logger in loggers:
             if logger is not tracker:

@@ -70,6 +70,36 @@ def accumulation_windows(dataloader, steps: int):
         yield window
 
 
+def step_loss(micro_loss: torch.Tensor, step_items: int, num_processes: int) -> torch.Tensor:
+    """The micro-batch's share of its optimizer step's loss: its summed loss over the items (samples)
+    of the whole step, over all processes, times the processes (DDP averages their gradients), so
+    the step's gradient is that of one big batch's mean loss. Both backends use it."""
+    return micro_loss * num_processes / step_items
+
+
+def window_step(
+    model, optimizer, window, step_items: int, num_processes: int, meter, backward, no_sync, clip
+):
+    """One optimizer step over ``window`` (its micro-batches): forward, backward, clip, step, zero.
+
+    ``backward``, ``no_sync`` (a context for every micro-batch but the last, so DDP syncs once) and
+    ``clip`` (returns the gradient norm) come from the backend; the memory prediction runs this same
+    function on fake tensors, so what it predicts is what this step allocates.
+    """
+    import contextlib
+
+    for index, batch in enumerate(window):
+        last = index == len(window) - 1
+        with contextlib.nullcontext() if last else no_sync():
+            micro_loss = loss_sum(model, batch)
+            meter.add(micro_loss, batch)
+            backward(step_loss(micro_loss, step_items, num_processes))
+    grad_norm = clip()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 def count_samples(window, device) -> int:
     """Samples in one optimizer step, over all processes."""
     return int(all_reduce_sum([sum(len(b["labels"]) for b in window)], device)[0])
@@ -86,6 +116,7 @@ class StepMeter:
         self.loggers = loggers if is_main else []
         self.device = device
         self.step_times: list[float] = []
+        self.untimed: set[int] = set()  # indices of steps whose time says nothing (the memory-tracked one)
         self.samples = 0
         self.tokens = 0
         self.last_loss = math.nan
@@ -145,6 +176,10 @@ class StepMeter:
             self._progress.update(1)
         return record
 
+    def leave_untimed(self) -> None:
+        """The step being measured now is tracked for memory: its time stays out of the medians."""
+        self.untimed.add(len(self.step_times))
+
     def restore(self, step: int, samples: int, tokens: int, last_loss: float) -> None:
         """Continue the counts of a resumed run; speeds cover only the steps run in this process."""
         self.resumed = {"step": step, "samples": samples, "tokens": tokens}
@@ -158,7 +193,8 @@ class StepMeter:
 
     def summary(self) -> dict:
         train_s = sum(self.step_times)
-        steady = self.step_times[WARMUP_STEPS:] or self.step_times[1:] or self.step_times
+        timed = [t for i, t in enumerate(self.step_times) if i not in self.untimed]
+        steady = timed[WARMUP_STEPS:] or timed[1:] or timed
         median = statistics.median(steady) if steady else math.nan
         samples, tokens = self.samples - self.resumed["samples"], self.tokens - self.resumed["tokens"]
         return {

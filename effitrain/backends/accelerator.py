@@ -1,36 +1,37 @@
-"""The ``accelerate`` backend: an ``Accelerator`` loop with ``accumulate()``.
+"""The ``accelerate`` backend: an ``Accelerator`` loop over accumulation windows.
 
-Micro-batches are taken one optimizer step (window) at a time, so the loss can be normalized
-by the number of samples in the whole step before any backward pass.
+Micro-batches are taken one optimizer step (window) at a time, so the loss can be normalized by
+the number of samples in the whole step before any backward pass; gradients are synchronized
+once per window (``no_sync`` on every micro-batch but the last). Evaluation is shared code: the
+backend leaves the prepared model, eval loader and accelerator on the job.
 """
 
 from __future__ import annotations
 
 from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, TorchDynamoPlugin
+from accelerate.utils import TorchDynamoPlugin
 
-from effitrain.training import accumulation_windows, count_samples, evaluate, loss_sum
+from effitrain.training import accumulation_windows, count_samples, window_step
 
 
 def make_accelerator(cfg) -> Accelerator:
     dynamo = (
         TorchDynamoPlugin(backend=cfg.compile.backend, mode=cfg.compile.mode) if cfg.compile.enabled else None
     )
-    return Accelerator(
-        mixed_precision=cfg.precision.mixed_precision,
-        # Windows are cut by effitrain, so the sync must not follow the dataloader's end.
-        gradient_accumulation_plugin=GradientAccumulationPlugin(
-            num_steps=cfg.gradient_accumulation_steps, sync_with_dataloader=False
-        ),
-        dynamo_plugin=dynamo,
-    )
+    # No accumulation plugin: effitrain cuts the windows itself (the last of an epoch may be
+    # shorter) and normalizes the loss by the whole step's samples, as accelerate's
+    # variable-window example does; backward() then never divides by a fixed step count.
+    return Accelerator(mixed_precision=cfg.precision.mixed_precision, dynamo_plugin=dynamo)
 
 
 def fit(job) -> dict:
     cfg, meter = job.cfg, job.meter
     accelerator = make_accelerator(cfg)
-    model, optimizer, train_loader, eval_loader = accelerator.prepare(
-        job.model, job.optimizer, job.train_loader, job.eval_loader
+    model, optimizer, train_loader = accelerator.prepare(job.model, job.optimizer, job.train_loader)
+    job.eval_model, job.eval_loader, job.accelerator = (
+        model,
+        accelerator.prepare(job.eval_loader),
+        accelerator,
     )
     scheduler = job.scheduler  # stepped by hand once per optimizer step, not per process
     max_norm = cfg.max_grad_norm or float("inf")  # inf: measure the norm without clipping
@@ -43,24 +44,14 @@ def fit(job) -> dict:
     while step < job.num_steps:
         batches = job.checkpoints.epoch_batches(train_loader, epoch)
         for window in accumulation_windows(batches, cfg.gradient_accumulation_steps):
-            samples = count_samples(window, accelerator.device)
-            # accumulate() syncs after `gradient_accumulation_steps` micro-batches: make that this
-            # window's length (the last window of an epoch may be shorter) and restart its count.
-            accelerator.gradient_accumulation_steps = len(window)
-            accelerator.step = 0
-            # backward() divides by the window length and DDP averages over processes; undo
-            # both so the gradient is that of the mean loss over the step's samples.
-            scale = len(window) * accelerator.num_processes / samples
-            for batch in window:
-                with accelerator.accumulate(model):
-                    micro_loss = loss_sum(model, batch)
-                    meter.add(micro_loss, batch)
-                    accelerator.backward(micro_loss * scale)
-                    if accelerator.sync_gradients:
-                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
-                    lr = optimizer.param_groups[0]["lr"]
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+            with job.track_step(step + 1, window):
+                lr = optimizer.param_groups[0]["lr"]
+                grad_norm = window_step(
+                    model, optimizer, window, count_samples(window, accelerator.device),
+                    accelerator.num_processes, meter, accelerator.backward,
+                    lambda: accelerator.no_sync(model),
+                    lambda: accelerator.clip_grad_norm_(model.parameters(), max_norm),
+                )  # fmt: skip
             if not accelerator.optimizer_step_was_skipped:
                 scheduler.step()
             step += 1
@@ -69,6 +60,4 @@ def fit(job) -> dict:
             if step >= job.num_steps:
                 break
         epoch += 1
-    metrics = meter.summary()
-    metrics.update(evaluate(model, eval_loader, accelerator))
-    return metrics
+    return meter.summary()

@@ -15,16 +15,17 @@ from __future__ import annotations
 import torch
 from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
-from effitrain.training import evaluate, loss_sum
+from effitrain.training import loss_sum, step_loss
 
 
 class _EffitrainTrainer(Trainer):
     loss_is_scaled_for_ga = True  # compute_loss below normalizes by the step's samples itself
 
-    def __init__(self, *args, train_loader, meter, **kwargs):
+    def __init__(self, *args, train_loader, meter, step_memory, **kwargs):
         super().__init__(*args, **kwargs)
         self._effitrain_train_loader = train_loader
         self._meter = meter
+        self._step_memory = step_memory
         # Make the Trainer count the samples of each optimizer step (over all processes).
         self.model_accepts_loss_kwargs = True
 
@@ -32,10 +33,10 @@ class _EffitrainTrainer(Trainer):
         return self.accelerator.prepare(self._effitrain_train_loader)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        self._step_memory.saw(inputs)
         micro_loss = loss_sum(model, inputs)
         self._meter.add(micro_loss, inputs)
-        # DDP averages gradients over processes; the samples were counted over all of them.
-        loss = micro_loss * self.accelerator.num_processes / num_items_in_batch
+        loss = step_loss(micro_loss, num_items_in_batch, self.accelerator.num_processes)
         return (loss, None) if return_outputs else loss
 
 
@@ -43,9 +44,16 @@ class _StepCallback(TrainerCallback):
     """Each optimizer step (logging_steps=1 logs every one): the shared meter, then the checkpoint,
     in the accelerator loop's order, so a diverged state (end_step raises) is never saved."""
 
-    def __init__(self, meter, checkpoints):
+    def __init__(self, meter, checkpoints, step_memory):
         self.meter = meter
         self.checkpoints = checkpoints
+        self.step_memory = step_memory
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step_memory.begin(state.global_step + 1)  # tracks only the chosen step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_memory.end()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "grad_norm" in logs:
@@ -90,7 +98,8 @@ def fit(job) -> dict:
         optimizers=(job.optimizer, job.scheduler),
         train_loader=job.train_loader,
         meter=job.meter,
-        callbacks=[_StepCallback(job.meter, job.checkpoints)],
+        step_memory=job.step_memory,
+        callbacks=[_StepCallback(job.meter, job.checkpoints, job.step_memory)],
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)  # the shared meter draws the progress bar
@@ -101,7 +110,6 @@ def fit(job) -> dict:
     resume = str(job.checkpoints.resume_from) if job.checkpoints.resume_from else None
     job.meter.start()
     trainer.train(resume_from_checkpoint=resume)
-    metrics = job.meter.summary()
-    eval_loader = trainer.accelerator.prepare(job.eval_loader)
-    metrics.update(evaluate(trainer.model_wrapped, eval_loader, trainer.accelerator))
-    return metrics
+    job.eval_model, job.accelerator = trainer.model_wrapped, trainer.accelerator
+    job.eval_loader = trainer.accelerator.prepare(job.eval_loader)
+    return job.meter.summary()

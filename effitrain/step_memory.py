@@ -1,0 +1,234 @@
+"""The step peak: tensor memory by category at the highest point of one optimizer step, measured on a
+real step of a run and predicted by running the same step on fake tensors.
+
+Both use PyTorch's dispatch-level ``MemTracker``, which attributes every live tensor to parameters,
+buffers, gradients, activations, temporaries or optimizer state. It counts tensors, not processes,
+so the figure is the same on CPU and CUDA and comparable across jobs even in one process. Tensors
+that exist before the step and belong to none of the model or optimizer (the micro-batches the data
+loader already made) are not counted, in the measurement and the prediction alike.
+
+    effitrain estimate model=distilbert_base_cased optimizer=adam8bit    # predicted, nothing allocated
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+# MemTracker's categories -> effitrain's (the summary's keys); buffers are model state like weights.
+CATEGORY_OF = {
+    "Parameter": "weights",
+    "Buffer": "weights",
+    "Gradient": "gradients",
+    "Optstate": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Other": "temporaries",
+}
+CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries")
+
+
+def breakdown(snapshot: dict) -> dict[str, int]:
+    """Bytes per category of a MemTracker snapshot (all devices together), and ``total``."""
+    totals = dict.fromkeys(CATEGORIES, 0)
+    for per_device in snapshot.values():
+        for kind, nbytes in per_device.items():
+            kind = getattr(kind, "value", kind)
+            if kind in CATEGORY_OF:
+                totals[CATEGORY_OF[kind]] += int(nbytes)
+    totals["total"] = sum(totals[c] for c in CATEGORIES)
+    return totals
+
+
+class StepMemory:
+    """Measures one optimizer step of a run (``step``, 1-based) and remembers its micro-batches'
+    shapes, so the prediction can replay exactly that step.
+
+    ``job.track_step(step, window)`` is this object called: a context around an optimizer step
+    that tracks only the chosen one. A backend that cannot wrap its step in a ``with`` (the
+    Trainer) calls :meth:`begin`, :meth:`saw` per micro-batch and :meth:`end` itself.
+    """
+
+    def __init__(self, model, optimizer, step: int, meter=None):
+        self.model, self.optimizer, self.step, self.meter = model, optimizer, step, meter
+        self.peak: dict[str, int] | None = None
+        self.batches: list[dict] = []  # {key: (shape, dtype)} of each micro-batch of the tracked step
+        self._tracker = None
+
+    @contextlib.contextmanager
+    def __call__(self, step: int, window=None):
+        if step != self.step:
+            yield
+            return
+        self.begin(step)
+        for batch in window or []:
+            self.saw(batch)
+        try:
+            yield
+        finally:
+            self.end()
+
+    @property
+    def active(self) -> bool:
+        return self._tracker is not None
+
+    def begin(self, step: int) -> None:
+        if step != self.step or self.peak is not None:
+            return
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(self.model, self.optimizer)
+        tracker.__enter__()
+        self._tracker = tracker
+        if self.meter is not None:
+            self.meter.leave_untimed()
+
+    def saw(self, batch) -> None:
+        if self.active:
+            self.batches.append(
+                {k: (tuple(v.shape), v.dtype) for k, v in batch.items() if torch.is_tensor(v)}
+            )
+
+    def end(self) -> None:
+        """Leave the tracker (also after a failed step, so no dispatch mode outlives the run)."""
+        tracker, self._tracker = self._tracker, None
+        if tracker is None:
+            return
+        tracker.__exit__(None, None, None)
+        self.peak = breakdown(tracker.get_tracker_snapshot("peak"))
+        tracker.reset_mod_stats()
+
+    def summary(self) -> dict:
+        if self.peak is None:
+            return {}
+        keys = {"mem/step_peak_bytes": self.peak["total"], "mem/step_peak_tracked_step": self.step}
+        keys.update({f"mem/step_peak/{c}_bytes": self.peak[c] for c in CATEGORIES})
+        return keys
+
+
+def predicted_keys(peak: dict[str, int] | None, flops: int | None = None) -> dict:
+    if peak is None:
+        return {}
+    keys = {"mem/step_peak_bytes_predicted": peak["total"]}
+    keys.update({f"mem/step_peak_predicted/{c}_bytes": peak[c] for c in CATEGORIES})
+    if flops is not None:
+        keys["speed/flops_per_step"] = flops
+    return keys
+
+
+def fake_batch(shapes: dict) -> dict:
+    """Zeros of the recorded shapes and dtypes (an attention mask of ones): made under fake mode."""
+    batch = {}
+    for key, (shape, dtype) in ((k, v) for k, v in shapes.items() if k != "padded"):
+        batch[key] = (
+            torch.ones(shape, dtype=dtype) if key == "attention_mask" else torch.zeros(shape, dtype=dtype)
+        )
+    return batch
+
+
+def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -> tuple[dict, int]:
+    """Run one optimizer step of ``batches`` (micro-batch shapes) on fake tensors, as the accelerate
+    backend runs it (:func:`effitrain.training.window_step`), under MemTracker and a FLOP counter.
+
+    ``warm_up``: run one step first, untracked, so the optimizer state exists as in a run's later
+    steps. Nothing is allocated and no weights are read. Returns (peak by category, FLOPs).
+    Optimizers fake tensors cannot run (bitsandbytes' kernels) are traced as plain SGD, whose step
+    keeps no state, and their state is added from the analytic estimate at every moment of the step.
+    """
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForSequenceClassification
+
+    from effitrain.memory import estimate_optimizer_state
+    from effitrain.modeling import enable_activation_checkpointing
+    from effitrain.optim import build_optimizer
+    from effitrain.training import StepMeter, window_step
+
+    warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
+    analytic_state = 0
+    if not _runs_on_fake(optimizer_cfg):
+        with torch.device("meta"):
+            shapes_only = AutoModelForSequenceClassification.from_config(config)
+        state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
+        analytic_state = state.bytes if state is not None else 0
+    with FakeTensorMode():
+        with torch.device("cpu"):
+            model = AutoModelForSequenceClassification.from_config(config)
+        if cfg.get("gradient_checkpointing"):
+            enable_activation_checkpointing(model)
+        model.train()
+        if _runs_on_fake(optimizer_cfg):
+            optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
+        else:
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        meter = StepMeter(1, [], torch.device("cpu"), False, False)
+        max_norm = cfg.max_grad_norm or math.inf
+        window = [fake_batch(shapes) for shapes in batches]
+        items = sum(len(b["labels"]) for b in window)
+        unpadded = {
+            id(b["attention_mask"])
+            for b, s in zip(window, batches)
+            if "attention_mask" in b and not s.get("padded", True)
+        }
+
+        def step():
+            return window_step(
+                model, optimizer, window, items, 1, meter, lambda loss: loss.backward(),
+                contextlib.nullcontext, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm),
+            )  # fmt: skip
+
+        with _mask_skipping_as_recorded(model, unpadded):
+            if warm_up:
+                step()
+            tracker = MemTracker()
+            tracker.track_external(model, optimizer)
+            with tracker, FlopCounterMode(display=False) as flops:
+                step()
+        peak = breakdown(tracker.get_tracker_snapshot("peak"))
+    if analytic_state:
+        peak["optimizer_state"] += analytic_state
+        peak["total"] += analytic_state
+    return peak, flops.get_total_flops()
+
+
+@contextlib.contextmanager
+def _mask_skipping_as_recorded(model, unpadded: set[int]):
+    """transformers skips building an attention mask for a batch without padding, a decision it
+    cannot take on fake tensors (it assumes padding). Take it as the recorded micro-batch did: a
+    hook on the model's forward notes which micro-batch is running."""
+    from transformers import masking_utils
+
+    names = ("_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa")
+    originals = {name: getattr(masking_utils, name, None) for name in names}
+    current = {"unpadded": False}
+
+    def note(module, args, kwargs):
+        current["unpadded"] = id(kwargs.get("attention_mask")) in unpadded
+
+    def follow(original):
+        def decide(*args, **kwargs):
+            return True if current["unpadded"] else original(*args, **kwargs)
+
+        return decide
+
+    hook = model.register_forward_pre_hook(note, with_kwargs=True)
+    for name, original in originals.items():
+        if original is not None:
+            setattr(masking_utils, name, follow(original))
+    try:
+        yield
+    finally:
+        hook.remove()
+        for name, original in originals.items():
+            if original is not None:
+                setattr(masking_utils, name, original)
+
+
+def _runs_on_fake(optimizer_cfg) -> bool:
+    return not str(optimizer_cfg.get("_target_", "")).startswith("bitsandbytes.")
