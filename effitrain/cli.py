@@ -286,6 +286,11 @@ def _estimate(args) -> None:
         name: compose_config(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
         for name in group_options("optimizer")
     }
+    if cfg.get("gradient_checkpointing"):
+        raise ConfigError(
+            "gradient_checkpointing=true is invalid for estimate: its step peak is not predicted yet "
+            "(the run measures it); estimate without it for an upper bound"
+        )
     rows = estimate_memory(cfg, optimizers)
     if args.json:
         print(json.dumps({"chosen": chosen, "optimizers": rows}, indent=2))

@@ -63,9 +63,9 @@ class Job:
     eval_model: torch.nn.Module | None = None
     accelerator: object = None
 
-    def track_step(self, step: int, window=None):
+    def track_step(self, step: int):
         """A context around optimizer step ``step``: the memory tracker measures the chosen one."""
-        return self.step_memory(step, window)
+        return self.step_memory(step)
 
 
 def instantiate_node(node):
@@ -150,6 +150,9 @@ def predict_step_peak(job: Job) -> dict:
     memory = job.step_memory
     if memory is None or not memory.batches:
         return {}
+    if job.cfg.get("gradient_checkpointing"):
+        # the fake-tensor replay keeps recomputed activations alive: its figure would be wrong
+        return {"mem/step_peak_predicted_error": "not predicted with gradient_checkpointing=true (yet)"}
     try:
         peak, flops = trace_step(
             job.model.config, job.cfg.optimizer, job.cfg, memory.batches, memory.step > 1
@@ -158,6 +161,13 @@ def predict_step_peak(job: Job) -> dict:
         log.warning("the step peak could not be predicted (%s: %s)", type(error).__name__, error)
         return {"mem/step_peak_predicted_error": _one_line(error)}
     return predicted_keys(peak, flops)
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent compiling in this process so far (dynamo's own timing)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", [])))
 
 
 def train(job: Job) -> dict:
@@ -222,8 +232,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["model/vocab_size"] = job.model.config.vocab_size
         summary["model/tokenizer"] = getattr(job.tokenizer, "name_or_path", None)
         tracked = TrainingMemory(job.model, job.optimizer, state.device)
+        compiling = compile_seconds()
         with tracked:
             summary.update(train(job))
+        summary["speed/compile_s"] = compile_seconds() - compiling if cfg.compile.enabled else None
         summary.update(evaluate_job(job))  # outside the measured region: its batches are not training's
         summary.update(predict_step_peak(job))
         summary["status"] = "ok"

@@ -46,9 +46,9 @@ class StepMemory:
     """Measures one optimizer step of a run (``step``, 1-based) and remembers its micro-batches'
     shapes, so the prediction can replay exactly that step.
 
-    ``job.track_step(step, window)`` is this object called: a context around an optimizer step
-    that tracks only the chosen one. A backend that cannot wrap its step in a ``with`` (the
-    Trainer) calls :meth:`begin`, :meth:`saw` per micro-batch and :meth:`end` itself.
+    ``job.track_step(step)`` is this object called: a context around an optimizer step that tracks
+    only the chosen one; :meth:`saw` is called before each micro-batch's forward. A backend that
+    cannot wrap its step in a ``with`` (the Trainer) calls :meth:`begin` and :meth:`end` itself.
     """
 
     def __init__(self, model, optimizer, step: int, meter=None):
@@ -58,13 +58,11 @@ class StepMemory:
         self._tracker = None
 
     @contextlib.contextmanager
-    def __call__(self, step: int, window=None):
+    def __call__(self, step: int):
         if step != self.step:
             yield
             return
         self.begin(step)
-        for batch in window or []:
-            self.saw(batch)
         try:
             yield
         finally:
@@ -87,10 +85,16 @@ class StepMemory:
             self.meter.leave_untimed()
 
     def saw(self, batch) -> None:
-        if self.active:
-            self.batches.append(
-                {k: (tuple(v.shape), v.dtype) for k, v in batch.items() if torch.is_tensor(v)}
-            )
+        """A micro-batch of the step starts (called before its forward)."""
+        if not self.active:
+            return
+        if self.batches:  # the model runs again in this step: MemTracker wants fresh module stats
+            self._tracker.reset_mod_stats()
+        shapes = {k: (tuple(v.shape), v.dtype) for k, v in batch.items() if torch.is_tensor(v)}
+        mask = batch.get("attention_mask")
+        # a model skips building its attention mask when nothing is padded: the replay must too
+        shapes["padded"] = bool((mask == 0).any()) if mask is not None else False
+        self.batches.append(shapes)
 
     def end(self) -> None:
         """Leave the tracker (also after a failed step, so no dispatch mode outlives the run)."""
@@ -177,10 +181,11 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
             if "attention_mask" in b and not s.get("padded", True)
         }
 
-        def step():
+        def step(before_forward=None):
             return window_step(
                 model, optimizer, window, items, 1, meter, lambda loss: loss.backward(),
                 contextlib.nullcontext, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm),
+                before_forward,
             )  # fmt: skip
 
         with _mask_skipping_as_recorded(model, unpadded):
@@ -189,7 +194,7 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
             tracker = MemTracker()
             tracker.track_external(model, optimizer)
             with tracker, FlopCounterMode(display=False) as flops:
-                step()
+                step(lambda batch: tracker.reset_mod_stats())  # as StepMemory.saw does between micro-batches
         peak = breakdown(tracker.get_tracker_snapshot("peak"))
     if analytic_state:
         peak["optimizer_state"] += analytic_state

@@ -78,18 +78,30 @@ def step_loss(micro_loss: torch.Tensor, step_items: int, num_processes: int) -> 
 
 
 def window_step(
-    model, optimizer, window, step_items: int, num_processes: int, meter, backward, no_sync, clip
+    model,
+    optimizer,
+    window,
+    step_items: int,
+    num_processes: int,
+    meter,
+    backward,
+    no_sync,
+    clip,
+    before_forward=None,
 ):
     """One optimizer step over ``window`` (its micro-batches): forward, backward, clip, step, zero.
 
     ``backward``, ``no_sync`` (a context for every micro-batch but the last, so DDP syncs once) and
     ``clip`` (returns the gradient norm) come from the backend; the memory prediction runs this same
-    function on fake tensors, so what it predicts is what this step allocates.
+    function on fake tensors, so what it predicts is what this step allocates. ``before_forward(batch)``
+    is called as each micro-batch starts (the memory tracker's hook).
     """
     import contextlib
 
     for index, batch in enumerate(window):
         last = index == len(window) - 1
+        if before_forward is not None:
+            before_forward(batch)
         with contextlib.nullcontext() if last else no_sync():
             micro_loss = loss_sum(model, batch)
             meter.add(micro_loss, batch)
@@ -206,7 +218,9 @@ class StepMeter:
             "speed/samples_per_s": samples / train_s if train_s else math.nan,
             "speed/tokens_per_s": tokens / train_s if train_s else math.nan,
             "speed/step_s_median": median,
-            "speed/compile_s": self.step_times[0] - median if self.step_times else math.nan,
+            # the first step's extra time: compilation where compile is on, allocator and library
+            # warm-up everywhere (so not a compile time: that is speed/compile_s)
+            "speed/first_step_overhead_s": self.step_times[0] - median if self.step_times else math.nan,
             "speed/train_s": train_s,
         }
 

@@ -44,13 +44,14 @@ def fit(job) -> dict:
     while step < job.num_steps:
         batches = job.checkpoints.epoch_batches(train_loader, epoch)
         for window in accumulation_windows(batches, cfg.gradient_accumulation_steps):
-            with job.track_step(step + 1, window):
+            with job.track_step(step + 1):
                 lr = optimizer.param_groups[0]["lr"]
                 grad_norm = window_step(
                     model, optimizer, window, count_samples(window, accelerator.device),
                     accelerator.num_processes, meter, accelerator.backward,
                     lambda: accelerator.no_sync(model),
                     lambda: accelerator.clip_grad_norm_(model.parameters(), max_norm),
+                    job.step_memory.saw,
                 )  # fmt: skip
             if not accelerator.optimizer_step_was_skipped:
                 scheduler.step()
