@@ -296,6 +296,7 @@ class Checkpointer:
                     "samples": self.meter.samples,
                     "tokens": self.meter.tokens,
                     "last_loss": self.meter.last_loss,
+                    "loss_total": self.meter.loss_total,
                 },
                 "config": trajectory_config(self.cfg),
                 "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())},

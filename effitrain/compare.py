@@ -20,6 +20,7 @@ from pathlib import Path
 
 from effitrain import results
 from effitrain.config import ConfigError
+from effitrain.step_memory import CATEGORIES
 from effitrain.sweep import job_folders
 
 MIB = 2**20
@@ -35,36 +36,53 @@ class Column:
     key: str
     scale: float = 1.0
     digits: int = 4
+    ratio: bool = False  # shown as a multiple of the first job's value
 
-    def text(self, summary: dict) -> str:
+    def text(self, summary: dict, first: dict | None = None) -> str:
         value = summary.get(self.key)
         if self.key == "status":
             return str(value or "missing")
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
+        if not _is_value(value):
             return ""
+        if self.ratio:
+            base = (first or {}).get(self.key)
+            return f"{value / base:.3f}" if _is_value(base) and base else ""
         return f"{value / self.scale:.{self.digits}f}"
 
 
+def _is_value(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 # The report's figures; MiB only here on screen and in reports, the CSV keeps the summaries' bytes.
+# Ratio columns ("x AdamW"): a multiple of the baseline job's value (see baseline()).
 COLUMNS = [
     Column("status", "status"),
     Column("opt state MiB", "mem/optimizer_state_bytes", MIB, 2),
-    Column("bytes/param", "mem/optimizer_bytes_per_param", 1, 2),
-    Column("peak MiB", "mem/peak_bytes", MIB, 1),
-    Column("train loss", "train/loss"),
+    Column("x base", "mem/optimizer_state_bytes", ratio=True),
+    Column("step peak MiB", "mem/step_peak_bytes", MIB, 1),
+    Column("x base", "mem/step_peak_bytes", ratio=True),
+    Column("predicted MiB", "mem/step_peak_bytes_predicted", MIB, 1),
+    Column("train loss (mean)", "train/loss_mean"),
     Column("eval loss", "eval/loss"),
     Column("accuracy", "eval/accuracy"),
     Column("F1", "eval/f1"),
+    Column("perplexity", "eval/perplexity", 1, 2),
     Column("samples/s", "speed/samples_per_s", 1, 1),
+    Column("first-step overhead s", "speed/first_step_overhead_s", 1, 2),
     Column("compile s", "speed/compile_s", 1, 2),
     Column("wall s", "speed/wall_s", 1, 1),
 ]
 
-CSV_KEYS = [column.key for column in COLUMNS] + [
+CSV_KEYS = list(dict.fromkeys(column.key for column in COLUMNS)) + [
     "error",
     "mem/params_bytes",
     "mem/grads_bytes",
-    "mem/peak_source",
+    *(f"mem/step_peak/{c}_bytes" for c in CATEGORIES),
+    "mem/process_peak_rss_bytes",
+    "mem/cuda_max_allocated_bytes",
+    "mem/cuda_max_reserved_bytes",
+    "train/loss",
     "train/steps",
     "cfg/effective_batch_size",
     "env/pid",
@@ -173,13 +191,25 @@ def choice_headers(jobs: list[JobResult]) -> list[str]:
     return headers or ["job"]
 
 
+def baseline(jobs: list[JobResult]) -> tuple[str, dict]:
+    """The job ratios are taken against: the first finished AdamW job (the usual reference), else
+    the first finished job. Returns its name for the header and its summary."""
+    finished = [job for job in jobs if job.ok] or jobs
+    adamw = [job for job in finished if job.summary.get("cfg/optimizer") == "adamw"]
+    if adamw:
+        return "AdamW", adamw[0].summary
+    return f"job {jobs.index(finished[0]) + 1}", finished[0].summary
+
+
 def table_rows(jobs: list[JobResult]) -> tuple[list[str], list[list[str]]]:
     headers = choice_headers(jobs)
+    name, base = baseline(jobs)
     rows = []
     for job in jobs:
         choices = [job.choices.get(h, "") if h != "job" else job.folder.name for h in headers]
-        rows.append(choices + [column.text(job.summary) for column in COLUMNS])
-    return headers + [column.header for column in COLUMNS], rows
+        rows.append(choices + [column.text(job.summary, base) for column in COLUMNS])
+    titles = [f"x {name}" if column.ratio else column.header for column in COLUMNS]
+    return headers + titles, rows
 
 
 def write_csv(jobs: list[JobResult], path: Path) -> None:
@@ -229,76 +259,161 @@ def failures(jobs: list[JobResult]) -> list[str]:
 # ---------------------------------------------------------------- plots
 
 
-def _figure(height: float):
+def _figure(height: float, columns: int = 1):
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers and in CI
     import matplotlib.pyplot as plt
 
-    return plt, *plt.subplots(figsize=(9, height), dpi=110)
+    return plt, *plt.subplots(1, columns, figsize=(11 if columns > 1 else 9, height), dpi=110)
 
 
-def _save(plt, fig, path: Path) -> None:
-    fig.tight_layout()
+def _save(plt, fig, path: Path, tight: bool = True) -> None:
+    if tight:
+        fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
+COLORS = {
+    "weights": "#4c72b0",
+    "gradients": "#55a868",
+    "optimizer_state": "#c44e52",
+    "activations": "#dd8452",
+    "temporaries": "#937860",
+}
+
+
+def _plain_axes(ax) -> None:
+    """Plain numbers on both axes: no offset notation (``1e-5+1.097``) a reader has to decode."""
+    for axis in (ax.xaxis, ax.yaxis):
+        formatter = axis.get_major_formatter()
+        if hasattr(formatter, "set_useOffset"):
+            formatter.set_useOffset(False)
+            formatter.set_scientific(False)
+
+
 def plot_memory(jobs: list[JobResult], path: Path) -> None:
-    """Bars per job: parameters + gradients + optimizer state, stacked; the measured peak beside them."""
-    plt, fig, ax = _figure(max(3.0, 1.2 + 0.45 * len(jobs)))
-    parts = [
-        ("parameters", "mem/params_bytes", "#4c72b0"),
-        ("gradients", "mem/grads_bytes", "#55a868"),
-        ("optimizer state", "mem/optimizer_state_bytes", "#c44e52"),
-    ]
-    ys = range(len(jobs))
+    """Per job, the step peak stacked by category (what the comparison ranks by), the predicted
+    peak marked beside it; the process-level figure (RSS or CUDA reserved) in a panel of its own."""
+    plt, fig, _ = _figure(max(3.6, 1.8 + 0.5 * len(jobs)))
+    fig.clf()
+    grid = fig.add_gridspec(1, 4)
+    ax, side = fig.add_subplot(grid[0, :3]), fig.add_subplot(grid[0, 3])
+    ys = list(range(len(jobs)))
     left = [0.0] * len(jobs)
-    drawn = False
-    for name, key, color in parts:
-        widths = [(job.summary.get(key) or 0) / MIB for job in jobs]
+    for category in CATEGORIES:
+        widths = [(job.summary.get(f"mem/step_peak/{category}_bytes") or 0) / MIB for job in jobs]
         if any(widths):
-            ax.barh([y - 0.18 for y in ys], widths, height=0.36, left=left, color=color, label=name)
+            label = category.replace("_", " ")
+            ax.barh(ys, widths, height=0.6, left=left, color=COLORS[category], label=label)
             left = [a + b for a, b in zip(left, widths)]
-            drawn = True
-    peaks = [(job.summary.get("mem/peak_bytes") or 0) / MIB for job in jobs]
-    if any(peaks):
-        ax.barh([y + 0.18 for y in ys], peaks, height=0.36, color="#8172b2", label="peak")
-        for y, peak in zip(ys, peaks):
-            if peak:
-                ax.text(peak, y + 0.18, f" {peak:.0f}", va="center", fontsize=8)
-        drawn = True
-    if not drawn:
-        ax.text(
-            0.5, 0.5, "no mem/* figures in these summaries", ha="center", va="center", transform=ax.transAxes
-        )
-    ax.set_yticks(list(ys), [_short(job) for job in jobs], fontsize=8)
+    predicted = [(y, job.summary.get("mem/step_peak_bytes_predicted")) for y, job in zip(ys, jobs)]
+    predicted = [(y, p / MIB) for y, p in predicted if _is_value(p)]
+    if predicted:
+        ax.scatter([p for _, p in predicted], [y for y, _ in predicted], marker="D", s=40, color="black",
+                   zorder=3, label="predicted peak")  # fmt: skip
+    for y, total in zip(ys, left):
+        if total:
+            ax.annotate(
+                f"{total:.1f}", (total, y), textcoords="offset points", xytext=(8, 0), va="center", fontsize=8
+            )
+    if not any(left):
+        ax.text(0.5, 0.5, "no step peak in these summaries", ha="center", va="center", transform=ax.transAxes)
+    ax.set_yticks(ys, [f"{i + 1}. {_short(job)}" for i, job in enumerate(jobs)], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("MiB")
-    ax.set_title("Memory per combination")
-    if drawn:
-        ax.legend(fontsize=8, loc="best")
+    ax.set_xlabel("MiB at the step peak (tensor memory of one optimizer step)")
+    ax.set_title("Step peak by category")
+    ax.margins(x=0.15)
+    _plain_axes(ax)
+    if ax.get_legend_handles_labels()[0]:  # below the bars, never over them
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=6, frameon=False)
+    key, title = ("mem/cuda_max_reserved_bytes", "CUDA reserved")
+    if not any(_is_value(job.summary.get(key)) for job in jobs):
+        key, title = ("mem/process_peak_rss_bytes", "process RSS")
+    values = [(job.summary.get(key) or 0) / MIB for job in jobs]
+    side.barh(ys, values, height=0.6, color="#bbbbbb")
+    side.set_yticks(ys, [str(i + 1) for i in ys], fontsize=8)
+    side.invert_yaxis()
+    side.set_title(f"{title}\n(context only)", fontsize=8)
+    side.set_xlabel("MiB", fontsize=8)
+    side.tick_params(labelsize=7)
+    _plain_axes(side)
     _save(plt, fig, path)
 
 
+def _curves(job: JobResult):
+    lines = [m for m in job.metrics if "train/loss" in m and "step" in m]
+    steps = [m["step"] for m in lines]
+    seconds, total = [], 0.0
+    for m in lines:
+        total += m.get("speed/step_s") or 0.0
+        seconds.append(total)
+    return steps, seconds, [m["train/loss"] for m in lines]
+
+
 def plot_losses(jobs: list[JobResult], path: Path) -> None:
-    """Training loss per optimizer step, every job overlaid; its eval loss as a dot at the last step."""
-    plt, fig, ax = _figure(4.5)
-    for job in jobs:
-        points = [(m["step"], m["train/loss"]) for m in job.metrics if "train/loss" in m and "step" in m]
-        if not points:
+    """Train loss against optimizer steps and against training seconds; eval points (eval_every
+    lines, else the final eval loss). Curves identical to an earlier job's are drawn dashed and
+    thicker underneath, so each stays visible, and the legend names the job they coincide with."""
+    plt, fig, axes = _figure(4.8, columns=2)
+    seen: dict[tuple, int] = {}
+    styles = ["-", "--", ":", "-."]
+    for index, job in enumerate(jobs):
+        steps, seconds, losses = _curves(job)
+        if not steps:
             continue
-        steps, losses = zip(*points)
-        (line,) = ax.plot(steps, losses, linewidth=1.2, label=_short(job))
-        if isinstance(job.summary.get("eval/loss"), (int, float)):
-            ax.plot([steps[-1]], [job.summary["eval/loss"]], "o", color=line.get_color())
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("train loss (dot: eval loss)")
-    ax.set_title("Loss curves")
-    if ax.lines:
-        ax.legend(fontsize=7, ncol=2)
+        key = tuple(round(v, 10) for v in losses)
+        same = seen.setdefault(key, index)
+        repeat = sum(1 for k, v in seen.items() if v == same and k == key) and index != same
+        label = f"{index + 1}. {_short(job)}" + (f" (= {same + 1})" if repeat else "")
+        style = styles[(index - same) % len(styles)] if repeat else "-"
+        width = 3.0 if not repeat else 1.4
+        for ax, xs in zip(axes, (steps, seconds)):
+            (line,) = ax.plot(xs, losses, style, linewidth=width, label=label, alpha=0.9)
+            evals = [
+                (m["step"], m["eval/loss"]) for m in job.metrics if "eval/loss" in m and "train/loss" not in m
+            ]
+            if not evals and _is_value(job.summary.get("eval/loss")):
+                evals = [(steps[-1], job.summary["eval/loss"])]
+            to_x = dict(zip(steps, xs))
+            points = [(to_x.get(s, xs[-1]), v) for s, v in evals]
+            if points:
+                ax.plot(*zip(*points), "o", color=line.get_color(), markersize=5)
+    for ax, xlabel in zip(axes, ("optimizer step", "training seconds")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("train loss (dots: eval loss)")
+        _plain_axes(ax)
+    axes[0].set_title("Loss against steps")
+    axes[1].set_title("Loss against time")
+    if axes[0].lines:
+        axes[1].legend(fontsize=7, loc="upper right")
     else:
-        ax.text(0.5, 0.5, "no metrics.jsonl lines", ha="center", va="center", transform=ax.transAxes)
+        axes[0].text(
+            0.5, 0.5, "no metrics.jsonl lines", ha="center", va="center", transform=axes[0].transAxes
+        )
+    _save(plt, fig, path)
+
+
+def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
+    """Learning rate and gradient norm per optimizer step."""
+    plt, fig, axes = _figure(4.2, columns=2)
+    for index, job in enumerate(jobs):
+        lines = [m for m in job.metrics if "train/loss" in m and "step" in m]
+        if not lines:
+            continue
+        label = f"{index + 1}. {_short(job)}"
+        axes[0].plot([m["step"] for m in lines], [m.get("lr") for m in lines], linewidth=1.4, label=label)
+        norms = [(m["step"], m["grad_norm"]) for m in lines if _is_value(m.get("grad_norm"))]
+        if norms:
+            axes[1].plot(*zip(*norms), linewidth=1.2, label=label)
+    axes[0].set_title("Learning rate")
+    axes[1].set_title("Gradient norm (before clipping)")
+    for ax in axes:
+        ax.set_xlabel("optimizer step")
+        _plain_axes(ax)
+    if axes[0].lines:
+        axes[0].legend(fontsize=7)
     _save(plt, fig, path)
 
 
@@ -313,52 +428,62 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 def plot_pareto(jobs: list[JobResult], path: Path) -> None:
-    """Peak memory against eval loss; the jobs no other job beats on both are joined as the front."""
-    plt, fig, ax = _figure(4.5)
-    placed = [
-        j
-        for j in jobs
-        if isinstance(j.summary.get("mem/peak_bytes"), (int, float))
-        and isinstance(j.summary.get("eval/loss"), (int, float))
-    ]
-    points = [(job.summary["mem/peak_bytes"] / MIB, job.summary["eval/loss"]) for job in placed]
-    if points:
-        ax.scatter(*zip(*points), color="#4c72b0", zorder=2)
+    """Step peak against eval loss (the front: jobs nothing beats on both), and throughput against
+    step peak. Points are numbered as in the other plots; the key is the legend."""
+    plt, fig, axes = _figure(4.8, columns=2)
+    numbered = [(i + 1, job) for i, job in enumerate(jobs)]
+    placed = [(n, j) for n, j in numbered if _is_value(j.summary.get("mem/step_peak_bytes"))
+              and _is_value(j.summary.get("eval/loss"))]  # fmt: skip
+    ax = axes[0]
+    if placed:
+        points = [(j.summary["mem/step_peak_bytes"] / MIB, j.summary["eval/loss"]) for _, j in placed]
         front = pareto_front(points)
-        ax.step(
-            [points[i][0] for i in front],
-            [points[i][1] for i in front],
-            where="post",
-            color="#c44e52",
-            linewidth=1.5,
-            zorder=1,
-            label="Pareto front",
-        )
-        ax.scatter(
-            [points[i][0] for i in front],
-            [points[i][1] for i in front],
-            s=90,
-            facecolors="none",
-            edgecolors="#c44e52",
-            zorder=3,
-        )
-        for job, (x, y) in zip(placed, points):
-            ax.annotate(_short(job), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-        ax.margins(x=0.25, y=0.1)  # room for the labels of the rightmost points
-        ax.legend(fontsize=8)
+        ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post", color="#c44e52",
+                linewidth=1.5, zorder=1, label="Pareto front")  # fmt: skip
+        _numbered_points(ax, placed, points)
+        ax.legend(fontsize=7, loc="upper right")
     else:
         ax.text(
             0.5,
             0.5,
-            "no job has both mem/peak_bytes and eval/loss",
+            "no job has a step peak and an eval loss",
             ha="center",
             va="center",
             transform=ax.transAxes,
         )
-    ax.set_xlabel("peak memory (MiB)")
+    ax.set_xlabel("step peak (MiB)")
     ax.set_ylabel("eval loss")
-    ax.set_title("Peak memory vs eval loss (lower left is better)")
-    _save(plt, fig, path)
+    ax.set_title("Memory vs eval loss (lower left is better)")
+    ax = axes[1]
+    placed = [(n, j) for n, j in numbered if _is_value(j.summary.get("mem/step_peak_bytes"))
+              and _is_value(j.summary.get("speed/samples_per_s"))]  # fmt: skip
+    if placed:
+        points = [
+            (j.summary["mem/step_peak_bytes"] / MIB, j.summary["speed/samples_per_s"]) for _, j in placed
+        ]
+        _numbered_points(ax, placed, points)
+    ax.set_xlabel("step peak (MiB)")
+    ax.set_ylabel("samples / s")
+    ax.set_title("Throughput vs memory (upper left is better)")
+    for ax in axes:
+        ax.margins(0.2)
+        _plain_axes(ax)
+    key = "\n".join(f"{n}. {_short(j)}" for n, j in numbered)
+    fig.text(0.01, 0.01, key, fontsize=7, va="bottom", family="monospace")
+    fig.subplots_adjust(bottom=0.17 + 0.03 * len(jobs), top=0.92, wspace=0.25)
+    _save(plt, fig, path, tight=False)
+
+
+def _numbered_points(ax, placed, points) -> None:
+    """One marker per job with its number beside it; coinciding points share one label (``1=2``)."""
+    groups: dict[tuple, list[int]] = {}
+    for (n, _), point in zip(placed, points):
+        groups.setdefault((round(point[0], 3), round(point[1], 5)), []).append(n)
+    ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
+    for (x, y), numbers in groups.items():
+        ax.annotate(
+            "=".join(map(str, numbers)), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8
+        )
 
 
 def _short(job: JobResult) -> str:
@@ -366,7 +491,12 @@ def _short(job: JobResult) -> str:
     return label if len(label) <= 60 else label[:57] + "..."
 
 
-PLOTS = {"memory.png": plot_memory, "loss.png": plot_losses, "pareto.png": plot_pareto}
+PLOTS = {
+    "memory.png": plot_memory,
+    "loss.png": plot_losses,
+    "pareto.png": plot_pareto,
+    "lr_grad_norm.png": plot_lr_and_grad_norm,
+}
 
 
 # ---------------------------------------------------------------- report
@@ -375,8 +505,13 @@ PLOTS = {"memory.png": plot_memory, "loss.png": plot_losses, "pareto.png": plot_
 def write_html(
     headers, rows, jobs: list[JobResult], plots: list[Path], path: Path, sources: list[Path]
 ) -> None:
+    numeric = [all(_is_number(row[i]) for row in rows) for i in range(len(headers))]
+
     def cells(tag, values):
-        return "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in values)
+        return "".join(
+            f'<{tag} class="{"num" if n else "text"}">{html.escape(v)}</{tag}>'
+            for v, n in zip(values, numeric)
+        )
 
     body = [f"<tr>{cells('th', headers)}</tr>"]
     for job, row in zip(jobs, rows):
@@ -391,7 +526,8 @@ def write_html(
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; }}
 table {{ border-collapse: collapse; font-size: 13px; }}
-th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 8px; }}
+.num {{ text-align: right; }} .text {{ text-align: left; }}
 tr.failed td {{ background: #fde8e8; }}
 img {{ max-width: 100%; }}
 </style></head><body>

@@ -132,6 +132,7 @@ class StepMeter:
         self.samples = 0
         self.tokens = 0
         self.last_loss = math.nan
+        self.loss_total = 0.0  # sum of every optimizer step's loss, for train/loss_mean
         self.resumed = {"step": 0, "samples": 0, "tokens": 0}  # counts of the run this one resumes
         self._reset_window()
         self._progress = None
@@ -166,6 +167,7 @@ class StepMeter:
         self.samples += int(samples)
         self.tokens += int(tokens)
         self.last_loss = loss_sum / samples
+        self.loss_total += self.last_loss
         record = {
             "step": step,
             "train/loss": self.last_loss,
@@ -192,10 +194,13 @@ class StepMeter:
         """The step being measured now is tracked for memory: its time stays out of the medians."""
         self.untimed.add(len(self.step_times))
 
-    def restore(self, step: int, samples: int, tokens: int, last_loss: float) -> None:
+    def restore(
+        self, step: int, samples: int, tokens: int, last_loss: float, loss_total: float = math.nan
+    ) -> None:
         """Continue the counts of a resumed run; speeds cover only the steps run in this process."""
         self.resumed = {"step": step, "samples": samples, "tokens": tokens}
         self.samples, self.tokens, self.last_loss = samples, tokens, last_loss
+        self.loss_total = loss_total
         if self._progress is not None:
             self._progress.update(step)
 
@@ -209,9 +214,12 @@ class StepMeter:
         steady = timed[WARMUP_STEPS:] or timed[1:] or timed
         median = statistics.median(steady) if steady else math.nan
         samples, tokens = self.samples - self.resumed["samples"], self.tokens - self.resumed["tokens"]
+        steps = self.resumed["step"] + len(self.step_times)
         return {
             "train/loss": self.last_loss,
-            "train/steps": self.resumed["step"] + len(self.step_times),
+            # the mean over all optimizer steps (the Trainer's train_loss): the figure to compare
+            "train/loss_mean": self.loss_total / steps if steps else math.nan,
+            "train/steps": steps,
             "train/samples": self.samples,
             "train/tokens": self.tokens,
             "train/resumed_from_step": self.resumed["step"],

@@ -128,7 +128,7 @@ def test_plots_have_content_and_the_html_embeds_them(wandb_sweep):
     main(["compare", str(wandb_sweep), "--wandb-mode", "disabled"])
     page = (wandb_sweep / "comparison.html").read_text()
     pngs = sorted(wandb_sweep.glob("*.png"))
-    assert {p.name for p in pngs} >= {"memory.png", "loss.png", "pareto.png"}
+    assert {p.name for p in pngs} == {"memory.png", "loss.png", "pareto.png", "lr_grad_norm.png"}
     for path in pngs:
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
