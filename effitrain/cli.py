@@ -238,6 +238,9 @@ def train_job(cfg: DictConfig) -> float | None:
     if summary["status"] == "ok":
         return summary.get(cfg.get("optimized_metric", "eval/loss"))
     message = f"{summary['status']}: {summary['error']}"
+    if summary["status"] == "interrupted":  # the shell's convention: 128 + the signal's number
+        print(f"effitrain: error: {message}; resume with resume=auto", file=sys.stderr)
+        sys.exit(128 + summary["signal"])
     if hydra_cfg.mode == RunMode.MULTIRUN:
         print(f"effitrain: job {hydra_cfg.job.num} {message}", file=sys.stderr)
         return None

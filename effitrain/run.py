@@ -7,8 +7,10 @@ the run ended.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -182,7 +184,41 @@ def train(job: Job) -> dict:
     return instantiate(job.cfg.backend)(job)
 
 
+class Interrupted(BaseException):
+    """SIGTERM (a scheduler, ``kill``) arrived: handled like Ctrl-C, so the run records it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interrupts_raise():
+    """SIGTERM raises :class:`Interrupted` in the main thread for the duration (Ctrl-C already
+    raises KeyboardInterrupt), so ``run`` writes an ``interrupted`` summary before exiting."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Interrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> dict:
+    """Train and evaluate one configuration; write and return its summary (see :func:`_run`)."""
+    with interrupts_raise():
+        return _run(cfg, output_dir)
+
+
+def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
     """Train and evaluate one configuration; write and return its summary.
 
     Never raises for a failed run: the returned summary's ``status`` is ``ok``, ``failed``,
@@ -250,7 +286,13 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["error"] = _one_line(error)
         if state.is_main_process and output_dir.is_dir():
             (output_dir / "traceback.txt").write_text(traceback.format_exc())
-    except BaseException:  # Ctrl-C or a kill: the W&B run still ends as crashed, not left open
+    except (KeyboardInterrupt, Interrupted) as error:  # Ctrl-C or SIGTERM: recorded, W&B ends as crashed
+        signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
+        summary["status"], summary["signal"] = "interrupted", int(signum)
+        summary["error"] = f"interrupted by {signal.Signals(signum).name}"
+        if job is not None:
+            summary.update(job.meter.summary())  # how far it got
+    except BaseException:  # anything else that stops the process: the W&B run is not left open
         if tracker is not None:
             tracker.close()
         raise

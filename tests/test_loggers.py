@@ -163,10 +163,15 @@ def test_an_interrupted_job_finishes_its_run_as_crashed(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(accelerator, "fit", interrupted_fit)
-    with pytest.raises(KeyboardInterrupt):
-        run_job(tmp_path, *WANDB, *FEW_STEPS)
+    summary = run_job(tmp_path, *WANDB, *FEW_STEPS)
+    assert (summary["status"], summary["signal"], summary["error"]) == (
+        "interrupted",
+        2,
+        "interrupted by SIGINT",
+    )
     state = inspect_summary(wandb_files(tmp_path)[0])
     assert state["exit_code"] == 1 and state["state"] == "failed"
+    assert state["summary"]["status"] == "interrupted"
 
 
 def test_a_rejected_config_shows_as_crashed_too(tmp_path):

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from hydra.utils import instantiate
 
-from tests.conftest import compose, read_metrics, run_job
+from tests.conftest import REPO, compose, read_metrics, run_job
 
 REQUIRED_KEYS = {
     "status", "error",
@@ -118,3 +122,35 @@ def test_result_files_follow_the_umask(tmp_path):
         os.umask(old)
     for name in ("summary.json", "metrics.jsonl"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_writes_an_interrupted_summary_and_exits_128_plus_signal(tmp_path, signum):
+    """A long run interrupted after its first steps: one line, no traceback, the summary says so."""
+    from tests.conftest import TINY
+
+    args = [
+        sys.executable,
+        str(REPO / "train.py"),
+        *TINY,
+        "max_steps=100000",
+        "epochs=1000",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(read_lines(tmp_path)) < 3:
+        time.sleep(0.2)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum
+    assert "Traceback" not in stderr
+    assert f"effitrain: error: interrupted: interrupted by {signum.name}; resume with resume=auto" in stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == signum
+    assert summary["train/steps"] >= 3
+
+
+def read_lines(folder):
+    path = folder / "metrics.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
