@@ -325,6 +325,42 @@ def _estimate(args) -> None:
     print("* the chosen optimizer; opt. state at the peak includes the step's own optimizer temporaries")
 
 
+def _plan(args) -> None:
+    import json
+
+    from effitrain.memory import MIB
+    from effitrain.plan import parse_bytes, plan, probe
+
+    budget = parse_bytes(args.memory_budget)
+    if args.effective_batch_size is not None and args.effective_batch_size < 1:
+        raise ConfigError(f"--effective-batch-size={args.effective_batch_size} is invalid: must be >= 1")
+    optimizers = args.optimizers.split(",") if args.optimizers else None
+    rows = plan(args.overrides, budget, args.effective_batch_size, optimizers)
+    if not any(row["fits"] for row in rows):
+        smallest = min(rows, key=lambda r: r["step_peak_bytes_predicted"])
+        raise ConfigError(
+            f"--memory-budget={args.memory_budget!r}: nothing fits; the smallest predicted step peak is "
+            f"{smallest['step_peak_bytes_predicted'] / MIB:.1f} MiB ({smallest['command']})"
+        )
+    if args.probe_steps:
+        rows = probe(rows, args.overrides, args.probe_steps)
+    if args.json:
+        print(json.dumps({"memory_budget_bytes": budget, "candidates": rows}, indent=2))
+        return
+    print(f"effitrain plan: budget {budget / MIB:.0f} MiB; best first (step peak predicted at max_length)")
+    print(
+        f"{'fits':<5}{'optimizer':<11}{'precision':<10}{'micro':>6}{'accum':>6}{'peak MiB':>10}{'step s':>8}"
+    )
+    for row in rows:
+        step_s = f"{row['step_s_measured']:.3f}" if row.get("step_s_measured") else ""
+        print(
+            f"{'yes' if row['fits'] else 'no':<5}{row['optimizer']:<11}{row['precision']:<10}"
+            f"{row['micro_batch_size']:>6}{row['gradient_accumulation_steps']:>6}"
+            f"{row['step_peak_bytes_predicted'] / MIB:>10.1f}{step_s:>8}"
+        )
+    print(f"effitrain plan: best: {rows[0]['command']}")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # everything after it is Hydra's: overrides, -m, --cfg job, ...
@@ -363,6 +399,20 @@ def main(argv: list[str] | None = None) -> None:
     estimate.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     estimate.add_argument("--json", action="store_true", help="exact bytes as JSON, for scripts")
     estimate.set_defaults(handler=_estimate)
+    planning = commands.add_parser(
+        "plan", help="the fastest optimizer x micro batch x precision whose predicted step peak fits a budget"
+    )
+    planning.add_argument("--memory-budget", required=True, help="e.g. 8GiB, 500MiB, 24GB")
+    planning.add_argument(
+        "--effective-batch-size", type=int, help="samples per optimizer step (default: the config's)"
+    )
+    planning.add_argument("--optimizers", help="comma-separated options of conf/optimizer (default: all)")
+    planning.add_argument(
+        "--probe-steps", type=int, default=0, help="run K real steps of the top 3, rank by time"
+    )
+    planning.add_argument("--json", action="store_true", help="every candidate as JSON, for scripts")
+    planning.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
+    planning.set_defaults(handler=_plan)
     args = parser.parse_args(argv)
     try:
         args.handler(args)

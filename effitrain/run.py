@@ -29,6 +29,7 @@ from effitrain.config import (
     validate,
 )
 from effitrain.data import build_dataloaders, check_raw, tokenize_cached
+from effitrain.flops import mfu_keys
 from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
 from effitrain.modeling import build_model, build_tokenizer, enable_activation_checkpointing
@@ -274,6 +275,10 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["speed/compile_s"] = compile_seconds() - compiling if cfg.compile.enabled else None
         summary.update(evaluate_job(job))  # outside the measured region: its batches are not training's
         summary.update(predict_step_peak(job))
+        summary.update(
+            mfu_keys(summary.get("speed/flops_per_step"), summary.get("speed/step_s_median"), state.device,
+                     cfg.precision.mixed_precision)
+        )  # fmt: skip
         summary["status"] = "ok"
     except ConfigError as error:
         summary["error"] = str(error)

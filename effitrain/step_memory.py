@@ -167,6 +167,14 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
         if cfg.get("gradient_checkpointing"):
             enable_activation_checkpointing(model)
         model.train()
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision.mixed_precision)
+        if dtype is not None:  # as accelerate prepares a model for mixed precision
+            from types import MethodType
+
+            from accelerate.utils import convert_outputs_to_fp32
+
+            autocast = torch.autocast(device_type="cpu", dtype=dtype)
+            model.forward = MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
         if _runs_on_fake(optimizer_cfg):
             optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
         else:

@@ -1,0 +1,96 @@
+"""``effitrain plan``: the fastest combination that fits a memory budget, before any GPU hour.
+
+    effitrain plan --memory-budget 8GiB --effective-batch-size 32 model=distilbert_base_cased
+
+For each optimizer and precision, micro batches that divide the effective batch are tried from the
+largest down (accumulation follows); each step peak is predicted by ``effitrain estimate``'s fake-
+tensor trace at the worst case (every sample ``max_length`` tokens). Candidates under the budget are
+ranked by expected throughput: fewer accumulation steps first (bigger matmuls, fewer optimizer-step
+overheads), then half precision before fp32 on CUDA (its tensor cores), then the optimizer's order in
+conf/optimizer. ``--probe-steps K`` runs K real steps of the top three and ranks them by measured
+step time instead. Gradient checkpointing is left out: its step peak is not predicted yet.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+
+from effitrain.config import ConfigError, group_options
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """``8GiB``, ``500MiB``, ``24GB`` or a plain number of bytes.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).upper() if match else None
+    if not match or unit not in UNITS:
+        raise ConfigError(f"--memory-budget={text!r} is invalid: give a size such as 8GiB, 500MiB or 24GB")
+    return int(float(match.group(1)) * UNITS[unit])
+
+
+def micro_batches(effective: int) -> list[int]:
+    return [m for m in range(effective, 0, -1) if effective % m == 0]
+
+
+def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None):
+    """Every traced candidate (dicts with the keys below), best first; those over budget last."""
+    import torch
+
+    from effitrain.cli import compose_known_keys
+    from effitrain.memory import estimate_memory
+
+    base = compose_known_keys(overrides)
+    effective = (
+        effective
+        or base.get("effective_batch_size")
+        or base.micro_batch_size * base.gradient_accumulation_steps
+    )
+    optimizers = optimizers or group_options("optimizer")
+    cuda = torch.cuda.is_available()
+    precisions = precisions or (["bf16", "fp16", "fp32"] if cuda else ["fp32", "bf16"])
+    rows = []
+    for precision in precisions:
+        for optimizer in optimizers:
+            for micro in micro_batches(effective):
+                choice = [f"optimizer={optimizer}", f"precision={precision}", f"effective_batch_size={effective}",
+                          f"gradient_accumulation_steps={effective // micro}"]  # fmt: skip
+                cfg = compose_known_keys(list(overrides) + choice)
+                cfg.micro_batch_size = micro
+                [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}).values()
+                fits = row["step_peak_bytes"] <= budget
+                rows.append({
+                    "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
+                    "gradient_accumulation_steps": effective // micro, "gradient_checkpointing": False,
+                    "step_peak_bytes_predicted": row["step_peak_bytes"], "fits": fits,
+                    "command": "python train.py " + " ".join(list(overrides) + choice),
+                })  # fmt: skip
+                if fits:  # smaller micro batches fit too, and rank lower: no need to trace them
+                    break
+    half_first = {"bf16": 0, "fp16": 0, "fp32": 1} if cuda else {"fp32": 0, "bf16": 1, "fp16": 1}
+    rows.sort(key=lambda r: (not r["fits"], r["gradient_accumulation_steps"], half_first[r["precision"]],
+                             optimizers.index(r["optimizer"])))  # fmt: skip
+    return rows
+
+
+def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> list[dict]:
+    """Run ``steps`` real optimizer steps of the ``top`` fitting candidates; rank them by the
+    measured median step time (the others keep their order after them)."""
+    from effitrain.cli import compose_known_keys
+    from effitrain.run import run
+
+    fitting = [r for r in rows if r["fits"]][:top]
+    for row in fitting:
+        choice = row["command"].split()[2:]
+        cfg = compose_known_keys([*choice, f"max_steps={steps}", "logger=none", "progress_bar=false"])
+        with tempfile.TemporaryDirectory() as folder:
+            summary = run(cfg, folder)
+        row["step_s_measured"] = summary.get("speed/step_s_median") if summary["status"] == "ok" else None
+        row["step_peak_bytes_measured"] = summary.get("mem/step_peak_bytes")
+    measured = sorted((r for r in fitting if r.get("step_s_measured")), key=lambda r: r["step_s_measured"])
+    return measured + [r for r in rows if r not in measured]

@@ -1,0 +1,73 @@
+"""``effitrain plan`` and MFU: the plan picks what its own predictions say fits; MFU is a fraction."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from effitrain.config import ConfigError
+from effitrain.memory import estimate_memory
+from effitrain.plan import parse_bytes, plan
+from tests.conftest import REPO, compose, run_job
+
+BASE = ["model=tiny", "data=synthetic", "max_length=256"]  # long enough for activations to set the peak
+
+
+def predicted(micro: int, effective: int = 16) -> int:
+    cfg = compose(
+        *BASE, "optimizer=adafactor", f"gradient_accumulation_steps={effective // micro}", tiny=False
+    )
+    cfg.micro_batch_size = micro
+    [row] = estimate_memory(cfg, {"adafactor": cfg.optimizer}).values()
+    return row["step_peak_bytes"]
+
+
+def test_a_budget_between_two_peaks_picks_the_larger_micro_batch_that_fits():
+    whole, half = predicted(16), predicted(8)
+    assert whole > half  # activations grow with the micro batch
+    rows = plan(BASE, (whole + half) // 2, effective=16, optimizers=["adafactor"], precisions=["fp32"])
+    best = rows[0]
+    assert (best["micro_batch_size"], best["gradient_accumulation_steps"], best["fits"]) == (8, 2, True)
+    assert best["step_peak_bytes_predicted"] == half
+    assert rows[1]["micro_batch_size"] == 16 and not rows[1]["fits"]
+    assert best["command"].endswith(
+        "optimizer=adafactor precision=fp32 effective_batch_size=16 gradient_accumulation_steps=2"
+    )
+
+
+def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
+    done = subprocess.run(
+        [sys.executable, "-m", "effitrain.cli", "plan", "--memory-budget", "1MiB", "--effective-batch-size", "2",
+         "--optimizers", "adafactor", *BASE],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(
+        "effitrain: error: --memory-budget='1MiB': nothing fits; the smallest predicted step peak is"
+    )
+
+
+def test_budget_sizes_parse_and_bad_ones_are_refused():
+    assert [parse_bytes(t) for t in ("8GiB", "500MiB", "24GB", "1024")] == [
+        8 * 2**30,
+        500 * 2**20,
+        24 * 10**9,
+        1024,
+    ]
+    with pytest.raises(ConfigError, match="--memory-budget='lots' is invalid"):
+        parse_bytes("lots")
+
+
+def test_mfu_is_a_finite_fraction_on_cpu(tmp_path):
+    summary = run_job(tmp_path, "max_steps=4")
+    assert summary["status"] == "ok", summary["error"]
+    assert summary["speed/flops_per_step"] > 0
+    assert math.isfinite(summary["speed/mfu"]) and 0 < summary["speed/mfu"] < 1
+    assert summary["speed/achieved_flops_per_s"] == pytest.approx(
+        summary["speed/flops_per_step"] / summary["speed/step_s_median"]
+    )
+    assert summary["speed/mfu_note"] == "this CPU's float32 matmul, measured"
