@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -51,6 +52,42 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     write_text_atomic(
         path, json.dumps({k: plain(v) for k, v in payload.items()}, indent=2, sort_keys=True) + "\n"
     )
+
+
+LOCK = ".effitrain.lock"
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path):
+    """Hold an exclusive lock on ``folder`` (a lock file in it); yields None when this process has
+    it, else the pid of the process that does. Released when the process dies, however it dies.
+    Ranks of one data-parallel job share their folder: only rank 0 locks it."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield None
+        return
+    import fcntl
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / LOCK, "a+")
+    except OSError:  # an unwritable folder is reported by the run itself, with its own message
+        yield None
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            yield handle.read().strip() or "unknown"
+            return
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield None
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def read_summary(folder: Path) -> dict | None:

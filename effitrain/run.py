@@ -214,8 +214,15 @@ def interrupts_raise():
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> dict:
-    """Train and evaluate one configuration; write and return its summary (see :func:`_run`)."""
-    with interrupts_raise():
+    """Train and evaluate one configuration; write and return its summary (see :func:`_run`).
+
+    The run folder is locked for the run's duration: a second process aiming at the same folder
+    (two sweeps started into one ``hydra.sweep.dir``) is refused and writes nothing there.
+    """
+    with interrupts_raise(), results.folder_lock(Path(output_dir)) as owner:
+        if owner is not None:
+            error = f"hydra.run.dir={str(output_dir)!r} is invalid: in use by another run (pid {owner})"
+            return {"status": "failed", "error": error, "error_type": "config"}
         return _run(cfg, output_dir)
 
 

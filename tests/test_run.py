@@ -154,3 +154,23 @@ def test_ctrl_c_or_sigterm_writes_an_interrupted_summary_and_exits_128_plus_sign
 def read_lines(folder):
     path = folder / "metrics.jsonl"
     return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_folder_in_use_by_another_run_is_refused_and_left_alone(tmp_path):
+    import fcntl
+
+    from effitrain.results import LOCK
+
+    tmp_path.mkdir(exist_ok=True)
+    with open(tmp_path / LOCK, "a+") as held:  # another process's run, as the lock sees it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242")
+        held.flush()
+        child = subprocess.run(
+            [sys.executable, str(REPO / "train.py"), "model=tiny", "data=synthetic", "max_steps=1", "logger=none",
+             "progress_bar=false", f"hydra.run.dir={tmp_path}"],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert child.returncode == 2
+    assert f"hydra.run.dir={str(tmp_path)!r} is invalid: in use by another run (pid 4242)" in child.stderr
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "metrics.jsonl").exists()
