@@ -15,6 +15,7 @@ import base64
 import csv
 import html
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -502,9 +503,78 @@ PLOTS = {
 # ---------------------------------------------------------------- report
 
 
-def write_html(
-    headers, rows, jobs: list[JobResult], plots: list[Path], path: Path, sources: list[Path]
-) -> None:
+# Summary keys aggregated over the seeds of a combination (mean and sample standard deviation).
+SEED_KEYS = [
+    ("eval loss", "eval/loss", 1, 4),
+    ("accuracy", "eval/accuracy", 1, 4),
+    ("F1", "eval/f1", 1, 4),
+    ("perplexity", "eval/perplexity", 1, 2),
+    ("train loss (mean)", "train/loss_mean", 1, 4),
+    ("step peak MiB", "mem/step_peak_bytes", MIB, 1),
+    ("samples/s", "speed/samples_per_s", 1, 1),
+]
+
+
+def seed_groups(jobs: list[JobResult]) -> dict[str, list[JobResult]]:
+    """Finished jobs grouped by every choice but the seed: the combinations a seeds study repeats.
+    Empty unless some combination ran with more than one seed."""
+    groups: dict[str, list[JobResult]] = {}
+    for job in jobs:
+        if job.ok:
+            label = " ".join(
+                f"{k}={v}" for k, v in job.choices.items() if k not in ("seed", "cfg/seed") and v
+            )
+            groups.setdefault(label or "defaults", []).append(job)
+    return groups if any(len(group) > 1 for group in groups.values()) else {}
+
+
+def seed_rows(groups: dict[str, list[JobResult]]) -> tuple[list[str], list[list[str]], list[dict]]:
+    """Mean +- standard deviation per combination; the exact numbers too, for the CSV and plots."""
+    import statistics
+
+    headers = ["combination", "seeds"] + [title for title, *_ in SEED_KEYS]
+    rows, exact = [], []
+    for label, group in groups.items():
+        cells, numbers = [label, str(len(group))], {"combination": label, "seeds": len(group)}
+        for _title, key, scale, digits in SEED_KEYS:
+            values = [job.summary[key] for job in group if _is_value(job.summary.get(key))]
+            if not values:
+                cells.append("")
+                continue
+            mean = statistics.fmean(values)
+            std = statistics.stdev(values) if len(values) > 1 else 0.0
+            numbers[f"{key}/mean"], numbers[f"{key}/std"] = mean, std
+            cells.append(f"{mean / scale:.{digits}f} +- {std / scale:.{digits}f}")
+        rows.append(cells)
+        exact.append(numbers)
+    return headers, rows, exact
+
+
+def plot_seeds(groups: dict[str, list[JobResult]], path: Path) -> None:
+    """Eval loss and step peak per combination, mean with one standard deviation as error bars."""
+    _, _, exact = seed_rows(groups)
+    plt, fig, axes = _figure(max(3.0, 1.2 + 0.45 * len(exact)), columns=2)
+    ys = list(range(len(exact)))
+    for ax, key, scale, xlabel in (
+        (axes[0], "eval/loss", 1, "eval loss (mean +- std over seeds)"),
+        (axes[1], "mem/step_peak_bytes", MIB, "step peak MiB (mean +- std)"),
+    ):
+        means = [row.get(f"{key}/mean", math.nan) / scale for row in exact]
+        stds = [row.get(f"{key}/std", 0.0) / scale for row in exact]
+        ax.errorbar(means, ys, xerr=stds, fmt="o", capsize=4, color="#4c72b0")
+        ax.set_xlabel(xlabel)
+        _plain_axes(ax)
+    axes[0].set_yticks(ys, [f"{row['combination']} (n={row['seeds']})" for row in exact], fontsize=8)
+    axes[1].set_yticks(ys, [""] * len(ys))
+    for ax in axes:
+        ax.invert_yaxis()
+        ax.margins(x=0.2)
+    axes[0].set_title("Repeated seeds: a difference smaller than the bars is noise")
+    _save(plt, fig, path)
+
+
+def html_table(headers: list[str], rows: list[list[str]], row_classes: list[str] | None = None) -> str:
+    """A table with text columns left-aligned and number columns right-aligned."""
     numeric = [all(_is_number(row[i]) for row in rows) for i in range(len(headers))]
 
     def cells(tag, values):
@@ -514,8 +584,15 @@ def write_html(
         )
 
     body = [f"<tr>{cells('th', headers)}</tr>"]
-    for job, row in zip(jobs, rows):
-        body.append(f'<tr class="{"" if job.ok else "failed"}">{cells("td", row)}</tr>')
+    for row, css in zip(rows, row_classes or [""] * len(rows)):
+        body.append(f'<tr class="{css}">{cells("td", row)}</tr>')
+    return f"<table>{''.join(body)}</table>"
+
+
+def write_html(
+    headers, rows, jobs: list[JobResult], plots: list[Path], path: Path, sources: list[Path], extra: str = ""
+) -> None:
+    table = html_table(headers, rows, ["" if job.ok else "failed" for job in jobs])
     images = []
     for plot in plots:
         data = base64.b64encode(plot.read_bytes()).decode("ascii")
@@ -533,7 +610,8 @@ img {{ max-width: 100%; }}
 </style></head><body>
 <h1>effitrain comparison</h1>
 <p>{html.escape(", ".join(str(s) for s in sources))}: {len(jobs)} jobs, {sum(not j.ok for j in jobs)} not ok.</p>
-<table>{"".join(body)}</table>
+{table}
+{extra}
 {f"<h2>Jobs that did not finish ok</h2><ul>{errors}</ul>" if errors else ""}
 {"".join(images)}
 </body></html>
@@ -597,12 +675,36 @@ def compare(sweeps: list[Path], output: Path | None = None, wandb_mode: str | No
         written[name] = output / name
     problems = failures(jobs)
     markdown = [markdown_table(headers, rows), ""]
+    extra = ""
+    groups = seed_groups(jobs)
+    if groups:  # repeated seeds: mean +- std per combination, in a table and a plot of their own
+        seed_headers, seed_table, exact = seed_rows(groups)
+        written["seeds_csv"] = output / "comparison_seeds.csv"
+        with open(written["seeds_csv"], "w", newline="") as handle:
+            columns = list(dict.fromkeys(k for row in exact for k in row))
+            writer = csv.DictWriter(handle, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(exact)
+        plot_seeds(groups, output / "seeds.png")
+        plots.append(output / "seeds.png")
+        written["seeds.png"] = output / "seeds.png"
+        markdown += [
+            "Repeated seeds (mean +- standard deviation):",
+            "",
+            markdown_table(seed_headers, seed_table),
+            "",
+        ]
+        extra = "<h2>Repeated seeds (mean &plusmn; standard deviation)</h2>" + html_table(
+            seed_headers, seed_table
+        )
     if problems:
         markdown += ["Jobs that did not finish ok:", ""] + [f"- {line}" for line in problems] + [""]
     markdown += [f"![{plot.stem}]({plot.name})" for plot in plots]
     written["md"].write_text("\n".join(markdown) + "\n")
-    write_html(headers, rows, jobs, plots, written["html"], sweeps)
+    write_html(headers, rows, jobs, plots, written["html"], sweeps, extra)
     print(text_table(headers, rows))
+    if groups:
+        print(text_table(seed_headers, seed_table))
     for line in problems:
         print(f"not ok: {line}")
     print(f"effitrain: compare: {len(jobs)} jobs -> {written['md']}, {written['html']}")

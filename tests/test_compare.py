@@ -166,3 +166,25 @@ def test_pareto_front_keeps_points_nothing_beats_on_both_axes():
 def test_a_sweep_without_wandb_logs_no_table(failing_sweep):
     main(["compare", str(failing_sweep), "--wandb-mode", "offline"])
     assert not (failing_sweep / "wandb").exists()
+
+
+def test_repeated_seeds_are_compared_as_mean_and_spread(tmp_path):
+    import statistics
+
+    folder, done = sweep(tmp_path / "seeds", "logger=none", "optimizer=adamw,adafactor", "seed=1,2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    main(["compare", str(folder)])
+    jobs = summaries(folder)
+    rows = {row["combination"]: row for row in csv.DictReader(open(folder / "comparison_seeds.csv"))}
+    assert sorted(rows) == ["optimizer=adafactor", "optimizer=adamw"]
+    for optimizer in ("adamw", "adafactor"):
+        losses = [s["eval/loss"] for name, s in jobs.items() if name.endswith(f"optimizer={optimizer},seed=1")
+                  or name.endswith(f"optimizer={optimizer},seed=2")]  # fmt: skip
+        assert len(losses) == 2 and losses[0] != losses[1]  # the seeds differ
+        row = rows[f"optimizer={optimizer}"]
+        assert int(row["seeds"]) == 2
+        assert float(row["eval/loss/mean"]) == pytest.approx(statistics.fmean(losses), rel=1e-12)
+        assert float(row["eval/loss/std"]) == pytest.approx(statistics.stdev(losses), rel=1e-9)
+    markdown = (folder / "comparison.md").read_text()
+    assert "Repeated seeds (mean +- standard deviation):" in markdown and "![seeds](seeds.png)" in markdown
+    assert "Repeated seeds" in (folder / "comparison.html").read_text()
