@@ -23,7 +23,6 @@ def _conf_dir() -> Path:
 
 
 CONF_DIR = _conf_dir()
-LR_SCHEDULERS = ("linear", "cosine", "constant")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 INIT_MODES = ("pretrained", "random")
 
@@ -176,7 +175,6 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
                 "max_grad_norm", cfg.max_grad_norm, "must be >= 0 (0 disables clipping)", lambda v: v >= 0
             ),
             lambda: _finite("weight_decay", cfg.weight_decay, "must be >= 0", lambda v: v >= 0),
-            lambda: _scheduler(cfg),
             lambda: _precision(cfg),
             lambda: _compile(cfg),
             lambda: _model(cfg),
@@ -226,11 +224,6 @@ def _resume(cfg: DictConfig) -> None:
     resume = cfg.get("resume")
     if resume is not None and resume != "auto" and not os.path.exists(os.path.expanduser(str(resume))):
         raise invalid("resume", resume, "no such checkpoint folder: give null, auto or an existing path")
-
-
-def _scheduler(cfg: DictConfig) -> None:
-    if cfg.lr_scheduler not in LR_SCHEDULERS:
-        raise invalid("lr_scheduler", cfg.lr_scheduler, f"choose one of {', '.join(LR_SCHEDULERS)}")
 
 
 def _precision(cfg: DictConfig) -> None:

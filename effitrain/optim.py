@@ -8,8 +8,6 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-SCHEDULER_NAMES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
-
 
 def _is_norm(module: torch.nn.Module) -> bool:
     norm_types = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._BatchNorm)
@@ -51,11 +49,10 @@ def num_optimizer_steps(
     return min(steps, max_steps) if max_steps else steps
 
 
-def build_scheduler(name: str, optimizer, num_training_steps: int, warmup_ratio: float):
-    """transformers' schedule with ``ceil(warmup_ratio * steps)`` warmup steps, counted in optimizer steps."""
-    from transformers import get_scheduler
-
+def build_scheduler(scheduler_cfg, optimizer, num_training_steps: int, warmup_ratio: float):
+    """The ``lr_scheduler`` group's schedule (a partial) with ``ceil(warmup_ratio * steps)`` warmup
+    steps, counted in optimizer steps after accumulation."""
     warmup = math.ceil(warmup_ratio * num_training_steps)
-    return get_scheduler(
-        SCHEDULER_NAMES[name], optimizer, num_warmup_steps=warmup, num_training_steps=num_training_steps
+    return instantiate(scheduler_cfg)(
+        optimizer=optimizer, num_warmup_steps=warmup, num_training_steps=num_training_steps
     )

@@ -25,6 +25,7 @@ def files(train: str = "train.csv", test: str = "test.csv") -> str:
 PARSE = [
     (["optimizer=sgd"], "optimizer='sgd' is not an option: choose one of adafactor, adam8bit, adamw"),
     (["backend=trainer,keras"], "backend='keras' is not an option: choose one of accelerator, trainer"),
+    (["lr_scheduler=step"], "lr_scheduler='step' is not an option: choose one of constant, cosine, linear"),
     (["optimizer.lrr=1e-3"], "optimizer.lrr='1e-3' is not a config key: did you mean optimizer.lr"),
     (["lr=1e-3"], "lr='1e-3' is not a config key: did you mean optimizer.lr?"),
     (["+lr=1e-3"], "lr='1e-3' adds a key nothing reads: did you mean optimizer.lr?"),
@@ -50,7 +51,6 @@ VALUES = [
     (["warmup_ratio=1.0"], "warmup_ratio=1.0 is invalid: must be in [0, 1)"),
     (["max_grad_norm=-1"], "max_grad_norm=-1 is invalid: must be >= 0 (0 disables clipping)"),
     (["max_grad_norm=nan"], "max_grad_norm=nan is invalid: must be >= 0 (0 disables clipping)"),
-    (["lr_scheduler=step"], "lr_scheduler='step' is invalid: choose one of linear, cosine, constant"),
     (["compile.mode=fast"], "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
     (["compile=on", "compile.backend=nonsense"], "compile.backend='nonsense' is invalid: choose one of"),
     (["model.name_or_path=/no/such/model"], "model.name_or_path='/no/such/model' is invalid: no such folder"),
