@@ -78,7 +78,10 @@ PREFLIGHT = PARSE + VALUES
 DATA = [
     (["data.num_eval=0"], "data (eval split)=0 is invalid: the split is empty"),
     ([*HUB, files(), "data.eval_split=validation"], "data.eval_split='validation' is invalid: no such split"),
-    ([*HUB, files(test="bad_label.csv")], "data (eval split) label=-1 is invalid: labels must be in 0..1"),
+    (
+        [*HUB, files(test="bad_label.csv")],
+        "data.label_column='label' is invalid: integer labels must be the class ids 0..1 with none unused (unused: none; smallest: -1)",
+    ),
 ]
 
 

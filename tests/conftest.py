@@ -46,6 +46,16 @@ def csv_files(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each job of a real sweep is its own process; tests share one, where torch.compile's caches
+    (and its per-function recompile limit) would carry one test's compilations into the next."""
+    yield
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+
 def compose(*overrides: str, tiny: bool = True):
     """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""
     from effitrain.cli import compose_config

@@ -83,6 +83,7 @@ def start_and_kill(run_dir: Path, *overrides: str, at_step: int) -> int:
     return steps[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_sigkill_then_resume_auto_is_bit_identical(tmp_path, reference_runs, optimizer, backend):
@@ -111,6 +112,7 @@ def test_sigkill_then_resume_auto_is_bit_identical(tmp_path, reference_runs, opt
     assert [line["train/samples"] for line in resumed] == [line["train/samples"] for line in uninterrupted]
 
 
+@pytest.mark.slow
 def test_checkpoint_files_and_pruning(tmp_path):
     summary = run_job(tmp_path, "max_steps=7", "checkpoint_every=3", "checkpoint_keep=2", "compile=on",
                       "compile.backend=aot_eager")  # fmt: skip
@@ -139,6 +141,7 @@ def test_position_counts_full_windows_and_maps_epoch_end_to_next_epoch():
     assert checkpoint.position(6, 13, 4) == checkpoint.Position(6, 1, 8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_interrupted_write_leaves_previous_checkpoint_and_auto_uses_it(tmp_path, backend):
     overrides = [
@@ -176,6 +179,7 @@ def test_interrupted_write_leaves_previous_checkpoint_and_auto_uses_it(tmp_path,
     assert not (run_dir / "checkpoints" / ".partial-step-00000006").exists()
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
     assert run_job(tmp_path, "max_steps=2", "checkpoint_every=1")["status"] == "ok"
     summary = run_job(tmp_path, "max_steps=2", "checkpoint_every=1", "optimizer.lr=0.5", "resume=auto")
@@ -190,6 +194,7 @@ def test_resume_auto_without_checkpoint_starts_from_scratch(tmp_path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_forced_nan_is_diverged_and_writes_no_checkpoint(tmp_path, backend):
     # lr 1e30 without warmup: step 1 computes a finite loss, then the weights blow up
@@ -214,7 +219,9 @@ def test_forced_nan_is_diverged_and_writes_no_checkpoint(tmp_path, backend):
     assert [line["step"] for line in read_metrics(tmp_path)] == [1]
 
 
-@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.pt"])
+@pytest.mark.parametrize(
+    "damaged", ["model.safetensors", pytest.param("optimizer.pt", marks=pytest.mark.slow)]
+)
 def test_a_damaged_checkpoint_of_the_right_size_is_skipped_for_the_one_before(tmp_path, damaged, capsys):
     """A byte flipped inside the newest checkpoint: resume=auto names it, falls back to the one
     before and ends with the weights of an uninterrupted run."""

@@ -54,6 +54,7 @@ def summaries(folder):
     return {p.parent.name: json.loads(p.read_text()) for p in sorted(folder.rglob("summary.json"))}
 
 
+@pytest.mark.slow
 def test_compare_of_a_real_wandb_sweep_holds_the_summaries_values(wandb_sweep, capsys):
     main(["compare", str(wandb_sweep), "--wandb-mode", "disabled"])
     jobs = summaries(wandb_sweep)
@@ -74,6 +75,7 @@ def test_compare_of_a_real_wandb_sweep_holds_the_summaries_values(wandb_sweep, c
     assert "adafactor" in terminal and "effitrain: compare: 2 jobs" in terminal
 
 
+@pytest.mark.slow
 def test_the_wandb_table_lands_in_the_jobs_project_and_group(wandb_sweep):
     from tests.test_loggers import inspect_records, inspect_summary, wandb_files
 
@@ -96,6 +98,7 @@ def test_the_wandb_table_lands_in_the_jobs_project_and_group(wandb_sweep):
     assert rows[job("optimizer=adamw")]["mem/optimizer_state_bytes"] == adamw["mem/optimizer_state_bytes"]
 
 
+@pytest.mark.slow
 def test_failed_missing_and_unreadable_jobs_are_reported_not_raised(failing_sweep, tmp_path, capsys):
     copy = tmp_path / "sweep"
     shutil.copytree(failing_sweep, copy, ignore=shutil.ignore_patterns(".cache"))
@@ -114,6 +117,7 @@ def test_failed_missing_and_unreadable_jobs_are_reported_not_raised(failing_swee
     assert "not ok: broken: missing" in out
 
 
+@pytest.mark.slow
 def test_several_sweep_folders_make_one_table(wandb_sweep, failing_sweep, tmp_path):
     main(["compare", str(wandb_sweep), str(failing_sweep), "--output", str(tmp_path / "report"),
           "--wandb-mode", "disabled"])  # fmt: skip
@@ -122,6 +126,7 @@ def test_several_sweep_folders_make_one_table(wandb_sweep, failing_sweep, tmp_pa
     assert (tmp_path / "report" / "comparison.html").exists()
 
 
+@pytest.mark.slow
 def test_plots_have_content_and_the_html_embeds_them(wandb_sweep):
     import matplotlib.image
 
@@ -142,6 +147,7 @@ def test_plots_have_content_and_the_html_embeds_them(wandb_sweep):
     assert 'src="memory.png"' not in page  # self-contained: nothing to fetch
 
 
+@pytest.mark.slow
 def test_missing_folder_and_read_only_output_are_one_line(wandb_sweep, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["compare", str(tmp_path / "nowhere")])
@@ -163,11 +169,13 @@ def test_pareto_front_keeps_points_nothing_beats_on_both_axes():
     assert pareto_front(points) == [1, 0, 2]
 
 
+@pytest.mark.slow
 def test_a_sweep_without_wandb_logs_no_table(failing_sweep):
     main(["compare", str(failing_sweep), "--wandb-mode", "offline"])
     assert not (failing_sweep / "wandb").exists()
 
 
+@pytest.mark.slow
 def test_repeated_seeds_are_compared_as_mean_and_spread(tmp_path):
     import statistics
 
@@ -176,12 +184,13 @@ def test_repeated_seeds_are_compared_as_mean_and_spread(tmp_path):
     main(["compare", str(folder)])
     jobs = summaries(folder)
     rows = {row["combination"]: row for row in csv.DictReader(open(folder / "comparison_seeds.csv"))}
-    assert sorted(rows) == ["optimizer=adafactor", "optimizer=adamw"]
-    for optimizer in ("adamw", "adafactor"):
+    # each optimizer's own default lr differs too, so it names the combination as well
+    assert sorted(rows) == ["optimizer=adafactor lr=0.0003", "optimizer=adamw lr=0.0001"]
+    for optimizer, lr in (("adamw", "0.0001"), ("adafactor", "0.0003")):
         losses = [s["eval/loss"] for name, s in jobs.items() if name.endswith(f"optimizer={optimizer},seed=1")
                   or name.endswith(f"optimizer={optimizer},seed=2")]  # fmt: skip
         assert len(losses) == 2 and losses[0] != losses[1]  # the seeds differ
-        row = rows[f"optimizer={optimizer}"]
+        row = rows[f"optimizer={optimizer} lr={lr}"]
         assert int(row["seeds"]) == 2
         assert float(row["eval/loss/mean"]) == pytest.approx(statistics.fmean(losses), rel=1e-12)
         assert float(row["eval/loss/std"]) == pytest.approx(statistics.stdev(losses), rel=1e-9)

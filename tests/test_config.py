@@ -84,6 +84,7 @@ def test_distilbert_random_init_builds_offline_with_the_architecture():
     assert sum(p.numel() for p in on_meta.parameters()) == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_distilbert_pretrained_without_hub_is_a_clear_error():
     cfg = compose("model=distilbert_base_cased")
     with pytest.raises(ConfigError, match=r"^model.name_or_path='distilbert-base-cased' is invalid"):

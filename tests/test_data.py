@@ -29,6 +29,7 @@ def write_csv(path, rows):
     path.write_text("text,label\n" + "".join(f"{text},{label}\n" for text, label in rows))
 
 
+@pytest.mark.slow
 def test_files_rewritten_at_the_same_path_are_tokenized_anew(tmp_path):
     write_csv(tmp_path / "train.csv", [("good", 1), ("bad", 0)] * 4)
     write_csv(tmp_path / "test.csv", [("fine", 1), ("awful", 0)])

@@ -86,6 +86,7 @@ def test_backends_see_the_same_batches_in_the_same_order(tmp_path):
     assert seen["accelerator"] == seen["trainer"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["accelerator", "trainer"])
 def test_compile_changes_speed_not_the_numbers(tmp_path, backend):
     common = [f"backend={backend}", "max_steps=6", "micro_batch_size=8", *SMALL]

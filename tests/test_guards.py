@@ -56,8 +56,15 @@ def test_bad_data_fails_before_the_model_is_built(tmp_path, csv_files, overrides
 @pytest.mark.parametrize(
     "override, message, before_hydra",
     [
-        ("checkpoint_every=0", "checkpoint_every=0 is invalid: must be an integer >= 1 (or null)", True),
-        ("warmup_ratio=1.5", "warmup_ratio=1.5 is invalid: must be in [0, 1)", True),
+        pytest.param(
+            "checkpoint_every=0",
+            "checkpoint_every=0 is invalid: must be an integer >= 1 (or null)",
+            True,
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            "warmup_ratio=1.5", "warmup_ratio=1.5 is invalid: must be in [0, 1)", True, marks=pytest.mark.slow
+        ),
         # a valid config, but the folder holds an ok run that a new run would overwrite
         ("seed=7", "is invalid: it holds a finished ok run (summary.json); give another folder", True),
     ],

@@ -48,7 +48,7 @@ def history(records: list[dict]) -> list[dict]:
     return [r["history"]["item"] for r in records if r["type"] == "history"]
 
 
-@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 def test_offline_run_holds_config_history_and_summary_of_the_result_files(tmp_path, backend, capsys):
     summary = run_job(tmp_path, *WANDB, f"backend={backend}", "optimizer.lr=3e-4", *FEW_STEPS)
     assert summary["status"] == "ok", summary["error"]
@@ -96,6 +96,7 @@ def test_offline_run_holds_config_history_and_summary_of_the_result_files(tmp_pa
     assert capsys.readouterr().out.count("wandb sync") == 1  # one line saying how to upload
 
 
+@pytest.mark.slow
 def test_two_job_multirun_in_one_process_gives_two_runs_in_one_group(tmp_path):
     sweep = tmp_path / "sweep"
     marker = "effitrain-marker-key-0a1b2c3d4e5f60718293a4b5c6d7e8f9"  # WANDB_MODE=offline comes from conftest
@@ -181,6 +182,7 @@ def test_a_rejected_config_shows_as_crashed_too(tmp_path):
     assert state["exit_code"] == 1 and "gradient_accumulation_steps=0" in state["summary"]["error"]
 
 
+@pytest.mark.slow
 def test_the_api_key_is_written_to_no_file(tmp_path, monkeypatch):
     marker = "effitrain-marker-key-5f3c9a1e7d2b4c6a8e0f1a2b3c4d5e6f70819a2b"  # 40+ chars, as a real key
     monkeypatch.setenv("WANDB_API_KEY", marker)
@@ -217,6 +219,7 @@ def test_wandb_not_importable_never_fails_training(tmp_path, monkeypatch, capsys
     assert sum("W&B" in line for line in capsys.readouterr().err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_online_init_failing_falls_back_to_offline(tmp_path, monkeypatch):
     import wandb
 

@@ -144,6 +144,7 @@ def _minilm_meta_estimates():
     return {name: row["optimizer_state_bytes"] for name, row in rows.items()}
 
 
+@pytest.mark.slow
 def test_8bit_and_adafactor_against_adamw_on_minilm_shapes():
     state = _minilm_meta_estimates()
     assert state["adam8bit"] < 0.27 * state["adamw"]
@@ -177,6 +178,7 @@ _PEAK_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_processes_report_independent_peaks():
     def peak(mib):
         out = subprocess.run(
@@ -267,6 +269,7 @@ def test_gradient_checkpointing_gives_the_same_losses(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_estimate_of_distilbert_works_offline_with_its_own_vocabulary():
     cfg = compose("model=distilbert_base_cased", "max_length=32", "micro_batch_size=2", tiny=False)
     [row] = memory.estimate_memory(cfg).values()
@@ -278,6 +281,7 @@ def test_estimate_of_distilbert_works_offline_with_its_own_vocabulary():
     assert 0 <= row["step_peak"]["weights_bytes"] - row["weights_bytes"] <= 512 * 8  # + buffers (positions)
 
 
+@pytest.mark.slow
 def test_estimate_cli_agrees_with_a_run(tmp_path):
     from tests.conftest import TINY
 

@@ -52,7 +52,7 @@ def test_step_count_is_after_accumulation(batches, accumulation, epochs):
 @pytest.mark.parametrize("name", ["linear", "cosine", "constant"])
 def test_schedule_warms_up_for_ten_percent_and_spans_the_steps(name):
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    scheduler = build_scheduler(name, optimizer, num_training_steps=20, warmup_ratio=0.1)
+    scheduler = build_scheduler(compose(f"lr_scheduler={name}").lr_scheduler, optimizer, 20, warmup_ratio=0.1)
     lrs = []
     for _ in range(20):
         lrs.append(optimizer.param_groups[0]["lr"])

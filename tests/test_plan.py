@@ -38,6 +38,7 @@ def test_a_budget_between_two_peaks_picks_the_larger_micro_batch_that_fits():
     )
 
 
+@pytest.mark.slow
 def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
     done = subprocess.run(
         [sys.executable, "-m", "effitrain.cli", "plan", "--memory-budget", "1MiB", "--effective-batch-size", "2",

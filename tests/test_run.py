@@ -28,7 +28,7 @@ STEP_KEYS = {"step", "train/loss", "lr", "grad_norm", "train/samples", "train/to
 FEW_STEPS = ["max_steps=3", "data.num_train=48", "data.num_eval=16"]
 
 
-@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adam8bit"])
 def test_few_steps_write_every_required_key(tmp_path, optimizer, backend):
     summary = run_job(tmp_path, f"optimizer={optimizer}", f"backend={backend}", *FEW_STEPS)
@@ -49,6 +49,7 @@ def test_few_steps_write_every_required_key(tmp_path, optimizer, backend):
     assert on_disk["speed/samples_per_s"] > 0 and on_disk["speed/wall_s"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["accelerator", "trainer"])
 def test_loss_falls_clearly_on_a_learnable_task(tmp_path, backend):
     summary = run_job(tmp_path, f"backend={backend}", "epochs=8", "optimizer.lr=3e-3", "warmup_ratio=0.0")
@@ -124,6 +125,7 @@ def test_result_files_follow_the_umask(tmp_path):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_writes_an_interrupted_summary_and_exits_128_plus_signal(tmp_path, signum):
     """A long run interrupted after its first steps: one line, no traceback, the summary says so."""
@@ -156,6 +158,7 @@ def read_lines(folder):
     return path.read_text().splitlines() if path.exists() else []
 
 
+@pytest.mark.slow
 def test_a_folder_in_use_by_another_run_is_refused_and_left_alone(tmp_path):
     import fcntl
 

@@ -43,6 +43,7 @@ def test_meter_throughput_is_work_over_time_with_a_known_sleep():
     assert summary["speed/first_step_overhead_s"] == pytest.approx(0.3, abs=0.1)
 
 
+@pytest.mark.slow
 def test_run_throughput_with_a_sleep_per_micro_batch(tmp_path, monkeypatch):
     import effitrain.training as backend
 
@@ -61,6 +62,7 @@ def test_run_throughput_with_a_sleep_per_micro_batch(tmp_path, monkeypatch):
     assert summary["speed/samples_per_s"] <= 64 / (8 * SLEEP_S)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compile_", ["off", "on"])
 def test_compile_time_is_dynamo_s_own_and_null_without_compile(tmp_path, compile_):
     summary = run_job(tmp_path, f"compile={compile_}", "compile.backend=aot_eager", "max_steps=3")
