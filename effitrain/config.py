@@ -160,6 +160,7 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
             lambda: _at_least(cfg, "epochs", 1),
             lambda: _at_least(cfg, "eval_batch_size", 1),
             lambda: _at_least(cfg, "max_steps", 1, allow_null=True),
+            lambda: _at_least(cfg, "eval_every", 1, allow_null=True),
             lambda: _at_least(cfg, "effective_batch_size", 1, allow_null=True),
             lambda: _effective_batch(cfg, world_size),
             lambda: _at_least(cfg, "checkpoint_every", 1, allow_null=True),

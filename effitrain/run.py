@@ -66,6 +66,24 @@ class Job:
     eval_model: torch.nn.Module | None = None
     accelerator: object = None
 
+    best_eval: tuple[float, int] | None = None  # (eval/loss, step) of the best evaluation so far
+
+    def after_step(self, step: int, trainer_state=None) -> None:
+        """The shared end of an optimizer step, after the meter's line: evaluate when
+        ``eval_every`` says so, then checkpoint (so a diverged state, which the meter raises on,
+        is never saved)."""
+        every = self.cfg.get("eval_every")
+        if every and step % every == 0 and step < self.num_steps:  # the last step: the final evaluation
+            started = time.perf_counter()
+            self.log_evaluation(step, evaluate_job(self))
+            self.meter.exclude(time.perf_counter() - started)
+        self.checkpoints.after_step(step, trainer_state=trainer_state)
+
+    def log_evaluation(self, step: int, metrics: dict) -> None:
+        self.meter.log({"step": step, **metrics}, step)
+        if self.best_eval is None or metrics["eval/loss"] < self.best_eval[0]:
+            self.best_eval = (metrics["eval/loss"], step)
+
     def track_step(self, step: int):
         """A context around optimizer step ``step``: the memory tracker measures the chosen one."""
         return self.step_memory(step)
@@ -144,8 +162,9 @@ def fit(job: Job) -> dict:
 
 
 def evaluate_job(job: Job) -> dict:
-    """The shared evaluation, on the model and eval loader the backend prepared."""
-    return evaluate(job.eval_model, job.eval_loader, job.accelerator)
+    """The shared evaluation, on the model and eval loader the backend prepared (the plain module
+    while the Trainer is still training)."""
+    return evaluate(job.eval_model or job.model, job.eval_loader, job.accelerator)
 
 
 def predict_step_peak(job: Job) -> dict:
@@ -280,7 +299,10 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
         with tracked:
             summary.update(train(job))
         summary["speed/compile_s"] = compile_seconds() - compiling if cfg.compile.enabled else None
-        summary.update(evaluate_job(job))  # outside the measured region: its batches are not training's
+        final = evaluate_job(job)  # outside the measured region: its batches are not training's
+        job.log_evaluation(summary["train/steps"], final)
+        summary.update(final)
+        summary["eval/best_loss"], summary["eval/best_step"] = job.best_eval
         summary.update(predict_step_peak(job))
         summary.update(
             mfu_keys(summary.get("speed/flops_per_step"), summary.get("speed/step_s_median"), state.device,

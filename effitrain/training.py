@@ -194,6 +194,15 @@ class StepMeter:
         """The step being measured now is tracked for memory: its time stays out of the medians."""
         self.untimed.add(len(self.step_times))
 
+    def log(self, record: dict, step: int) -> None:
+        """A record that is not a training step's (an evaluation), to the same loggers."""
+        for logger in self.loggers:
+            logger.log_dict(record, step)
+
+    def exclude(self, seconds: float) -> None:
+        """Time spent since the last step on something else (an evaluation): not the next step's."""
+        self._last += seconds
+
     def restore(
         self, step: int, samples: int, tokens: int, last_loss: float, loss_total: float = math.nan
     ) -> None:

@@ -177,3 +177,45 @@ def test_a_folder_in_use_by_another_run_is_refused_and_left_alone(tmp_path):
     assert child.returncode == 2
     assert f"hydra.run.dir={str(tmp_path)!r} is invalid: in use by another run (pid 4242)" in child.stderr
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+def test_eval_every_writes_eval_lines_and_the_best_one(tmp_path, backend):
+    summary = run_job(tmp_path, f"backend={backend}", "max_steps=6", "eval_every=2", "optimizer.lr=3e-3",
+                      "warmup_ratio=0")  # fmt: skip
+    assert summary["status"] == "ok", summary["error"]
+    lines = read_metrics(tmp_path)
+    evals = [line for line in lines if "eval/loss" in line]
+    assert [line["step"] for line in evals] == [2, 4, 6]  # 6: the final evaluation
+    assert all("train/loss" not in line for line in evals)
+    assert [line["step"] for line in lines if "train/loss" in line] == [1, 2, 3, 4, 5, 6]
+    assert (
+        evals[-1]["eval/loss"] == summary["eval/loss"]
+        and evals[-1]["eval/accuracy"] == summary["eval/accuracy"]
+    )
+    best = min(evals, key=lambda line: line["eval/loss"])
+    assert (summary["eval/best_loss"], summary["eval/best_step"]) == (best["eval/loss"], best["step"])
+    assert len({line["eval/loss"] for line in evals}) == 3  # the model changed between evaluations
+
+
+def test_a_full_disk_while_writing_metrics_is_a_failed_summary_in_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from effitrain import results
+
+    def full(self, payload, step):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(results.MetricsFile, "log_dict", full)
+    summary = run_job(tmp_path, *FEW_STEPS)
+    assert summary["status"] == "failed"
+    assert summary["error"] == "OSError: [Errno 28] No space left on device"
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+
+
+def test_a_torn_last_metrics_line_is_skipped_by_the_reader(tmp_path):
+    from effitrain.results import read_metrics as read
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "train/loss": 1.5}\n{"step": 2, "train/loss": 1.4}\n{"step": 3, "tra')
+    assert read(path) == [{"step": 1, "train/loss": 1.5}, {"step": 2, "train/loss": 1.4}]

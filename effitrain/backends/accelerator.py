@@ -57,7 +57,7 @@ def fit(job) -> dict:
                 scheduler.step()
             step += 1
             meter.end_step(step, lr, grad_norm)
-            job.checkpoints.after_step(step)  # after end_step: a diverged state is never saved
+            job.after_step(step)  # eval_every, then the checkpoint
             if step >= job.num_steps:
                 break
         epoch += 1

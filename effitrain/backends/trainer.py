@@ -44,10 +44,10 @@ class _StepCallback(TrainerCallback):
     """Each optimizer step (logging_steps=1 logs every one): the shared meter, then the checkpoint,
     in the accelerator loop's order, so a diverged state (end_step raises) is never saved."""
 
-    def __init__(self, meter, checkpoints, step_memory):
-        self.meter = meter
-        self.checkpoints = checkpoints
-        self.step_memory = step_memory
+    def __init__(self, job):
+        self.meter = job.meter
+        self.job = job
+        self.step_memory = job.step_memory
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.step_memory.begin(state.global_step + 1)  # tracks only the chosen step
@@ -58,7 +58,7 @@ class _StepCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "grad_norm" in logs:
             self.meter.end_step(state.global_step, logs["learning_rate"], logs["grad_norm"])
-            self.checkpoints.after_step(state.global_step, trainer_state=state)
+            self.job.after_step(state.global_step, trainer_state=state)
 
 
 def training_arguments(cfg, num_steps: int, output_dir) -> TrainingArguments:
@@ -99,17 +99,18 @@ def fit(job) -> dict:
         train_loader=job.train_loader,
         meter=job.meter,
         step_memory=job.step_memory,
-        callbacks=[_StepCallback(job.meter, job.checkpoints, job.step_memory)],
+        callbacks=[_StepCallback(job)],
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)  # the shared meter draws the progress bar
 
     # The Trainer loads weights, optimizer, scheduler and generators from effitrain's checkpoint
     # (its file names are the Trainer's) and skips the consumed batches itself.
+    job.accelerator = trainer.accelerator  # evaluations during training (eval_every) use it
+    job.eval_loader = trainer.accelerator.prepare(job.eval_loader)
     job.checkpoints.restore(weights=False)
     resume = str(job.checkpoints.resume_from) if job.checkpoints.resume_from else None
     job.meter.start()
     trainer.train(resume_from_checkpoint=resume)
-    job.eval_model, job.accelerator = trainer.model_wrapped, trainer.accelerator
-    job.eval_loader = trainer.accelerator.prepare(job.eval_loader)
+    job.eval_model = trainer.model_wrapped
     return job.meter.summary()
