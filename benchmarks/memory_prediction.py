@@ -1,0 +1,75 @@
+"""Predicted vs measured step peak, per category, for model x optimizer x micro batch; and how long
+an estimate takes.
+
+    python benchmarks/memory_prediction.py                         # tiny and minilm, CPU here
+    python benchmarks/memory_prediction.py --models distilbert_base_cased --micro 16 32   # on a GPU
+
+Each combination is one real run of two optimizer steps (logger=none, synthetic data padded to a
+fixed length, so the tracked step is the worst case the estimate assumes). Printed: the measured
+step peak by category (MemTracker on the real step), the prediction (the same step replayed on
+fake tensors), their ratio, and on CUDA the allocator's max_memory_allocated for the same run,
+against which the prediction's ratio is printed too. Then the seconds `effitrain estimate` takes
+for each model (every optimizer of conf/optimizer, at --max-length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from effitrain.cli import compose_known_keys  # noqa: E402
+from effitrain.config import group_options  # noqa: E402
+from effitrain.memory import MIB, estimate_memory  # noqa: E402
+from effitrain.run import run  # noqa: E402
+from effitrain.step_memory import CATEGORIES  # noqa: E402
+
+MODEL = {"distilbert_base_cased": ["model.init=random"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["tiny", "minilm"])
+    parser.add_argument("--optimizers", nargs="+", default=group_options("optimizer"))
+    parser.add_argument("--micro", nargs="+", type=int, default=[8, 16])
+    parser.add_argument("--max-length", type=int, default=64)
+    args = parser.parse_args()
+    print("model | optimizer | micro | " + " | ".join(CATEGORIES) + " | step peak MiB | predicted MiB | "
+          "predicted / measured | cuda max allocated MiB | predicted / cuda")  # fmt: skip
+    for model in args.models:
+        for optimizer in args.optimizers:
+            for micro in args.micro:
+                overrides = [f"model={model}", *MODEL.get(model, []), f"optimizer={optimizer}", "data=synthetic",
+                             f"data.words_per_text={args.max_length * 2}", f"max_length={args.max_length}",
+                             f"micro_batch_size={micro}", "max_steps=2", "logger=none", "progress_bar=false"]  # fmt: skip
+                with tempfile.TemporaryDirectory() as folder:
+                    s = run(compose_known_keys(overrides), folder)
+                if s["status"] != "ok":
+                    print(f"{model} | {optimizer} | {micro} | {s['status']}: {s['error']}")
+                    continue
+                measured, predicted = s["mem/step_peak_bytes"], s.get("mem/step_peak_bytes_predicted")
+                cuda = s.get("mem/cuda_max_allocated_bytes")
+                parts = " | ".join(
+                    f"{s[f'mem/step_peak/{c}_bytes'] / MIB:.1f} / {s.get(f'mem/step_peak_predicted/{c}_bytes', 0) / MIB:.1f}"
+                    for c in CATEGORIES
+                )
+                print(f"{model} | {optimizer} | {micro} | {parts} | {measured / MIB:.1f} | "
+                      f"{predicted / MIB:.1f} | {predicted / measured:.4f} | "
+                      f"{cuda / MIB if cuda else float('nan'):.1f} | {predicted / cuda if cuda else float('nan'):.3f}")  # fmt: skip
+    print("\nmodel | seconds for `effitrain estimate` (all optimizers)")
+    for model in args.models:
+        cfg = compose_known_keys([f"model={model}", *MODEL.get(model, []), f"max_length={args.max_length}",
+                                  "data=synthetic"])  # fmt: skip
+        optimizers = {name: compose_known_keys([f"model={model}", f"optimizer={name}"]).optimizer
+                      for name in args.optimizers}  # fmt: skip
+        started = time.perf_counter()
+        estimate_memory(cfg, optimizers)
+        print(f"{model} | {time.perf_counter() - started:.1f}")
+
+
+if __name__ == "__main__":
+    main()
