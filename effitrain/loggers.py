@@ -29,6 +29,7 @@ from effitrain.results import plain
 log = logging.getLogger(__name__)
 
 MODES = ("online", "offline", "disabled")
+OFFLINE_MARKER = ".effitrain-wandb-offline"  # in a sweep's W&B folder once a job fell back to offline
 _TAG_CHARS = 64  # W&B rejects longer tags
 
 
@@ -170,6 +171,11 @@ class WandbLogger:
         # silent: the one line below replaces wandb's banner, which a sweep would print per job
         settings = {"silent": True, "init_timeout": init_timeout_s}
         modes = [self.mode] + (["offline"] if self.mode == "online" else [])
+        # a sweep pays an unreachable server once: later jobs find the first one's note and start offline
+        marker = wandb_dir / OFFLINE_MARKER
+        if self.mode == "online" and identity["multirun"] and marker.exists():
+            print(f"effitrain: W&B: {marker.read_text().strip()}; this job starts offline", flush=True)
+            modes = ["offline"]
         for attempt in modes:
             try:
                 wandb_dir.mkdir(parents=True, exist_ok=True)
@@ -181,8 +187,16 @@ class WandbLogger:
         if self.run is None:
             self._warn("this run is not logged to W&B")
             return
+        if modes[0] == "online" and self.mode == "offline" and identity["multirun"]:
+            try:
+                marker.write_text("an earlier job of this sweep could not reach the W&B server\n")
+            except OSError:
+                pass
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")  # the optimizer step is every chart's x-axis
+        # the dashboard's run summaries: the best evaluation and the highest memory, not the last
+        self.run.define_metric("eval/loss", step_metric="step", summary="min")
+        self.run.define_metric("mem/current_bytes", step_metric="step", summary="max")
         if self.mode == "offline":
             # in a sweep every job points at the whole sweep: one command uploads all of it
             target = (

@@ -70,9 +70,12 @@ def run_job(tmp_path: Path, *overrides: str, tiny: bool = True) -> dict:
     return run(compose(*overrides, tiny=tiny), tmp_path)
 
 
-def read_metrics(folder: Path) -> list[dict]:
-    lines = (Path(folder) / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+def read_metrics(folder: Path, kind: str = "train") -> list[dict]:
+    """metrics.jsonl's lines: the optimizer steps' (``train``), the evaluations' (``eval``) or ``all``."""
+    lines = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
+    if kind == "all":
+        return lines
+    return [line for line in lines if ("train/loss" in line) == (kind == "train")]
 
 
 def train_py(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600):

@@ -70,8 +70,9 @@ def test_offline_run_holds_config_history_and_summary_of_the_result_files(tmp_pa
     assert state["summary"]["status"] == "ok" and state["summary"]["train/steps"] == 3
 
     records = inspect_records(log_file)
-    rows, lines = history(records), read_metrics(tmp_path)
-    assert [row["step"] for row in rows] == [line["step"] for line in lines] == [1, 2, 3]
+    rows, lines = history(records), read_metrics(tmp_path, kind="all")
+    # three optimizer steps, then the final evaluation's line
+    assert [row["step"] for row in rows] == [line["step"] for line in lines] == [1, 2, 3, 3]
     for row, line in zip(rows, lines):
         assert {k: row.get(k) for k in line} == line  # same keys, same numbers as metrics.jsonl
     assert {"glob_name": "*", "options": {"defined": True, "step_sync": True}, "step_metric": "step"} in [
@@ -127,7 +128,7 @@ def test_two_job_multirun_in_one_process_gives_two_runs_in_one_group(tmp_path):
         )
         assert state["exit_code"] == 0 and state["summary"] == {**state["summary"], **_non_null(job)}
         assert [row["step"] for row in history(inspect_records(f))] == [
-            line["step"] for line in read_metrics(job)
+            line["step"] for line in read_metrics(job, kind="all")
         ]
     # one upload line per job, each naming the whole sweep
     sync_lines = [line for line in proc.stdout.splitlines() if "wandb sync" in line]
@@ -234,7 +235,7 @@ def test_online_init_failing_falls_back_to_offline(tmp_path, monkeypatch):
     summary = run_job(tmp_path, "logger=wandb", "logger.mode=online", *FEW_STEPS)
     assert summary["status"] == "ok", summary["error"]
     [log_file] = wandb_files(tmp_path)
-    assert len(history(inspect_records(log_file))) == 3
+    assert len(history(inspect_records(log_file))) == 3 + 1  # the steps and the final evaluation
 
 
 @pytest.mark.parametrize("overrides", [["logger=none"], ["logger=wandb", "logger.mode=disabled"]])
@@ -302,3 +303,26 @@ def test_wandb_is_the_default_logger_and_builds_a_logger(tmp_path, monkeypatch):
     )
     assert isinstance(tracker, loggers.WandbLogger) and tracker.mode == "disabled" and tracker.run is None
     assert loggers.build_tracker(compose("logger=none"), tmp_path, {}) is None
+
+
+def test_once_a_sweep_job_fell_back_to_offline_the_next_ones_start_offline(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    real_init, online_tries = wandb.init, []
+
+    def unreachable(**kwargs):
+        if kwargs["mode"] == "online":
+            online_tries.append(kwargs["name"])
+            raise TimeoutError("no answer from the W&B server")
+        return real_init(**kwargs)
+
+    monkeypatch.setattr(wandb, "init", unreachable)
+    identity = {"group": str(tmp_path), "name": "job", "job_type": "accelerator", "tags": [], "dir": str(tmp_path),
+                "multirun": True}  # fmt: skip
+    for name in ("first", "second", "third"):
+        logger = loggers.WandbLogger({}, dict(identity, name=name), mode="online", init_timeout_s=1)
+        assert logger.mode == "offline" and logger.run is not None
+        logger.finish({"status": "ok"})
+    assert online_tries == ["first"]  # the sweep paid the unreachable server once
+    assert (tmp_path / loggers.OFFLINE_MARKER).exists()
+    assert capsys.readouterr().out.count("this job starts offline") == 2

@@ -184,7 +184,7 @@ def test_eval_every_writes_eval_lines_and_the_best_one(tmp_path, backend):
     summary = run_job(tmp_path, f"backend={backend}", "max_steps=6", "eval_every=2", "optimizer.lr=3e-3",
                       "warmup_ratio=0")  # fmt: skip
     assert summary["status"] == "ok", summary["error"]
-    lines = read_metrics(tmp_path)
+    lines = read_metrics(tmp_path, kind="all")
     evals = [line for line in lines if "eval/loss" in line]
     assert [line["step"] for line in evals] == [2, 4, 6]  # 6: the final evaluation
     assert all("train/loss" not in line for line in evals)
