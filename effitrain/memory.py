@@ -46,6 +46,16 @@ class Footprint:
     def astuple(self) -> tuple[int, int, int, int]:
         return (self.bytes, self.elements, self.storages, self.python_values)
 
+    @classmethod
+    def of(cls, storages: dict, python_values: int = 0) -> Footprint:
+        """From ``{storage key: (bytes, elements)}``, one entry per distinct storage."""
+        return cls(
+            bytes=sum(b for b, _ in storages.values()),
+            elements=sum(e for _, e in storages.values()),
+            storages=len(storages),
+            python_values=python_values,
+        )
+
 
 def _leaves(value):
     """Plain tensors and non-tensor leaves inside nested dicts/lists/tuples and tensor subclasses."""
@@ -92,12 +102,7 @@ def footprint(*values) -> Footprint:
         key, nbytes = _storage_key(leaf)
         if key not in seen:
             seen[key] = (nbytes, nbytes // leaf.element_size())
-    return Footprint(
-        bytes=sum(b for b, _ in seen.values()),
-        elements=sum(e for _, e in seen.values()),
-        storages=len(seen),
-        python_values=python_values,
-    )
+    return Footprint.of(seen, python_values)
 
 
 def optimizer_state_footprint(optimizer) -> Footprint:
@@ -351,12 +356,7 @@ class GradientRecorder:
     def footprint(self) -> Footprint | None:
         if not self._grads:
             return None
-        distinct = {key: (nbytes, elements) for key, nbytes, elements in self._grads.values()}
-        return Footprint(
-            bytes=sum(b for b, _ in distinct.values()),
-            elements=sum(e for _, e in distinct.values()),
-            storages=len(distinct),
-        )
+        return Footprint.of({key: (nbytes, elements) for key, nbytes, elements in self._grads.values()})
 
 
 class TrainingMemory:
