@@ -205,11 +205,13 @@ def baseline(jobs: list[JobResult]) -> tuple[str, dict]:
 def table_rows(jobs: list[JobResult]) -> tuple[list[str], list[list[str]]]:
     headers = choice_headers(jobs)
     name, base = baseline(jobs)
+    # the columns some job has a value for (perplexity only for language models, compile s only with compile)
+    columns = [c for c in COLUMNS if c.key == "status" or any(c.text(job.summary, base) for job in jobs)]
     rows = []
     for job in jobs:
         choices = [job.choices.get(h, "") if h != "job" else job.folder.name for h in headers]
-        rows.append(choices + [column.text(job.summary, base) for column in COLUMNS])
-    titles = [f"x {name}" if column.ratio else column.header for column in COLUMNS]
+        rows.append(choices + [column.text(job.summary, base) for column in columns])
+    titles = [f"x {name}" if column.ratio else column.header for column in columns]
     return headers + titles, rows
 
 
