@@ -26,7 +26,8 @@ from effitrain.optim import build_optimizer
 
 MODELS = {
     "minilm": ["model=minilm"],
-    "distilbert_base_cased": ["model=distilbert_base_cased", "model.init=random"],
+    # offline the run pairs the architecture with MiniLM's tokenizer: size the estimate's vocabulary alike
+    "distilbert_base_cased": ["model=distilbert_base_cased", "model.init=random", "model.architecture.vocab_size=30522"],
 }
 COMMON = ["data=synthetic"]  # 3 labels, as the default data; nothing is read
 
@@ -35,7 +36,7 @@ def measure(overrides: list[str]) -> dict:
     cfg = compose_config(overrides)
     names = group_options("optimizer")
     optimizer_cfgs = {name: compose_config(overrides + [f"optimizer={name}"]).optimizer for name in names}
-    estimates = memory.estimate_memory(cfg, optimizer_cfgs)
+    estimates = memory.estimate_memory(cfg, optimizer_cfgs, step=False)
     tokenizer = build_tokenizer(cfg.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
