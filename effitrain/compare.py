@@ -274,7 +274,7 @@ def _figure(height: float, columns: int = 1):
 def _save(plt, fig, path: Path, tight: bool = True) -> None:
     if tight:
         fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")  # legends placed outside the axes stay in the picture
     plt.close(fig)
 
 
@@ -327,7 +327,7 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("MiB at the step peak (tensor memory of one optimizer step)")
     ax.set_title("Step peak by category")
-    ax.margins(x=0.15)
+    ax.set_xlim(0, max(left + [0.0]) * 1.15 or 1.0)  # room for the value labels and markers
     _plain_axes(ax)
     if ax.get_legend_handles_labels()[0]:  # below the bars, never over them
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=6, frameon=False)
@@ -390,7 +390,8 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
     axes[0].set_title("Loss against steps")
     axes[1].set_title("Loss against time")
     if axes[0].lines:
-        axes[1].legend(fontsize=7, loc="upper right")
+        # below the panels: inside, it would cover the curves it names
+        axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=2, frameon=False)
     else:
         axes[0].text(
             0.5, 0.5, "no metrics.jsonl lines", ha="center", va="center", transform=axes[0].transAxes
@@ -416,7 +417,7 @@ def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
         ax.set_xlabel("optimizer step")
         _plain_axes(ax)
     if axes[0].lines:
-        axes[0].legend(fontsize=7)
+        axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=2, frameon=False)
     _save(plt, fig, path)
 
 
@@ -443,6 +444,9 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
         front = pareto_front(points)
         ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post", color="#c44e52",
                 linewidth=1.5, zorder=1, label="Pareto front")  # fmt: skip
+        # ringed too: a front of one point draws no line
+        ax.scatter([points[i][0] for i in front], [points[i][1] for i in front], s=110, facecolors="none",
+                   edgecolors="#c44e52", zorder=3)  # fmt: skip
         _numbered_points(ax, placed, points)
         ax.legend(fontsize=7, loc="upper right")
     else:
@@ -549,7 +553,8 @@ def seed_rows(groups: dict[str, list[JobResult]]) -> tuple[list[str], list[list[
             cells.append(f"{mean / scale:.{digits}f} +- {std / scale:.{digits}f}")
         rows.append(cells)
         exact.append(numbers)
-    return headers, rows, exact
+    kept = [i for i in range(len(headers)) if i < 2 or any(row[i] for row in rows)]  # no empty columns
+    return [headers[i] for i in kept], [[row[i] for i in kept] for row in rows], exact
 
 
 def plot_seeds(groups: dict[str, list[JobResult]], path: Path) -> None:

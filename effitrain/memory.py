@@ -277,18 +277,24 @@ class PeakMemory:
         self.sample_s = sample_s
         self.peak_bytes: int | None = None
         self.peak_reserved_bytes: int | None = None
-        self.source: str | None = None
         self._sampler: threading.Thread | None = None
         self._stop = threading.Event()
         self._sampled_peak = 0
+        self._read_peak = 0
+
+    def read_current(self) -> int | None:
+        """``current_bytes`` now, also counted into the peak: a resident set read inside the region
+        never exceeds the peak reported for it (some kernels leave ``VmHWM`` behind ``VmRSS`` after
+        memory is returned and taken again)."""
+        now = current_bytes(self.device)
+        self._read_peak = max(self._read_peak, now or 0)
+        return now
 
     def __enter__(self) -> Self:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.source = "cuda_allocated"
             return self
-        self.source = "cpu_rss"
         try:
             Path("/proc/self/clear_refs").write_text("5")
         except OSError:
@@ -309,9 +315,9 @@ class PeakMemory:
         elif self._sampler is not None:
             self._stop.set()
             self._sampler.join()
-            self.peak_bytes = max(self._sampled_peak, _status_bytes("VmRSS") or 0) or None
+            self.peak_bytes = max(self._sampled_peak, self._read_peak, _status_bytes("VmRSS") or 0) or None
         else:
-            self.peak_bytes = _status_bytes("VmHWM")
+            self.peak_bytes = max(_status_bytes("VmHWM") or 0, self._read_peak) or None
 
     def summary(self) -> dict:
         """Named for what they are: a process's resident set (libraries included) on CPU, the

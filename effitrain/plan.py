@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import tempfile
 
-from effitrain.config import ConfigError, group_options
+from effitrain.config import ConfigError, apply_effective_batch_size, group_options
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -61,7 +61,9 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                 choice = [f"optimizer={optimizer}", f"precision={precision}", f"effective_batch_size={effective}",
                           f"gradient_accumulation_steps={effective // micro}"]  # fmt: skip
                 cfg = compose_known_keys(list(overrides) + choice)
-                cfg.micro_batch_size = micro
+                apply_effective_batch_size(
+                    cfg
+                )  # micro_batch_size from the effective batch, as a run derives it
                 [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}).values()
                 fits = row["step_peak_bytes"] <= budget
                 rows.append({

@@ -298,6 +298,7 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["model/vocab_size"] = job.model.config.vocab_size
         summary["model/tokenizer"] = getattr(job.tokenizer, "name_or_path", None)
         tracked = TrainingMemory(job.model, job.optimizer, state.device)
+        job.meter.read_memory = tracked.peak.read_current
         compiling = compile_seconds()
         with tracked:
             summary.update(train(job))

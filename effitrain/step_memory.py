@@ -108,19 +108,19 @@ class StepMemory:
     def summary(self) -> dict:
         if self.peak is None:
             return {}
-        keys = {"mem/step_peak_bytes": self.peak["total"], "mem/step_peak_tracked_step": self.step}
-        keys.update({f"mem/step_peak/{c}_bytes": self.peak[c] for c in CATEGORIES})
-        return keys
+        return {**peak_keys(self.peak), "mem/step_peak_tracked_step": self.step}
 
 
-def predicted_keys(peak: dict[str, int] | None, flops: int | None = None) -> dict:
-    if peak is None:
-        return {}
-    keys = {"mem/step_peak_bytes_predicted": peak["total"]}
-    keys.update({f"mem/step_peak_predicted/{c}_bytes": peak[c] for c in CATEGORIES})
-    if flops is not None:
-        keys["speed/flops_per_step"] = flops
+def peak_keys(peak: dict[str, int], suffix: str = "") -> dict:
+    """``mem/step_peak_bytes<suffix>`` and ``mem/step_peak<suffix>/<category>_bytes``: the measured
+    step peak (no suffix) or the predicted one (``_predicted``)."""
+    keys = {f"mem/step_peak_bytes{suffix}": peak["total"]}
+    keys.update({f"mem/step_peak{suffix}/{c}_bytes": peak[c] for c in CATEGORIES})
     return keys
+
+
+def predicted_keys(peak: dict[str, int], flops: int) -> dict:
+    return {**peak_keys(peak, "_predicted"), "speed/flops_per_step": flops}
 
 
 def fake_batch(shapes: dict) -> dict:

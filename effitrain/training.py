@@ -6,6 +6,7 @@ depends on which backend ran.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -127,6 +128,7 @@ class StepMeter:
     def __init__(self, num_steps: int, loggers: list, device, progress_bar: bool, is_main: bool):
         self.loggers = loggers if is_main else []
         self.device = device
+        self.read_memory = functools.partial(current_bytes, device)  # the run's PeakMemory.read_current
         self.step_times: list[float] = []
         self.untimed: set[int] = set()  # indices of steps whose time says nothing (the memory-tracked one)
         self.samples = 0
@@ -176,7 +178,7 @@ class StepMeter:
             "train/samples": self.samples,
             "train/tokens": self.tokens,
             "speed/step_s": self.step_times[-1],
-            "mem/current_bytes": current_bytes(self.device),
+            "mem/current_bytes": self.read_memory(),
         }
         if not math.isfinite(self.last_loss):
             raise TrainingDiverged(f"train/loss is {self.last_loss} at optimizer step {step}")

@@ -268,8 +268,8 @@ def test_mode_is_offline_without_credentials_and_online_with_them(tmp_path, monk
 
 def test_comparison_table_is_its_own_run_of_the_group(tmp_path):
     rows = [
-        {"job": 0, "cfg/optimizer": "adamw", "mem/peak_bytes": 123_456_789, "eval/loss": 0.75},
-        {"job": 1, "cfg/optimizer": "adam8bit", "mem/peak_bytes": 98_765_432, "eval/loss": float("nan")},
+        {"job": 0, "cfg/optimizer": "adamw", "mem/step_peak_bytes": 123_456_789, "eval/loss": 0.75},
+        {"job": 1, "cfg/optimizer": "adam8bit", "mem/step_peak_bytes": 98_765_432, "eval/loss": float("nan")},
         {"job": 2, "cfg/optimizer": "adafactor", "status": "oom"},
     ]
     folder = loggers.log_comparison_table(
@@ -281,7 +281,7 @@ def test_comparison_table_is_its_own_run_of_the_group(tmp_path):
     assert run["run_group"] == "multirun/2025-01-31/12-00-00" and run["job_type"] == "compare"
     [table_file] = (log_file.parent / "files").rglob("comparison_*.table.json")
     table = json.loads(table_file.read_text())
-    assert table["columns"] == ["job", "cfg/optimizer", "mem/peak_bytes", "eval/loss", "status"]
+    assert table["columns"] == ["job", "cfg/optimizer", "mem/step_peak_bytes", "eval/loss", "status"]
     assert table["data"] == [
         [0, "adamw", 123_456_789, 0.75, None],
         [1, "adam8bit", 98_765_432, None, None],

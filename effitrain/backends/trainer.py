@@ -21,21 +21,19 @@ from effitrain.training import loss_sum, step_loss
 class _EffitrainTrainer(Trainer):
     loss_is_scaled_for_ga = True  # compute_loss below normalizes by the step's samples itself
 
-    def __init__(self, *args, train_loader, meter, step_memory, **kwargs):
+    def __init__(self, *args, job, **kwargs):
         super().__init__(*args, **kwargs)
-        self._effitrain_train_loader = train_loader
-        self._meter = meter
-        self._step_memory = step_memory
+        self._job = job
         # Make the Trainer count the samples of each optimizer step (over all processes).
         self.model_accepts_loss_kwargs = True
 
     def get_train_dataloader(self):
-        return self.accelerator.prepare(self._effitrain_train_loader)
+        return self.accelerator.prepare(self._job.train_loader)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        self._step_memory.saw(inputs)
+        self._job.step_memory.saw(inputs)
         micro_loss = loss_sum(model, inputs)
-        self._meter.add(micro_loss, inputs)
+        self._job.meter.add(micro_loss, inputs)
         loss = step_loss(micro_loss, num_items_in_batch, self.accelerator.num_processes)
         return (loss, None) if return_outputs else loss
 
@@ -45,19 +43,17 @@ class _StepCallback(TrainerCallback):
     in the accelerator loop's order, so a diverged state (end_step raises) is never saved."""
 
     def __init__(self, job):
-        self.meter = job.meter
         self.job = job
-        self.step_memory = job.step_memory
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.step_memory.begin(state.global_step + 1)  # tracks only the chosen step
+        self.job.step_memory.begin(state.global_step + 1)  # tracks only the chosen step
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.step_memory.end()
+        self.job.step_memory.end()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "grad_norm" in logs:
-            self.meter.end_step(state.global_step, logs["learning_rate"], logs["grad_norm"])
+            self.job.meter.end_step(state.global_step, logs["learning_rate"], logs["grad_norm"])
             self.job.after_step(state.global_step, trainer_state=state)
 
 
@@ -96,9 +92,7 @@ def fit(job) -> dict:
         model=job.model,
         args=training_arguments(cfg, job.num_steps, job.output_dir),
         optimizers=(job.optimizer, job.scheduler),
-        train_loader=job.train_loader,
-        meter=job.meter,
-        step_memory=job.step_memory,
+        job=job,
         callbacks=[_StepCallback(job)],
     )
     for callback in (PrinterCallback, ProgressCallback):
