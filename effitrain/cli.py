@@ -185,7 +185,7 @@ def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
 
     import torch.distributed as dist
 
-    from effitrain.training import process_state
+    from effitrain.distributed import process_state
 
     process_state()  # joins the process group the launcher set up
     folder = [time.strftime("outputs/%Y-%m-%d/%H-%M-%S")]

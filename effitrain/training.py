@@ -14,6 +14,7 @@ from itertools import islice
 import torch
 import torch.nn.functional as F
 
+from effitrain.distributed import all_reduce_sum
 from effitrain.memory import current_bytes
 
 WARMUP_STEPS = 2  # steps left out of the steady-state step time (compilation, allocator warm-up)
@@ -38,36 +39,26 @@ def loss_sum(model, batch) -> torch.Tensor:
     return F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
 
 
-def process_state():
-    """accelerate's process-wide state; on a machine without CUDA, several launched processes
-    (``torchrun``) form a gloo group on the CPU, which accelerate does only when told ``cpu``."""
-    from accelerate import PartialState
-
-    return PartialState(cpu=not torch.cuda.is_available())
-
-
-def world_size() -> int:
-    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-
-
-def rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-def all_reduce_sum(values: list[float], device) -> list[float]:
-    """Sum scalars over processes (a no-op in a single process)."""
-    if world_size() == 1:
-        return [float(v) for v in values]
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(tensor)
-    return tensor.tolist()
-
-
 def accumulation_windows(dataloader, steps: int):
     """Group micro-batches into optimizer steps of ``steps`` micro-batches (the last may be shorter)."""
     iterator = iter(dataloader)
     while window := list(islice(iterator, steps)):
         yield window
+
+
+def epoch_batches(loader, epoch: int, skip: int = 0, rng_state: dict | None = None):
+    """An iterator over ``epoch``'s micro-batches. Resuming inside the epoch, the ``skip`` consumed
+    ones are drawn and dropped, then the generators are set to ``rng_state`` (the checkpoint's),
+    so every later draw (dropout, the next epoch's loader) matches the uninterrupted run."""
+    loader.set_epoch(epoch)  # accelerate's loader forwards this to the sampler
+    batches = iter(loader)  # creating the loader's iterator draws from torch's generator
+    for _ in range(skip):
+        next(batches)
+    if rng_state is not None:
+        from effitrain.checkpoint import set_rng_state
+
+        set_rng_state(rng_state)
+    return batches
 
 
 def step_loss(micro_loss: torch.Tensor, step_items: int, num_processes: int) -> torch.Tensor:
@@ -135,6 +126,7 @@ class StepMeter:
         self.loss_total = 0.0  # sum of every optimizer step's loss, for train/loss_mean
         self.resumed = {"step": 0, "samples": 0, "tokens": 0}  # counts of the run this one resumes
         self._reset_window()
+        self._started: float | None = None
         self._progress = None
         if progress_bar and is_main:
             from tqdm.auto import tqdm
@@ -145,6 +137,10 @@ class StepMeter:
         self._loss_sum = 0.0
         self._samples = 0
         self._tokens = 0
+
+    @property
+    def started(self) -> bool:
+        return self._started is not None
 
     def start(self) -> None:
         self._started = self._last = time.perf_counter()

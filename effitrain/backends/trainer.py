@@ -7,10 +7,16 @@ would make it differ from the accelerate backend is replaced:
 * the loss is the summed cross-entropy divided by the samples of the whole optimizer step
   (``num_items_in_batch``), so accumulation equals one big batch; a plain Trainer takes the
   model's mean loss as already normalized and never divides by the accumulation steps;
-* it reports nothing itself: a callback hands each step to effitrain's shared meter.
+* it reports nothing itself: a callback wraps each optimizer step in ``job.track_step`` and hands
+  its end to the run's shared ``job.end_step`` (meter, evaluation, checkpoint).
+
+It resumes through its own ``resume_from_checkpoint`` (effitrain's checkpoints use the Trainer's
+file names), so the shared restore gives it only effitrain's counts (``loads_checkpoint``).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
@@ -41,24 +47,33 @@ class _EffitrainTrainer(Trainer):
 
 
 class _StepCallback(TrainerCallback):
-    """Each optimizer step (logging_steps=1 logs every one): the shared meter, then the checkpoint,
-    in the accelerator loop's order, so a diverged state (end_step raises) is never saved."""
+    """Each optimizer step runs inside ``job.track_step(step)``: entered at ``on_step_begin`` (after
+    the step's micro-batches were fetched), left at ``on_step_end`` (after the optimizer and
+    scheduler steps), the same span as the accelerate loop's ``with``. The step's end
+    (``logging_steps=1`` logs every one) goes to the shared ``job.end_step``."""
 
     def __init__(self, job):
-        self.meter = job.meter
         self.job = job
-        self.step_memory = job.step_memory
+        self._window: contextlib.ExitStack | None = None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.step_memory.begin(state.global_step + 1)  # tracks only the chosen step
+        self._window = contextlib.ExitStack()
+        self._window.enter_context(self.job.track_step(state.global_step + 1))
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.step_memory.end()
+        self.leave(None)
+
+    def leave(self, error: BaseException | None) -> None:
+        """Leave the open step's context; ``error``: the exception that ends training inside it."""
+        window, self._window = self._window, None
+        if window is not None:
+            window.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "grad_norm" in logs:
-            self.meter.end_step(state.global_step, logs["learning_rate"], logs["grad_norm"])
-            self.job.after_step(state.global_step, trainer_state=state)
+            self.job.end_step(
+                state.global_step, logs["learning_rate"], logs["grad_norm"], trainer_state=state
+            )
 
 
 def training_arguments(cfg, num_steps: int, output_dir) -> TrainingArguments:
@@ -90,8 +105,10 @@ def training_arguments(cfg, num_steps: int, output_dir) -> TrainingArguments:
     )
 
 
-def fit(job) -> dict:
+def fit(job) -> None:
+    """Train ``job`` with a ``Trainer``, resumed by the Trainer itself from ``job.resume``."""
     cfg = job.cfg
+    steps = _StepCallback(job)
     trainer = _EffitrainTrainer(
         model=job.model,
         args=training_arguments(cfg, job.num_steps, job.output_dir),
@@ -99,18 +116,22 @@ def fit(job) -> dict:
         train_loader=job.train_loader,
         meter=job.meter,
         step_memory=job.step_memory,
-        callbacks=[_StepCallback(job)],
+        callbacks=[steps],
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)  # the shared meter draws the progress bar
 
-    # The Trainer loads weights, optimizer, scheduler and generators from effitrain's checkpoint
-    # (its file names are the Trainer's) and skips the consumed batches itself.
     job.accelerator = trainer.accelerator  # evaluations during training (eval_every) use it
     job.eval_loader = trainer.accelerator.prepare(job.eval_loader)
-    job.checkpoints.restore(weights=False)
-    resume = str(job.checkpoints.resume_from) if job.checkpoints.resume_from else None
-    job.meter.start()
-    trainer.train(resume_from_checkpoint=resume)
+    # The Trainer loads weights, optimizer, scheduler and generators from effitrain's checkpoint
+    # (its file names are the Trainer's) and skips the consumed batches itself.
+    resume = str(job.resume.folder) if job.resume is not None else None
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except BaseException as error:  # a step that fails inside track_step leaves its context too
+        steps.leave(error)
+        raise
     job.eval_model = trainer.model_wrapped
-    return job.meter.summary()
+
+
+fit.loads_checkpoint = True  # the shared restore leaves weights, optimizer and generators to the Trainer
