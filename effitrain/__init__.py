@@ -3,7 +3,7 @@
 import logging
 from importlib import metadata
 
-from effitrain import assets, overrides
+from effitrain import assets, overrides, schema
 
 try:
     __version__ = metadata.version("effitrain")
@@ -12,6 +12,7 @@ except metadata.PackageNotFoundError:  # a source checkout that was never instal
 
 assets.register_resolvers()
 overrides.register_resolvers()
+schema.register()  # conf/config.yaml's defaults start with it
 
 # bitsandbytes warns on every import that its optional 4-bit CPU kernels are missing; effitrain
 # never uses 4-bit layers, so the line is noise in every job's log.

@@ -19,8 +19,13 @@ def _summaries(tmp_path):
 
 
 # A few rows of the bad-input table, as a user types them: grammar, a key, a value, the data.
+def _rows(table, *overrides: str) -> list:
+    return [row for row in table if any(o in row[0] for o in overrides)]
+
+
 ROWS = (
-    [PARSE[0], PARSE[4], PARSE[6], VALUES[10]]
+    _rows(PARSE, "optimizer=sgd", "lr=1e-3", "micro_batchsize=4", "seed=x")
+    + _rows(VALUES, "optimizer.betas=[0.9]")
     + [row for row in VALUES if "missing.csv" in row[1]]
     + [DATA[1]]
 )

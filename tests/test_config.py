@@ -131,7 +131,7 @@ def test_preflight_reports_every_problem_of_a_config_at_once():
     with pytest.raises(ConfigErrors) as error:
         preflight(TINY + ["seed=x", "epochs=0", "max_grad_norm=nan"])
     assert error.value.problems == [
-        "seed='x' is invalid: must be an integer >= 0",
+        "seed='x' is invalid: must be an integer",
         "epochs=0 is invalid: must be an integer >= 1",
         "max_grad_norm=nan is invalid: must be >= 0 (0 disables clipping)",
     ]
