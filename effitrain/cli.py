@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from effitrain.config import (
     ConfigError,
     check_group_overrides,
+    check_output_folder,
     check_output_overrides,
     compose,
     compose_known,
@@ -75,8 +76,9 @@ def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
         )
     if not multirun:
         cfg = checked(cfg, problems, world_size)
-        check_output_overrides([f"hydra.run.dir={cfg.hydra.run.dir}"])
+        check_output_folder("hydra.run.dir", str(cfg.hydra.run.dir))
         return cfg
+    check_output_folder("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
     for job in sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]:
         try:
             load(fixed + job, world_size)
@@ -138,14 +140,14 @@ def train(argv: list[str]) -> None:
     """``python train.py ARGS`` and ``effitrain train ARGS``: check, then hand over to Hydra."""
     import hydra
 
-    from effitrain.config import CONF_DIR
+    from effitrain.config import CONF_SOURCE
 
     check_overrides_or_exit(argv)
     argv = share_run_dir_across_ranks(argv)
-    # Hydra reads the command line from sys.argv; the config comes from CONF_DIR, the checkout's
-    # conf/ or the copy inside an installed wheel
+    # Hydra reads the command line from sys.argv; the config comes from the package effitrain.conf,
+    # the checkout's conf/ or the copy inside an installed wheel
     sys.argv = [sys.argv[0], *argv]
-    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(train_job)()
+    hydra.main(version_base="1.3", config_path=CONF_SOURCE, config_name="config")(train_job)()
 
 
 def train_job(cfg: DictConfig) -> float | None:
@@ -204,7 +206,13 @@ def _check(args) -> None:
 def _compare(args) -> None:
     from effitrain.compare import compare
 
-    compare(args.folders, args.output, args.wandb_mode)
+    try:
+        compare(args.folders, args.output, args.wandb_mode)
+    except OSError as error:  # a report file that cannot be written: one line, not a traceback
+        where = args.output or args.folders[0]
+        raise ConfigError(
+            f"--output={str(where)!r} is invalid: cannot be written ({error.strerror})"
+        ) from None
 
 
 def _estimate(args) -> None:

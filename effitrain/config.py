@@ -13,13 +13,17 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+# conf/ at the top of the checkout is the package effitrain.conf (pyproject.toml maps it, into the
+# wheel too): Hydra reads it through this search path wherever effitrain is installed.
+CONF_MODULE = "effitrain.conf"
+CONF_SOURCE = f"pkg://{CONF_MODULE}"
+
 
 def _conf_dir() -> Path:
-    """conf/ of a source checkout (beside this package), else the copy an installed wheel holds."""
-    checkout = Path(__file__).resolve().parent.parent / "conf"
-    if (checkout / "config.yaml").is_file():
-        return checkout
-    return Path(__file__).resolve().parent / "conf"
+    """The folder behind ``effitrain.conf``: the checkout's conf/ (editable install) or the wheel's copy."""
+    from importlib.resources import files
+
+    return Path(str(files(CONF_MODULE)))
 
 
 CONF_DIR = _conf_dir()
@@ -82,15 +86,19 @@ def check_output_overrides(overrides: list[str]) -> None:
         key = override.key_or_group
         if key not in ("hydra.run.dir", "hydra.sweep.dir") or override.is_sweep_override():
             continue
-        value = values(override)[0]
-        if "${" in value:
-            continue
-        path = Path(value).expanduser().absolute()
-        existing = next(p for p in (path, *path.parents) if p.exists())
-        if not existing.is_dir():
-            raise invalid(key, value, f"{existing} is a file, not a folder")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise invalid(key, value, f"{existing} cannot be written")
+        check_output_folder(key, values(override)[0])
+
+
+def check_output_folder(key: str, value: str) -> None:
+    """ConfigError when the folder ``value`` (or its nearest existing parent) could not be written."""
+    if "${" in value:
+        return
+    path = Path(value).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise invalid(key, value, f"{existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise invalid(key, value, f"{existing} cannot be written")
 
 
 def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
@@ -496,13 +504,13 @@ def compose(overrides: list[str]) -> DictConfig:
         ConfigError: an option that does not exist, or a value of the wrong type (one line).
     """
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import initialize_config_module
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import ConfigCompositionException
 
     check_group_overrides(overrides)
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR), job_name="effitrain"):
+        with initialize_config_module(CONF_MODULE, version_base="1.3", job_name="effitrain"):
             cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
             # resolvers such as ${hydra:runtime.cwd} read the singleton while the config is in use
             HydraConfig.instance().set_config(cfg)

@@ -294,6 +294,7 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["train/scheduled_steps"] = job.num_steps
         summary["model/vocab_size"] = job.model.config.vocab_size
         summary["model/tokenizer"] = getattr(job.tokenizer, "name_or_path", None)
+        summary["model/tokenizer_note"] = getattr(job.tokenizer, "effitrain_note", None)
         tracked = TrainingMemory(job.model, job.optimizer, state.device)
         compiling = compile_seconds()
         with tracked:

@@ -60,9 +60,23 @@ def test_every_precision_validates_or_names_cuda(option):
 
 
 def test_minilm_loads_pretrained_weights_from_its_package():
+    import logging
+
     cfg = compose("model=minilm")
     tokenizer = build_tokenizer(cfg.model)
-    model = build_model(cfg.model, 3, tokenizer)
+    records = []
+    capture = logging.Handler()
+    capture.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("transformers.modeling_utils").addHandler(capture)
+    try:
+        model = build_model(cfg.model, 3, tokenizer)
+    finally:
+        logging.getLogger("transformers.modeling_utils").removeHandler(capture)
+    # transformers' coloured load report, as one plain line: the new head is what was missing
+    assert records == [
+        f"BertForSequenceClassification from {cfg.model.name_or_path}: "
+        "missing: classifier.bias, classifier.weight (newly initialized)"
+    ]
     assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
     assert sum(p.numel() for p in model.bert.parameters()) == 22_713_216
     # pretrained, not random: the word embeddings are those stored in the package
@@ -76,6 +90,7 @@ def test_minilm_loads_pretrained_weights_from_its_package():
 def test_distilbert_random_init_builds_offline_with_the_architecture():
     cfg = compose("model=distilbert_base_cased", "model.init=random")
     tokenizer = build_tokenizer(cfg.model)  # no hub: falls back to the offline tokenizer
+    assert tokenizer.effitrain_note.startswith("tokenizer distilbert-base-cased unavailable offline")
     model = build_model(cfg.model, 3, tokenizer)
     assert model.config.model_type == "distilbert" and model.config.n_layers == 6
     assert model.config.vocab_size == len(tokenizer) == 30522
