@@ -93,7 +93,7 @@ def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:
     ``hydra.sweeper.params`` (the command line wins for a key both name), as Hydra's sweeper expands them."""
     import itertools
 
-    from effitrain.overrides import parse, values
+    from effitrain.overrides import parse, values, with_value
 
     params = {
         o.key_or_group: o
@@ -107,8 +107,7 @@ def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:
         choices = values(override)
         if choices is None:  # a glob: Hydra expands it, each job validates itself when it starts
             continue
-        prefix = override.input_line.partition("=")[0]
-        axes.append([f"{prefix}={choice}" for choice in choices])
+        axes.append([with_value(override, choice) for choice in choices])
     return [list(job) for job in itertools.product(*axes)]
 
 
@@ -120,9 +119,11 @@ def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
     """
     import os
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or any(a.startswith("hydra.run.dir=") for a in argv):
+    from effitrain.overrides import parse
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "-m" in argv or "--multirun" in argv:
         return argv
-    if "-m" in argv or "--multirun" in argv:
+    if any(o.key_or_group == "hydra.run.dir" for o in parse(a for a in argv if not a.startswith("-"))):
         return argv
     import time
 
@@ -224,9 +225,12 @@ def _estimate(args) -> None:
 
     # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
     # the other optimizers may have no such key.
-    base = [o for o in args.overrides if not o.startswith(("optimizer=", "optimizer."))]
-    own = [o for o in args.overrides if o.startswith("optimizer.")]
-    cfg = compose_config(args.overrides)
+    from effitrain.overrides import names, parse
+
+    parsed = parse(args.overrides)
+    base = [o.input_line for o in parsed if not names(o, "optimizer")]
+    own = [o.input_line for o in parsed if names(o, "optimizer") and o.key_or_group != "optimizer"]
+    cfg = compose_known(args.overrides)  # unknown keys named with the nearest real ones
     chosen = cfg.hydra.runtime.choices.optimizer
     optimizers = {
         name: compose_config(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer

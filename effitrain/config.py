@@ -619,6 +619,8 @@ def _check_keys_exist(cfg: DictConfig, parsed, groups: set[str], added: bool = F
     ``added``: ``cfg`` already holds the overrides' own ``+key`` additions."""
     import difflib
 
+    from effitrain.overrides import typed_value
+
     adding = {o.key_or_group for o in parsed if added and (o.is_add() or o.is_force_add())}
     known = [k for k in _leaf_keys(cfg) if not k.startswith("hydra.") and k not in adding]
     for override in parsed:
@@ -635,8 +637,7 @@ def _check_keys_exist(cfg: DictConfig, parsed, groups: set[str], added: bool = F
             f"did you mean {' or '.join(near)}?" if near else "see `python train.py --cfg job` for the keys"
         )
         what = "adds a key nothing reads" if adds else "is not a config key"
-        value = override.input_line.partition("=")[2]
-        raise ConfigError(f"{key}={value!r} {what}: {hint}")
+        raise ConfigError(f"{key}={typed_value(override)!r} {what}: {hint}")
 
 
 def _leaf_keys(node, prefix: str = "") -> list[str]:

@@ -131,3 +131,15 @@ def test_compare_failing_to_write_its_report_is_one_line(tmp_path, capsys, monke
     assert err == (
         f"effitrain: error: --output='{tmp_path}/report' is invalid: cannot be written (No space left on device)\n"
     )
+
+
+def test_estimate_names_a_misspelled_key_with_the_nearest_real_ones(capsys):
+    from effitrain.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["estimate", "model=tiny", "optimizer.lrr=1e-3"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (
+        "effitrain: error: optimizer.lrr='1e-3' is not a config key: did you mean optimizer.lr or "
+        "optimizer.eps or optimizer.betas?\n"
+    )

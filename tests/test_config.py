@@ -163,5 +163,10 @@ def test_preflight_checks_every_job_of_a_sweep_and_accepts_hydra_syntax():
         preflight(TINY + ["sweep=optimizers", "micro_batch_size=0"])
 
 
-def test_conf_dir_is_the_repository_conf():
-    assert (CONF_DIR / "config.yaml").is_file()
+def test_configs_are_found_through_the_package_search_path_in_the_checkout():
+    from tests.conftest import REPO
+
+    # pkg://effitrain.conf resolves to the checkout's own conf/ in an editable install (no copy)
+    assert CONF_DIR == REPO / "conf"
+    assert compose().hydra.runtime.config_sources[1] == {"path": "effitrain.conf", "schema": "pkg",
+                                                         "provider": "main"}  # fmt: skip
