@@ -161,10 +161,10 @@ def train_job(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from effitrain.config import with_hydra_node
+    from effitrain.config import task_config
 
     hydra_cfg = HydraConfig.get()  # the task is the one place that reads it: the run reads cfg.hydra
-    cfg = with_hydra_node(cfg, hydra_cfg)
+    cfg = task_config(cfg, hydra_cfg, int(os.environ.get("WORLD_SIZE", "1")))
     if hydra_cfg.mode == RunMode.MULTIRUN:
         from effitrain.sweep import start_job
 

@@ -383,15 +383,17 @@ def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:
     """When ``effective_batch_size`` is set, derive ``micro_batch_size`` from it; True if it changed.
 
     A study that holds the effective batch fixed (e.g. over ``gradient_accumulation_steps``)
-    sets ``effective_batch_size`` and sweeps only the accumulation; ``validate`` has checked
-    that it divides.
+    sets ``effective_batch_size`` and sweeps only the accumulation. Values ``validate`` rejects
+    are left as they are, for it to report.
     """
     from omegaconf import open_dict
 
-    effective = cfg.get("effective_batch_size")
-    if effective is None:
+    effective, accumulation = cfg.get("effective_batch_size"), cfg.get("gradient_accumulation_steps")
+    if not isinstance(effective, int) or not isinstance(accumulation, int) or accumulation < 1:
+        return False  # nothing to derive, or a value validate reports
+    if effective < 1 or effective % (accumulation * world_size):
         return False
-    micro = effective // (cfg.gradient_accumulation_steps * world_size)
+    micro = effective // (accumulation * world_size)
     if micro == cfg.micro_batch_size:
         return False
     with open_dict(cfg):
@@ -415,6 +417,15 @@ def check_output_dir(path: Path) -> None:
         raise invalid(
             "hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})"
         ) from None
+
+
+def task_config(cfg: DictConfig, hydra_node: DictConfig, world_size: int = 1) -> DictConfig:
+    """The front door of the Hydra task (a job of ``train.py``): its config with its Hydra node
+    attached and ``micro_batch_size`` derived, before any tracker starts. The command line was
+    validated before Hydra started (``cli.preflight``); the run validates again and reports."""
+    cfg = with_hydra_node(cfg, hydra_node)
+    apply_effective_batch_size(cfg, world_size)
+    return cfg
 
 
 def with_hydra_node(cfg: DictConfig, hydra_node: DictConfig) -> DictConfig:
