@@ -34,8 +34,12 @@ def build_tokenizer(model_cfg: DictConfig):
         )
     except (OSError, ValueError) as error:
         if local_only:
-            log.warning("tokenizer %s unavailable (%s); using %s", source, type(error).__name__, fallback)
-            return AutoTokenizer.from_pretrained(fallback)
+            # said once, in the run's summary (model/tokenizer_note), not on every build
+            note = f"tokenizer {source} unavailable offline ({type(error).__name__}); used {fallback}"
+            log.debug(note)
+            tokenizer = AutoTokenizer.from_pretrained(fallback)
+            tokenizer.effitrain_note = note
+            return tokenizer
         key = "model.tokenizer" if model_cfg.get("tokenizer") else "model.name_or_path"
         raise invalid(key, source, f"the tokenizer could not be loaded ({type(error).__name__})") from None
 

@@ -362,6 +362,7 @@ def _train_and_evaluate(job: Job, summary: dict, opened: contextlib.ExitStack) -
     summary["train/scheduled_steps"] = job.num_steps
     summary["model/vocab_size"] = job.model.config.vocab_size
     summary["model/tokenizer"] = getattr(job.tokenizer, "name_or_path", None)
+    summary["model/tokenizer_note"] = getattr(job.tokenizer, "effitrain_note", None)
     tracked = TrainingMemory(job.model, job.optimizer, device)
     opened.callback(lambda: summary.update(tracked.summary()))  # also for a failed run: an OOM's peak
     compiling = compile_seconds()
