@@ -201,6 +201,9 @@ def train(argv: list[str]) -> None:
 
     check_overrides_or_exit(argv)
     argv = share_run_dir_across_ranks(argv)
+    from effitrain.sweep import expose_launcher_plugin
+
+    expose_launcher_plugin()
     # Hydra reads the command line from sys.argv; the config comes from CONF_DIR, the checkout's
     # conf/ or the copy inside an installed wheel
     sys.argv = [sys.argv[0], *argv]
