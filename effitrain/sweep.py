@@ -17,6 +17,7 @@ process: :func:`start_job` (also under ``submitit_slurm``).
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shlex
@@ -140,9 +141,11 @@ def launcher_settings(params) -> dict:
     Raises:
         ConfigError: an unknown key or a bad value (one line naming it).
     """
-    if OmegaConf.is_config(params):
-        params = OmegaConf.to_container(params, resolve=True)
-    params = {k: v for k, v in dict(params).items() if k != "_target_"}
+    params = {
+        k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+        for k, v in dict(params).items()
+        if k != "_target_"
+    }
     unknown = sorted(set(params) - set(LAUNCHER_DEFAULTS))
     if unknown:
         known = ", ".join(LAUNCHER_DEFAULTS)
@@ -177,6 +180,8 @@ def visible_gpus() -> list[str]:
     given = os.environ.get("CUDA_VISIBLE_DEVICES")
     if given is not None:
         return [d.strip() for d in given.split(",") if d.strip() and not d.strip().startswith("-")]
+    if "torch" not in sys.modules and not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd")):
+        return []  # no GPU device files: not worth importing torch (seconds) to count none
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]
@@ -496,6 +501,11 @@ class LocalSweep:
             error = f"ran longer than hydra.launcher.timeout_min={self.settings['timeout_min']}: stopped by {how}"
             self._write_stopped(job, "timeout", signum or job.stop_signal, error, summary if written else None)
             return JobOutcome(job.folder, "timeout", False, error, log)
+        if signum is not None and signum == job.stop_signal and not written:
+            # the sweep stopped it (Ctrl-C, SIGTERM) and it ended by that signal without a word
+            error = f"interrupted by {_signal_name(signum)} (the sweep was stopped)"
+            self._write_stopped(job, "interrupted", signum, error, None)
+            return JobOutcome(job.folder, "interrupted", False, error, log)
         if signum is not None and not (written and summary is not None and summary.get("status") == "interrupted"):
             error = f"killed by {_signal_name(signum)}"
             if signum == signal.SIGKILL and job.stop_signal is None:
@@ -624,17 +634,18 @@ class SweepReport(Callback):
             if job.log is not None and job.log.exists():
                 line += f" (log: {job.log})"
             print(line)
-        failed = sum(job.status != "ok" for job in outcomes)
+        busy = sum(job.status == "busy" for job in outcomes)
+        not_started = sum(job.status == "not started" for job in outcomes)
+        failed = sum(job.status not in ("ok", "busy", "not started") for job in outcomes)
         skipped = sum(job.skipped for job in outcomes)
         notes = [f"{skipped} skipped: ok before"]
-        busy = sum(job.status == "busy" for job in outcomes)
         if busy:
             notes.append(f"{busy} in use by another sweep, not run")
-        not_started = sum(job.status == "not started" for job in outcomes)
         if not_started:
             notes.append(f"{not_started} not started")
         print(f"effitrain: {failed} of {len(outcomes)} jobs failed ({', '.join(notes)}) in {sweep_dir}")
         print(f"effitrain: compare: effitrain compare {shlex.quote(str(sweep_dir))}")
+        failed += busy + not_started  # not done by this sweep either: the exit status says so
         if failed:
             args = [arg for arg in sys.argv if not arg.startswith("hydra.sweep.dir=")]
             resume = shlex.join(["python", *args, f"hydra.sweep.dir={sweep_dir}"])
