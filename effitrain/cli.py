@@ -74,6 +74,10 @@ def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
         check_output_overrides([f"hydra.run.dir={cfg.hydra.run.dir}"])
         validate(cfg, world_size)
         return cfg
+    if str(cfg.hydra.launcher.get("_target_", "")).endswith(".EffitrainLauncher"):
+        from effitrain.sweep import launcher_settings
+
+        launcher_settings(cfg.hydra.launcher)
     for job in sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]:
         job_cfg = compose_known_keys(fixed + job)
         try:
