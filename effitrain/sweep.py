@@ -149,13 +149,19 @@ def launcher_settings(params) -> dict:
     unknown = sorted(set(params) - set(LAUNCHER_DEFAULTS))
     if unknown:
         known = ", ".join(LAUNCHER_DEFAULTS)
-        raise ConfigError(f"hydra.launcher.{unknown[0]} is not a setting of effitrain's launcher: use {known}")
+        raise ConfigError(
+            f"hydra.launcher.{unknown[0]} is not a setting of effitrain's launcher: use {known}"
+        )
     settings = {**LAUNCHER_DEFAULTS, **params}
     for key in ("max_parallel", "gpus_per_job"):
         if not isinstance(settings[key], int) or isinstance(settings[key], bool) or settings[key] < 1:
             raise invalid(f"hydra.launcher.{key}", settings[key], "a whole number >= 1")
     for key in ("timeout_min", "kill_grace_s"):
-        if not isinstance(settings[key], (int, float)) or isinstance(settings[key], bool) or settings[key] <= 0:
+        if (
+            not isinstance(settings[key], (int, float))
+            or isinstance(settings[key], bool)
+            or settings[key] <= 0
+        ):
             raise invalid(f"hydra.launcher.{key}", settings[key], "a number > 0")
     if not isinstance(settings["cpu_pinning"], bool):
         raise invalid("hydra.launcher.cpu_pinning", settings["cpu_pinning"], "true or false")
@@ -164,7 +170,9 @@ def launcher_settings(params) -> dict:
         if isinstance(devices, (int, str)):
             devices = [devices]
         if not isinstance(devices, list) or not devices or len(set(map(str, devices))) != len(devices):
-            raise invalid("hydra.launcher.devices", settings["devices"], "a list of distinct GPU ids, e.g. [0,1]")
+            raise invalid(
+                "hydra.launcher.devices", settings["devices"], "a list of distinct GPU ids, e.g. [0,1]"
+            )
         settings["devices"] = [str(d) for d in devices]
         if len(devices) < settings["gpus_per_job"]:
             raise invalid(
@@ -260,7 +268,9 @@ class LocalSweep:
         per_job = self.settings["gpus_per_job"]
         groups = [devices[i : i + per_job] for i in range(0, len(devices) - per_job + 1, per_job)]
         self.gpu_pool = deque(groups)  # freed groups go to the back, so every GPU gets used
-        self.parallel = min(self.settings["max_parallel"], len(groups)) if groups else self.settings["max_parallel"]
+        self.parallel = (
+            min(self.settings["max_parallel"], len(groups)) if groups else self.settings["max_parallel"]
+        )
         self.cpu_slots = cpu_sets(self.parallel, self.settings["cpu_pinning"])
         self.free_slots = deque(range(self.parallel))
         self.running: list[_Job] = []
@@ -440,7 +450,9 @@ class LocalSweep:
                         self._start(job)
                 if self.stop_signal is not None:
                     for job in queue:
-                        job.outcome = JobOutcome(job.folder, "not started", False, "the sweep was stopped first")
+                        job.outcome = JobOutcome(
+                            job.folder, "not started", False, "the sweep was stopped first"
+                        )
                     queue.clear()
                 self._watch()
                 if self.running:
@@ -498,15 +510,21 @@ class LocalSweep:
         signum = -code if code < 0 else None
         if job.timed_out:
             how = _signal_name(signum or job.stop_signal)
-            error = f"ran longer than hydra.launcher.timeout_min={self.settings['timeout_min']}: stopped by {how}"
-            self._write_stopped(job, "timeout", signum or job.stop_signal, error, summary if written else None)
+            error = (
+                f"ran longer than hydra.launcher.timeout_min={self.settings['timeout_min']}: stopped by {how}"
+            )
+            self._write_stopped(
+                job, "timeout", signum or job.stop_signal, error, summary if written else None
+            )
             return JobOutcome(job.folder, "timeout", False, error, log)
         if signum is not None and signum == job.stop_signal and not written:
             # the sweep stopped it (Ctrl-C, SIGTERM) and it ended by that signal without a word
             error = f"interrupted by {_signal_name(signum)} (the sweep was stopped)"
             self._write_stopped(job, "interrupted", signum, error, None)
             return JobOutcome(job.folder, "interrupted", False, error, log)
-        if signum is not None and not (written and summary is not None and summary.get("status") == "interrupted"):
+        if signum is not None and not (
+            written and summary is not None and summary.get("status") == "interrupted"
+        ):
             error = f"killed by {_signal_name(signum)}"
             if signum == signal.SIGKILL and job.stop_signal is None:
                 error += " (from outside: the kernel's OOM killer sends it when memory runs out)"
@@ -537,7 +555,9 @@ class LocalSweep:
             except Exception:  # the keys are context; the status must be written regardless
                 pass
             if _file_id(job.folder / results.METRICS) != job.metrics_before:
-                steps = [r["step"] for r in results.read_metrics(job.folder / results.METRICS) if "train/loss" in r]
+                steps = [
+                    r["step"] for r in results.read_metrics(job.folder / results.METRICS) if "train/loss" in r
+                ]
                 summary["train/steps"] = max(steps, default=0)
             summary["env/pid"] = job.process.pid
             summary["env/cuda_visible_devices"] = ",".join(job.gpus) if job.gpus is not None else None
@@ -595,7 +615,9 @@ def expose_launcher_plugin() -> None:
     import hydra_plugins
 
     folder = str(Path(__file__).resolve().parent.parent / "hydra_plugins")
-    if os.path.isdir(os.path.join(folder, "effitrain_launcher")) and folder not in list(hydra_plugins.__path__):
+    if os.path.isdir(os.path.join(folder, "effitrain_launcher")) and folder not in list(
+        hydra_plugins.__path__
+    ):
         hydra_plugins.__path__.append(folder)
 
 
@@ -652,7 +674,9 @@ class SweepReport(Callback):
             print(f"effitrain: rerun the jobs that are not ok: {resume}")
         sys.stdout.flush()
         if RECORD.signal is not None:
-            print(f"effitrain: error: the sweep was stopped by {_signal_name(RECORD.signal)}", file=sys.stderr)
+            print(
+                f"effitrain: error: the sweep was stopped by {_signal_name(RECORD.signal)}", file=sys.stderr
+            )
             sys.exit(128 + RECORD.signal)
         if failed:
             sys.exit(1)

@@ -31,7 +31,9 @@ def run_app(sweep_dir: Path, *args: str, timeout: int = 120) -> subprocess.Compl
 
 
 def start_app(sweep_dir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(app_command(sweep_dir, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        app_command(sweep_dir, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def wait_for_lines(process: subprocess.Popen, text: str, count: int, timeout: float = 90) -> list[str]:
@@ -74,7 +76,11 @@ def alive(pid: int) -> bool:
 def test_running_jobs_never_share_a_device_or_a_core(tmp_path):
     # a given device list is handed out as given: this works on a machine without GPUs
     done = run_app(
-        tmp_path, "seed=1,2,3,4", "+sleep_s=1.5", "hydra.launcher.max_parallel=2", "hydra.launcher.devices=[0,1,2,3]"
+        tmp_path,
+        "seed=1,2,3,4",
+        "+sleep_s=1.5",
+        "hydra.launcher.max_parallel=2",
+        "hydra.launcher.devices=[0,1,2,3]",
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "effitrain: 0 of 4 jobs failed (0 skipped: ok before)" in done.stdout
@@ -142,7 +148,11 @@ def test_killed_job_is_recorded_the_others_finish_and_a_rerun_repeats_only_it(tm
     killed = summary(sweep, 2)
     assert (killed["status"], killed["signal"]) == ("killed", signal.SIGKILL)
     assert killed["error"].startswith("killed by SIGKILL")
-    assert killed["cfg/seed"] == 2 and killed["job/overrides"] == [f"+die_marker={marker}", "+sleep_s=0.2", "seed=2"]
+    assert killed["cfg/seed"] == 2 and killed["job/overrides"] == [
+        f"+die_marker={marker}",
+        "+sleep_s=0.2",
+        "seed=2",
+    ]
     assert summary(sweep, 1)["status"] == summary(sweep, 3)["status"] == "ok"
     assert "effitrain: 1 of 3 jobs failed (0 skipped: ok before)" in first.stdout
     killed_line = next(line for line in first.stdout.splitlines() if line.startswith("effitrain: killed:"))
@@ -173,7 +183,9 @@ def test_a_job_past_its_time_limit_is_stopped_and_recorded_as_timeout(tmp_path):
 def test_a_signal_to_the_sweep_reaches_every_running_job(tmp_path, signum):
     sweep = start_app(tmp_path, "seed=1,2,3", "+sleep_s=60", "hydra.launcher.max_parallel=2")
     lines = wait_for_lines(sweep, "started (pid", 2)
-    pids = [int(line.split("(pid ")[1].split(",")[0].split(")")[0]) for line in lines if "started (pid" in line]
+    pids = [
+        int(line.split("(pid ")[1].split(",")[0].split(")")[0]) for line in lines if "started (pid" in line
+    ]
     sweep.send_signal(signum)
     out, err = sweep.communicate(timeout=60)
     assert sweep.returncode == 128 + signum, out + err
@@ -190,7 +202,9 @@ def test_a_signal_to_the_sweep_reaches_every_running_job(tmp_path, signum):
 def test_jobs_end_when_the_sweep_process_is_killed(tmp_path):
     sweep = start_app(tmp_path, "seed=1,2", "+sleep_s=60", "hydra.launcher.max_parallel=2")
     lines = wait_for_lines(sweep, "started (pid", 2)
-    pids = [int(line.split("(pid ")[1].split(",")[0].split(")")[0]) for line in lines if "started (pid" in line]
+    pids = [
+        int(line.split("(pid ")[1].split(",")[0].split(")")[0]) for line in lines if "started (pid" in line
+    ]
     sweep.kill()  # SIGKILL: the sweep can forward nothing; the jobs' parent-death signal ends them
     sweep.communicate(timeout=30)
     deadline = time.time() + 20
@@ -211,7 +225,10 @@ def test_a_second_sweep_into_the_same_folder_leaves_running_jobs_alone(tmp_path)
     assert "effitrain: 0 of 2 jobs failed (0 skipped: ok before, 2 in use by another sweep, not run)" in (
         second.stdout
     )
-    assert second.stdout.count("effitrain: busy:") == 2 and "in use by another sweep or run (pid" in second.stdout
+    assert (
+        second.stdout.count("effitrain: busy:") == 2
+        and "in use by another sweep or run (pid" in second.stdout
+    )
     # the second sweep started no process and wrote nothing into the job folders
     assert [line.get("pid") for line in launches(tmp_path)].count(None) == 2
     assert {r["seed"] for r in records(tmp_path).values()} == {1, 2}
@@ -239,9 +256,15 @@ def test_launcher_settings_are_checked_in_one_line():
     bad = [
         ({"max_parallel": 0}, "hydra.launcher.max_parallel=0 is invalid: a whole number >= 1"),
         ({"devices": [0, 0]}, "hydra.launcher.devices=[0, 0] is invalid: a list of distinct GPU ids"),
-        ({"devices": [0], "gpus_per_job": 2}, "hydra.launcher.gpus_per_job=2 is invalid: at most the 1 devices"),
+        (
+            {"devices": [0], "gpus_per_job": 2},
+            "hydra.launcher.gpus_per_job=2 is invalid: at most the 1 devices",
+        ),
         ({"timeout_min": -1}, "hydra.launcher.timeout_min=-1 is invalid: a number > 0"),
-        ({"max_paralel": 2}, "hydra.launcher.max_paralel is not a setting of effitrain's launcher: use max_parallel"),
+        (
+            {"max_paralel": 2},
+            "hydra.launcher.max_paralel is not a setting of effitrain's launcher: use max_parallel",
+        ),
     ]
     for params, message in bad:
         with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -253,5 +276,8 @@ def test_bad_launcher_settings_stop_train_py_before_anything_runs(tmp_path):
 
     done = train_py("-m", *TINY, "seed=1,2", "hydra.launcher.max_parallel=0", f"hydra.sweep.dir={tmp_path}")
     assert done.returncode == 2
-    assert done.stderr.strip() == "effitrain: error: hydra.launcher.max_parallel=0 is invalid: a whole number >= 1"
+    assert (
+        done.stderr.strip()
+        == "effitrain: error: hydra.launcher.max_parallel=0 is invalid: a whole number >= 1"
+    )
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
