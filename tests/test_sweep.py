@@ -61,10 +61,12 @@ def test_a_job_killed_mid_sweep_is_recorded_the_others_finish_and_a_rerun_repeat
     sweep = _start_sweep(*args)
     lines = _read_until(sweep, "started (pid", 2)
     victim = _started_pids(lines)[1]
-    metrics = next(tmp_path.glob("*seed=2")) / "metrics.jsonl"
+    # killed once Hydra has handed it the task (it then imports torch, builds, trains: seconds),
+    # as the OOM killer would kill it
+    record = next(tmp_path.glob("*seed=2")) / ".hydra" / "config.yaml"
     deadline = time.time() + 300
-    while not metrics.exists() and time.time() < deadline and sweep.poll() is None:
-        time.sleep(0.01)  # killed once it trains, as the OOM killer would
+    while not record.exists() and time.time() < deadline and sweep.poll() is None:
+        time.sleep(0.01)
     os.kill(victim, signal.SIGKILL)
     out, err = sweep.communicate(timeout=600)
     assert sweep.returncode == 1, out[-3000:] + err[-3000:]
