@@ -49,8 +49,12 @@ def sweep(folder: Path, jobs: int, parallel: int, extra: list[str]) -> dict:
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     wall = time.time() - started
     if done.returncode != 0:
-        raise SystemExit(f"sweep failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    launches = [json.loads(line) for line in (folder / ".effitrain" / "launches.jsonl").read_text().splitlines()]
+        raise SystemExit(
+            f"sweep failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        )
+    launches = [
+        json.loads(line) for line in (folder / ".effitrain" / "launches.jsonl").read_text().splitlines()
+    ]
     summaries = [json.loads(p.read_text()) for p in folder.glob("*/summary.json")]
     assert len(summaries) == jobs and all(s["status"] == "ok" for s in summaries)
     lifetimes = {line["pid"]: line["ended"] - line["started"] for line in launches}
@@ -91,7 +95,9 @@ def main() -> None:
         return statistics.median(r[key] for r in rows[parallel])
 
     print()
-    print(f"{'':<16}{'sweep s':>10}{'job s':>10}{'startup s':>11}{'startup share':>15}{'before 1st job s':>18}")
+    print(
+        f"{'':<16}{'sweep s':>10}{'job s':>10}{'startup s':>11}{'startup share':>15}{'before 1st job s':>18}"
+    )
     for parallel in (1, 2):
         print(
             f"max_parallel={parallel:<3}{median(parallel, 'wall_s'):>10.1f}{median(parallel, 'job_s'):>10.1f}"
@@ -99,7 +105,9 @@ def main() -> None:
             f"{median(parallel, 'before_first_job_s'):>18.1f}"
         )
     ratios = [p2["wall_s"] / p1["wall_s"] for p1, p2 in zip(rows[1], rows[2])]
-    print(f"parallel / sequential sweep time: {statistics.median(ratios):.2f} (median of {len(ratios)} rounds)")
+    print(
+        f"parallel / sequential sweep time: {statistics.median(ratios):.2f} (median of {len(ratios)} rounds)"
+    )
 
 
 if __name__ == "__main__":

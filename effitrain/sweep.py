@@ -517,10 +517,10 @@ class LocalSweep:
                 job, "timeout", signum or job.stop_signal, error, summary if written else None
             )
             return JobOutcome(job.folder, "timeout", False, error, log)
-        if signum is not None and signum == job.stop_signal and not written:
-            # the sweep stopped it (Ctrl-C, SIGTERM) and it ended by that signal without a word
-            error = f"interrupted by {_signal_name(signum)} (the sweep was stopped)"
-            self._write_stopped(job, "interrupted", signum, error, None)
+        if job.stop_signal is not None and signum != signal.SIGKILL and not written:
+            # the sweep stopped it (Ctrl-C, SIGTERM) before it could say so itself (still starting)
+            error = f"interrupted by {_signal_name(job.stop_signal)} (the sweep was stopped)"
+            self._write_stopped(job, "interrupted", job.stop_signal, error, None)
             return JobOutcome(job.folder, "interrupted", False, error, log)
         if signum is not None and not (
             written and summary is not None and summary.get("status") == "interrupted"

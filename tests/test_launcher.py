@@ -112,6 +112,7 @@ def test_running_jobs_never_share_a_device_or_a_core(tmp_path):
     assert all(len(r["cpus"]) == share and r["omp_num_threads"] == str(share) for r in seen.values())
 
 
+@pytest.mark.slow
 def test_gpus_per_job_hands_out_disjoint_groups(tmp_path):
     done = run_app(
         tmp_path,
@@ -179,7 +180,7 @@ def test_a_job_past_its_time_limit_is_stopped_and_recorded_as_timeout(tmp_path):
     assert line["ended"] - line["started"] < 30
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_a_signal_to_the_sweep_reaches_every_running_job(tmp_path, signum):
     sweep = start_app(tmp_path, "seed=1,2,3", "+sleep_s=60", "hydra.launcher.max_parallel=2")
     lines = wait_for_lines(sweep, "started (pid", 2)
@@ -199,6 +200,7 @@ def test_a_signal_to_the_sweep_reaches_every_running_job(tmp_path, signum):
     assert not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_jobs_end_when_the_sweep_process_is_killed(tmp_path):
     sweep = start_app(tmp_path, "seed=1,2", "+sleep_s=60", "hydra.launcher.max_parallel=2")
     lines = wait_for_lines(sweep, "started (pid", 2)
@@ -271,6 +273,7 @@ def test_launcher_settings_are_checked_in_one_line():
             launcher_settings(params)
 
 
+@pytest.mark.slow
 def test_bad_launcher_settings_stop_train_py_before_anything_runs(tmp_path):
     from tests.conftest import TINY, train_py
 

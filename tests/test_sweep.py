@@ -34,7 +34,9 @@ def _launches(sweep_dir) -> list[dict]:
 
 
 def _started_pids(lines: list[str]) -> list[int]:
-    return [int(line.split("(pid ")[1].split(",")[0].split(")")[0]) for line in lines if "started (pid" in line]
+    return [
+        int(line.split("(pid ")[1].split(",")[0].split(")")[0]) for line in lines if "started (pid" in line
+    ]
 
 
 def _start_sweep(*args: str) -> subprocess.Popen:
