@@ -164,7 +164,10 @@ def fit(job: Job) -> dict:
 def evaluate_job(job: Job) -> dict:
     """The shared evaluation, on the model and eval loader the backend prepared (the plain module
     while the Trainer is still training)."""
-    return evaluate(job.eval_model or job.model, job.eval_loader, job.accelerator)
+    model = (
+        job.eval_model if job.eval_model is not None else job.model
+    )  # a compiled module has no truth value
+    return evaluate(model, job.eval_loader, job.accelerator)
 
 
 def predict_step_peak(job: Job) -> dict:
