@@ -215,6 +215,7 @@ def test_jobs_end_when_the_sweep_process_is_killed(tmp_path):
     assert not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_a_second_sweep_into_the_same_folder_leaves_running_jobs_alone(tmp_path):
     args = ["seed=1,2", "+sleep_s=4", "hydra.launcher.max_parallel=2"]
     first = start_app(tmp_path, *args)
