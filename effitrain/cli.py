@@ -79,6 +79,10 @@ def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
         check_output_folder("hydra.run.dir", str(cfg.hydra.run.dir))
         return cfg
     check_output_folder("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
+    if str(cfg.hydra.launcher.get("_target_", "")).endswith(".EffitrainLauncher"):
+        from effitrain.sweep import launcher_settings
+
+        launcher_settings(cfg.hydra.launcher)
     for job in sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]:
         try:
             load(fixed + job, world_size)
@@ -145,6 +149,9 @@ def train(argv: list[str]) -> None:
 
     check_overrides_or_exit(argv)
     argv = share_run_dir_across_ranks(argv)
+    from effitrain.sweep import expose_launcher_plugin
+
+    expose_launcher_plugin()
     # Hydra reads the command line from sys.argv; the config comes from the package effitrain.conf,
     # the checkout's conf/ or the copy inside an installed wheel
     sys.argv = [sys.argv[0], *argv]

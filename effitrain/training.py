@@ -108,6 +108,13 @@ def count_samples(window, device) -> int:
     return int(all_reduce_sum([sum(len(b["labels"]) for b in window)], device)[0])
 
 
+def process_started() -> float:
+    """When this process was created (``time.time()`` scale), as the OS recorded it."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
 class StepMeter:
     """Per-optimizer-step bookkeeping shared by both backends: loss, counts, time, the progress bar.
 
@@ -127,6 +134,7 @@ class StepMeter:
         self.resumed = {"step": 0, "samples": 0, "tokens": 0}  # counts of the run this one resumes
         self._reset_window()
         self._started: float | None = None
+        self.startup_s = None
         self._progress = None
         if progress_bar and is_main:
             from tqdm.auto import tqdm
@@ -144,6 +152,8 @@ class StepMeter:
 
     def start(self) -> None:
         self._started = self._last = time.perf_counter()
+        if self.startup_s is None:  # from the process's creation: interpreter, imports, data, model
+            self.startup_s = time.time() - process_started()
 
     def add(self, micro_loss_sum: torch.Tensor, batch) -> None:
         # tensors stay on the device: read once per optimizer step, never per micro-batch (a GPU sync)
@@ -235,6 +245,7 @@ class StepMeter:
             # warm-up everywhere (so not a compile time: that is speed/compile_s)
             "speed/first_step_overhead_s": self.step_times[0] - median if self.step_times else math.nan,
             "speed/train_s": train_s,
+            "speed/startup_s": self.startup_s,
         }
 
 
