@@ -1,7 +1,7 @@
 """The ``accelerate`` backend: an ``Accelerator`` loop over accumulation windows.
 
 Micro-batches are taken one optimizer step (window) at a time, so the loss can be normalized by
-the number of samples in the whole step before any backward pass; gradients are synchronized
+the task's items (samples, or real target tokens) in the whole step before any backward pass; gradients are synchronized
 once per window (``no_sync`` on every micro-batch but the last). Evaluation is shared code: the
 backend leaves the prepared model, eval loader and accelerator on the job.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from accelerate import Accelerator
 from accelerate.utils import TorchDynamoPlugin
 
-from effitrain.training import accumulation_windows, count_samples, window_step
+from effitrain.training import accumulation_windows, step_items, window_step
 
 
 def make_accelerator(cfg) -> Accelerator:
@@ -47,7 +47,7 @@ def fit(job) -> dict:
             with job.track_step(step + 1):
                 lr = optimizer.param_groups[0]["lr"]
                 grad_norm = window_step(
-                    model, optimizer, window, count_samples(window, accelerator.device),
+                    job.task, model, optimizer, window, step_items(job.task, window, accelerator.device),
                     accelerator.num_processes, meter, accelerator.backward,
                     lambda: accelerator.no_sync(model),
                     lambda: accelerator.clip_grad_norm_(model.parameters(), max_norm),
