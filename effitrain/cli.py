@@ -183,10 +183,11 @@ def train_job(cfg: DictConfig) -> float | None:
 
     summary = run(cfg, hydra_cfg.runtime.output_dir)
     if summary["status"] == "ok" and summary.get("env/rank", 0) == 0:
+        task_keys = ("eval/accuracy", "eval/f1", "eval/perplexity", "train/unigram_perplexity")
+        task_metrics = "".join(f"{k} {summary[k]:.4f}  " for k in task_keys if k in summary)
         print(
             f"effitrain: ok: train/loss {summary['train/loss']:.4f}  eval/loss {summary['eval/loss']:.4f}  "
-            f"eval/accuracy {summary['eval/accuracy']:.4f}  eval/f1 {summary['eval/f1']:.4f}  "
-            f"{summary['speed/samples_per_s']:.1f} samples/s  {summary['speed/wall_s']:.1f} s  "
+            f"{task_metrics}{summary['speed/samples_per_s']:.1f} samples/s  {summary['speed/wall_s']:.1f} s  "
             f"-> {hydra_cfg.runtime.output_dir}"
         )
     if summary["status"] == "ok":

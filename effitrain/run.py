@@ -28,15 +28,16 @@ from effitrain.config import (
     summary_config_keys,
     validate,
 )
-from effitrain.data import build_dataloaders, check_raw, tokenize_cached
+from effitrain.data import build_dataloaders, tokenize_cached
 from effitrain.distributed import process_state, world_size
 from effitrain.flops import mfu_keys
 from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
-from effitrain.modeling import build_model, build_tokenizer, enable_activation_checkpointing
+from effitrain.modeling import build_tokenizer, enable_activation_checkpointing
 from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
 from effitrain.step_memory import StepMemory, predicted_keys, trace_step
-from effitrain.training import StepMeter, TrainingDiverged, epoch_batches, evaluate
+from effitrain.tasks import Task, build_task
+from effitrain.training import StepMeter, TrainingDiverged, epoch_batches
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class Job:
     # set by the backend: what the shared evaluation runs on
     eval_model: torch.nn.Module | None = None
     accelerator: object = None
+    task: Task | None = None  # loss, items, evaluation: the hooks backends call (job.task.loss_sum, ...)
+    data_keys: dict | None = None  # summary keys describing the tokenized data (the task's)
 
     best_eval: tuple[float, int] | None = None  # (eval/loss, step) of the best evaluation so far
     # (position, generators) a backend that restores weights through the job resumes its data from
@@ -137,19 +140,17 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     from transformers import set_seed
 
     set_seed(cfg.seed)
-    raw = instantiate_node(cfg.data)
+    task = build_task(cfg)
+    raw = task.load(cfg.data)
     tokenizer = build_tokenizer(cfg.model)
-    check_raw(raw, len(raw.label_names))
     source_key = OmegaConf.to_container(cfg.data, resolve=True)
-    tokenized = tokenize_cached(raw, tokenizer, cfg.max_length, cfg.get("cache_dir"), source_key)
+    tokenized = tokenize_cached(raw, tokenizer, cfg.max_length, cfg.get("cache_dir"), source_key, task)
     train_loader, eval_loader, sampler = build_dataloaders(
-        tokenized, tokenizer, cfg.micro_batch_size, cfg.eval_batch_size, cfg.seed
+        tokenized, task.collator(tokenizer), cfg.micro_batch_size, cfg.eval_batch_size, cfg.seed
     )
 
     set_seed(cfg.seed)  # the head's initialization does not depend on how much data was read
-    model = build_model(cfg.model, len(raw.label_names), tokenizer)
-    model.config.id2label = dict(enumerate(raw.label_names))
-    model.config.label2id = {name: i for i, name in enumerate(raw.label_names)}
+    model = task.build_model(cfg.model, raw, tokenizer)
     if cfg.get("gradient_checkpointing"):
         enable_activation_checkpointing(model)
     optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
@@ -160,7 +161,7 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
         batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
     )
     scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
-    meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main)
+    meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main, task)
     job = Job(
         cfg=cfg,
         model=model,
@@ -174,7 +175,9 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
         meter=meter,
         output_dir=output_dir,
         resume=resume,
+        task=task,
     )
+    job.data_keys = task.data_summary(tokenized)
     job.checkpoints = checkpoint.Checkpointer(
         cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume
     )
@@ -197,7 +200,7 @@ def evaluate_job(job: Job) -> dict:
     while the Trainer is still training)."""
     # "is not None": a compiled module (OptimizedModule) refuses len(), so it has no truth value
     model = job.eval_model if job.eval_model is not None else job.model
-    return evaluate(model, job.eval_loader, job.accelerator)
+    return job.task.evaluate(model, job.eval_loader, job.accelerator)
 
 
 def predict_step_peak(job: Job) -> dict:
@@ -363,6 +366,7 @@ def _train_and_evaluate(job: Job, summary: dict, opened: contextlib.ExitStack) -
     summary["model/vocab_size"] = job.model.config.vocab_size
     summary["model/tokenizer"] = getattr(job.tokenizer, "name_or_path", None)
     summary["model/tokenizer_note"] = getattr(job.tokenizer, "effitrain_note", None)
+    summary.update(job.data_keys)
     tracked = TrainingMemory(job.model, job.optimizer, device)
     opened.callback(lambda: summary.update(tracked.summary()))  # also for a failed run: an OOM's peak
     compiling = compile_seconds()

@@ -229,7 +229,6 @@ def test_an_eval_line_equals_evaluating_the_weights_saved_at_its_step(tmp_path):
     from safetensors.torch import load_model
 
     from effitrain.run import build_job
-    from effitrain.training import evaluate
 
     steps = ["max_steps=4", "eval_every=2", "checkpoint_every=2", "optimizer.lr=3e-3", "warmup_ratio=0"]
     summary = run_job(tmp_path / "run", *steps)
@@ -237,7 +236,7 @@ def test_an_eval_line_equals_evaluating_the_weights_saved_at_its_step(tmp_path):
     at_2 = next(line for line in read_metrics(tmp_path / "run", kind="eval") if line["step"] == 2)
     job = build_job(compose(*steps), tmp_path / "fresh", [], torch.device("cpu"), True)
     load_model(job.model, str(tmp_path / "run" / "checkpoints" / "step-00000002" / "model.safetensors"))
-    again = evaluate(job.model, job.eval_loader, Accelerator(cpu=True))
+    again = job.task.evaluate(job.model, job.eval_loader, Accelerator(cpu=True))
     assert again["eval/samples"] == at_2["eval/samples"] > 0
     assert again == pytest.approx({key: at_2[key] for key in again}, rel=1e-6)
     assert at_2["eval/loss"] != summary["eval/loss"]  # step 4's weights evaluate otherwise

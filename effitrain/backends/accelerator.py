@@ -1,11 +1,12 @@
 """The ``accelerate`` backend: an ``Accelerator`` loop over accumulation windows.
 
 Micro-batches are taken one optimizer step (window) at a time, so the loss can be normalized by
-the number of samples in the whole step before any backward pass; gradients are synchronized
-once per window (``no_sync`` on every micro-batch but the last), as accelerate's own
-variable-window example (gradient_accumulation_for_autoregressive_models.py) does. Restoring,
-the meter, the end of a step and evaluation are the run's shared code (:class:`effitrain.run.Job`);
-the backend leaves the prepared model, eval loader and accelerator on the job for evaluation.
+the task's items (samples, or real target tokens) in the whole step before any backward pass;
+gradients are synchronized once per window (``no_sync`` on every micro-batch but the last), as
+accelerate's own variable-window example (gradient_accumulation_for_autoregressive_models.py) does.
+Restoring, the meter, the end of a step and evaluation are the run's shared code
+(:class:`effitrain.run.Job`); the backend leaves the prepared model, eval loader and accelerator on
+the job for evaluation.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from accelerate import Accelerator
 from accelerate.utils import TorchDynamoPlugin
 
-from effitrain.training import accumulation_windows, count_samples, window_step
+from effitrain.training import accumulation_windows, step_items, window_step
 
 
 def make_accelerator(cfg) -> Accelerator:
@@ -48,7 +49,7 @@ def fit(job) -> None:
             with job.track_step(step + 1):
                 lr = optimizer.param_groups[0]["lr"]
                 grad_norm = window_step(
-                    model, optimizer, window, count_samples(window, accelerator.device),
+                    job.task, model, optimizer, window, step_items(job.task, window, accelerator.device),
                     accelerator.num_processes, job.meter, accelerator.backward,
                     lambda: accelerator.no_sync(model),
                     lambda: accelerator.clip_grad_norm_(model.parameters(), max_norm),

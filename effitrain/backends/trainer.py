@@ -4,8 +4,9 @@ The Trainer keeps its own loop (accumulation, clipping, compile, mixed precision
 would make it differ from the accelerate backend is replaced:
 
 * the train dataloader is effitrain's (same sampler, so the same batches in the same order);
-* the loss is the summed cross-entropy divided by the samples of the whole optimizer step
-  (``num_items_in_batch``), so accumulation equals one big batch; a plain Trainer takes the
+* the loss is the task's summed loss divided by the task's items (samples, or real target tokens)
+  of the whole optimizer step over all processes (``num_items_in_batch``, counted by the task, not
+  by the Trainer's label rule), so accumulation equals one big batch; a plain Trainer takes the
   model's mean loss as already normalized and never divides by the accumulation steps;
 * it reports nothing itself: a callback wraps each optimizer step in ``job.track_step`` and hands
   its end to the run's shared ``job.end_step`` (meter, evaluation, checkpoint).
@@ -21,26 +22,32 @@ import contextlib
 import torch
 from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
-from effitrain.training import loss_sum, step_loss
+from effitrain.training import step_items, step_loss
 
 
 class _EffitrainTrainer(Trainer):
     loss_is_scaled_for_ga = True  # compute_loss below normalizes by the step's samples itself
 
-    def __init__(self, *args, train_loader, meter, step_memory, **kwargs):
+    def __init__(self, *args, task, train_loader, meter, step_memory, **kwargs):
         super().__init__(*args, **kwargs)
+        self._task = task
         self._effitrain_train_loader = train_loader
         self._meter = meter
         self._step_memory = step_memory
-        # Make the Trainer count the samples of each optimizer step (over all processes).
         self.model_accepts_loss_kwargs = True
 
     def get_train_dataloader(self):
         return self.accelerator.prepare(self._effitrain_train_loader)
 
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        # The Trainer counts labels != -100 by its own rules (shifted or not, by the model's loss
+        # type); the task's count, the one the accelerate loop divides by, is what it must be.
+        batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        return batches, step_items(self._task, batches, device) if batches else None
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self._step_memory.saw(inputs)
-        micro_loss = loss_sum(model, inputs)
+        micro_loss = self._task.loss_sum(model, inputs)
         self._meter.add(micro_loss, inputs)
         loss = step_loss(micro_loss, num_items_in_batch, self.accelerator.num_processes)
         return (loss, None) if return_outputs else loss
@@ -113,6 +120,7 @@ def fit(job) -> None:
         model=job.model,
         args=training_arguments(cfg, job.num_steps, job.output_dir),
         optimizers=(job.optimizer, job.scheduler),
+        task=job.task,
         train_loader=job.train_loader,
         meter=job.meter,
         step_memory=job.step_memory,
