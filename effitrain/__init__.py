@@ -1,9 +1,8 @@
 """effitrain: Hydra-configured experiments for memory- and speed-efficient fine-tuning."""
 
-import logging
 from importlib import metadata
 
-from effitrain import assets, overrides
+from effitrain import assets, logs, overrides, schema
 
 try:
     __version__ = metadata.version("effitrain")
@@ -12,9 +11,6 @@ except metadata.PackageNotFoundError:  # a source checkout that was never instal
 
 assets.register_resolvers()
 overrides.register_resolvers()
+schema.register()  # conf/config.yaml's defaults start with it
 
-# bitsandbytes warns on every import that its optional 4-bit CPU kernels are missing; effitrain
-# never uses 4-bit layers, so the line is noise in every job's log.
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
-    lambda record: "gemm_4bit_forward" not in record.getMessage()
-)
+logs.quiet_library_noise()  # bitsandbytes' kernels warning, transformers' coloured load report

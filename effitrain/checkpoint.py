@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from effitrain.config import ConfigError, invalid
-from effitrain.training import rank, world_size
+from effitrain.config import invalid
+from effitrain.distributed import barrier, rank, world_size
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +84,6 @@ def trajectory_config(cfg: DictConfig) -> dict:
             node = cfg[key]
             walk(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node, f"{key}.")
     return {key: value for key, value in flat.items() if not is_invariant(key, may_change)}
-
-
-def _barrier() -> None:
-    if world_size() > 1:
-        torch.distributed.barrier()
 
 
 def rng_file_name() -> str:
@@ -146,16 +141,21 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def damage(folder: Path) -> str | None:
-    """Why the checkpoint in ``folder`` cannot be resumed from (incomplete, or a file whose bytes
-    differ from the checksum stored when it was saved), or None when it is whole."""
+def inspect(folder: Path) -> tuple[dict | None, str | None]:
+    """``(metadata, None)`` for a whole checkpoint; ``(None, why)`` when it cannot be resumed from
+    (incomplete, or a file whose bytes differ from the checksum stored when it was saved)."""
     meta = read_meta(folder)
     if meta is None:
-        return "incomplete (a file is missing or of the wrong size)"
+        return None, "incomplete (a file is missing or of the wrong size)"
     for name, expected in meta.get("sha256", {}).items():
         if _sha256(folder / name) != expected:
-            return f"{name} differs from its checksum (damaged)"
-    return None
+            return None, f"{name} differs from its checksum (damaged)"
+    return meta, None
+
+
+def damage(folder: Path) -> str | None:
+    """Why the checkpoint in ``folder`` cannot be resumed from, or None when it is whole."""
+    return inspect(folder)[1]
 
 
 def read_meta(folder: Path) -> dict | None:
@@ -181,48 +181,75 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def newest_valid(run_dir: Path) -> Path | None:
-    """The newest whole checkpoint; each damaged one skipped on the way is named, with why."""
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run continues from, with its metadata as read (and checked) when it was chosen:
+    nothing reads ``effitrain.json`` again."""
+
+    folder: Path
+    meta: dict
+
+    @property
+    def step(self) -> int:
+        return self.meta["step"]
+
+    def position(self, batches_per_epoch: int, accumulation: int) -> Position:
+        return position(self.step, batches_per_epoch, accumulation)
+
+    def rng_state(self) -> dict:
+        """This process's generators at the checkpoint (``weights_only``: no arbitrary unpickling)."""
+        return torch.load(self.folder / rng_file_name(), weights_only=True)
+
+
+def _newest_whole(run_dir: Path) -> ResumePoint | None:
     for _, folder in reversed(list_checkpoints(run_dir)):
-        why = damage(folder)
-        if why is None:
-            return folder
+        meta, why = inspect(folder)
+        if meta is not None:
+            return ResumePoint(folder, meta)
         log.warning("skipping checkpoint %s: %s", folder, why)
         print(f"effitrain: warning: skipping checkpoint {folder}: {why}", file=sys.stderr, flush=True)
     return None
 
 
-def find_resume(cfg: DictConfig, output_dir: Path) -> Path | None:
-    """The checkpoint folder ``cfg.resume`` points at: None, ``auto`` (newest valid in this run, if any) or a path.
+def newest_valid(run_dir: Path) -> Path | None:
+    """The newest whole checkpoint; each damaged one skipped on the way is named, with why."""
+    point = _newest_whole(run_dir)
+    return point.folder if point is not None else None
+
+
+def find_resume(cfg: DictConfig, output_dir: Path) -> ResumePoint | None:
+    """The checkpoint ``cfg.resume`` points at: None, ``auto`` (newest valid in this run, if any) or a path.
 
     A path may name a checkpoint folder or a run folder (its newest valid checkpoint is taken).
+    Everything that would stop the resume is checked here, before any model is built.
 
     Raises:
-        ConfigError: the path holds no complete checkpoint, or the checkpoint was written by a
-            config that differs in a key that changes the training trajectory.
+        ConfigError: the path holds no complete checkpoint; the checkpoint was written by a config
+            that differs in a key that changes the training trajectory, or by another number of
+            processes.
     """
     resume = cfg.get("resume")
     if resume is None:
         return None
     if resume == "auto":
-        folder = newest_valid(output_dir)
-        if folder is None:
+        point = _newest_whole(output_dir)
+        if point is None:
             log.info("resume=auto: no checkpoint in %s, starting from scratch", output_dir)
             return None
     else:
         path = Path(str(resume)).expanduser()
         if read_meta(path) is not None:  # a checkpoint folder, not a run folder
-            why = damage(path)
+            meta, why = inspect(path)
             if why is not None:
                 raise invalid("resume", str(resume), f"the checkpoint is {why}")
-            folder = path
+            point = ResumePoint(path, meta)
         else:
-            folder = newest_valid(path)
-        if folder is None:
+            point = _newest_whole(path)
+        if point is None:
             raise invalid(
                 "resume", str(resume), "no complete checkpoint there (give auto, null or a checkpoint folder)"
             )
-    meta = read_meta(folder)
+    folder, meta = point.folder, point.meta
     now = trajectory_config(cfg)
     for key in sorted(set(now) | set(meta["config"])):
         if now.get(key) != meta["config"].get(key):
@@ -231,19 +258,23 @@ def find_resume(cfg: DictConfig, output_dir: Path) -> Path | None:
                 now.get(key),
                 f"differs from the checkpoint {folder} ({meta['config'].get(key)!r}): an exact resume needs the same config",
             )
-    return folder
+    if meta["world_size"] != world_size():
+        raise invalid(
+            "resume", str(folder), f"written by {meta['world_size']} processes, resumed with {world_size()}"
+        )
+    return point
 
 
 class Checkpointer:
     """Saves a run's training state on schedule and restores it on resume.
 
-    Holds the uncompiled model, the optimizer and scheduler that the backend steps, so a backend
-    needs one call per optimizer step (:meth:`after_step`, after the step's loss was found
-    finite) and, when resuming, :meth:`restore` plus :meth:`epoch_batches` for its data.
+    Holds the uncompiled model, the optimizer and scheduler that the backend steps; the run's shared
+    code calls :meth:`restore` before the backend's loop and :meth:`after_step` after each optimizer
+    step whose loss was found finite.
     """
 
     def __init__(self, cfg: DictConfig, output_dir: Path, model, optimizer, scheduler, meter, num_steps: int,
-                 batches_per_epoch: int, resume_from: Path | None = None):  # fmt: skip
+                 batches_per_epoch: int, resume: ResumePoint | None = None):  # fmt: skip
         self.cfg = cfg
         self.root = Path(output_dir) / FOLDER
         self.every = cfg.get("checkpoint_every")
@@ -251,8 +282,7 @@ class Checkpointer:
         self.model, self.optimizer, self.scheduler, self.meter = model, optimizer, scheduler, meter
         self.num_steps = num_steps
         self.batches_per_epoch = batches_per_epoch
-        self.resume_from = resume_from
-        self._pending_rng: tuple[Position, dict] | None = None
+        self.resume = resume
 
     # -- saving -------------------------------------------------------------------------------
 
@@ -275,9 +305,9 @@ class Checkpointer:
         if is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-        _barrier()
+        barrier()
         torch.save(rng_state(), tmp / rng_file_name())
-        _barrier()
+        barrier()
         if is_main:
             save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
@@ -315,7 +345,7 @@ class Checkpointer:
             os.replace(tmp, target)
             _fsync(self.root)
             self.prune()
-        _barrier()
+        barrier()
         return target
 
     def prune(self) -> None:
@@ -329,26 +359,18 @@ class Checkpointer:
     # -- resuming -----------------------------------------------------------------------------
 
     def restore(self, weights: bool = True) -> Position:
-        """Load the checkpoint named by ``resume`` (if any) and return where training stands.
+        """Load the resume point (if any) into the model, optimizer, scheduler and meter; where
+        training stands.
 
         ``weights=False`` restores only effitrain's own counts, for a backend (the Trainer) that
-        loads model, optimizer, scheduler and generators itself. The generators are restored by
-        :meth:`epoch_batches`, after the consumed micro-batches were skipped.
+        loads model, optimizer, scheduler and generators itself. The generators are restored once
+        the consumed micro-batches were skipped (:func:`effitrain.training.epoch_batches`).
         """
-        if self.resume_from is None:
+        if self.resume is None:
             return Position(0, 0, 0)
         from safetensors.torch import load_model
 
-        folder = self.resume_from
-        meta = read_meta(folder)
-        if meta is None:
-            raise ConfigError(f"resume={str(folder)!r} is invalid: the checkpoint is incomplete")
-        if meta["world_size"] != world_size():
-            raise invalid(
-                "resume",
-                str(folder),
-                f"written by {meta['world_size']} processes, resumed with {world_size()}",
-            )
+        folder, meta = self.resume.folder, self.resume.meta
         if weights:
             device = next(self.model.parameters()).device
             load_model(self.model, str(folder / "model.safetensors"), strict=True, device=str(device))
@@ -359,28 +381,8 @@ class Checkpointer:
                 torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=True)
             )
         self.meter.restore(meta["step"], **meta["meter"])
-        at = position(meta["step"], self.batches_per_epoch, self.cfg.gradient_accumulation_steps)
-        if weights:
-            self._pending_rng = (at, torch.load(folder / rng_file_name(), weights_only=True))
+        at = self.resume.position(self.batches_per_epoch, self.cfg.gradient_accumulation_steps)
         log.info(
             "resumed from %s: step %d, epoch %d, %d micro-batches in", folder, at.step, at.epoch, at.batches
         )
         return at
-
-    def epoch_batches(self, loader, epoch: int):
-        """An iterator over ``epoch``'s micro-batches; in the epoch being resumed, the consumed
-        ones are skipped and then the generators restored, so every later draw (dropout, the
-        next epoch's loader) matches the uninterrupted run."""
-        loader.set_epoch(epoch)  # accelerate's loader forwards this to the sampler
-        pending, self._pending_rng = self._pending_rng, None
-        if pending is None or pending[0].epoch != epoch:
-            return iter(loader)
-        at, rng = pending
-        if at.batches == 0:
-            set_rng_state(rng)
-            return iter(loader)
-        batches = iter(loader)
-        for _ in range(at.batches):
-            next(batches)  # creating the loader's iterator draws from torch's generator
-        set_rng_state(rng)
-        return batches

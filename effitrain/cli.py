@@ -9,7 +9,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from effitrain.config import ConfigError, check_group_overrides, check_output_overrides, group_names
+from effitrain.config import (
+    ConfigError,
+    check_group_overrides,
+    check_output_folder,
+    check_output_overrides,
+    compose,
+    compose_known,
+)
 
 
 def fail(message: str, code: int = 2):
@@ -21,9 +28,6 @@ def fail(message: str, code: int = 2):
 # Hydra's command-line flags that are not overrides; any other flag (--cfg, --info, --help...) is
 # left to Hydra with the overrides unchecked.
 _MULTIRUN_FLAGS = ("-m", "--multirun")
-# Nodes whose keys are passed on as keyword arguments, so ``+node.key=...`` adds something a target
-# reads (the optimizer's and logger's arguments are checked against their signatures).
-OPEN_NODES = ("data.load_args", "model.config_overrides", "model.architecture", "optimizer", "logger")
 MAX_JOBS_CHECKED = 64  # a sweep's first jobs validated before any starts; the rest when they start
 
 
@@ -51,7 +55,7 @@ def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
     Raises:
         ConfigError: the first grammar problem, or every problem of the first bad job.
     """
-    from effitrain.config import validate
+    from effitrain.config import checked, compose_checked, load
     from effitrain.overrides import parse
 
     flags = [a for a in argv if a.startswith("-")]
@@ -63,7 +67,7 @@ def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
     check_output_overrides(overrides)
     sweeps = [o for o in parsed if o.is_sweep_override()]
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    cfg = compose_known_keys(fixed)
+    cfg, problems = compose_checked(fixed)
     multirun = bool(flags) or str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     if sweeps and not multirun:
         raise ConfigError(
@@ -71,13 +75,17 @@ def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
             "or give one value"
         )
     if not multirun:
-        check_output_overrides([f"hydra.run.dir={cfg.hydra.run.dir}"])
-        validate(cfg, world_size)
+        cfg = checked(cfg, problems, world_size)
+        check_output_folder("hydra.run.dir", str(cfg.hydra.run.dir))
         return cfg
+    check_output_folder("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
+    if str(cfg.hydra.launcher.get("_target_", "")).endswith(".EffitrainLauncher"):
+        from effitrain.sweep import launcher_settings
+
+        launcher_settings(cfg.hydra.launcher)
     for job in sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]:
-        job_cfg = compose_known_keys(fixed + job)
         try:
-            validate(job_cfg, world_size)
+            load(fixed + job, world_size)
         except ConfigError as error:
             label = " ".join(job) or "the defaults"
             raise ConfigError(f"the sweep's job {label}:\n{error}") from None
@@ -89,7 +97,7 @@ def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:
     ``hydra.sweeper.params`` (the command line wins for a key both name), as Hydra's sweeper expands them."""
     import itertools
 
-    from effitrain.overrides import parse, values
+    from effitrain.overrides import parse, values, with_value
 
     params = {
         o.key_or_group: o
@@ -103,70 +111,8 @@ def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:
         choices = values(override)
         if choices is None:  # a glob: Hydra expands it, each job validates itself when it starts
             continue
-        prefix = override.input_line.partition("=")[0]
-        axes.append([f"{prefix}={choice}" for choice in choices])
+        axes.append([with_value(override, choice) for choice in choices])
     return [list(job) for job in itertools.product(*axes)]
-
-
-def _leaf_keys(node, prefix: str = "") -> list[str]:
-    from omegaconf import DictConfig
-
-    keys = []
-    for key in node:
-        path = f"{prefix}{key}"
-        value = node._get_node(key)
-        keys += _leaf_keys(value, f"{path}.") if isinstance(value, DictConfig) else [path]
-    return keys
-
-
-def compose_known_keys(overrides: list[str]) -> DictConfig:
-    """The composed config; ConfigError naming a key the config does not have, with the nearest
-    real keys (``lr`` -> ``optimizer.lr``), and for a ``+key`` that nothing would read."""
-    import difflib
-
-    from hydra.errors import ConfigCompositionException
-
-    from effitrain.overrides import parse
-
-    parsed = parse(overrides)
-    groups = set(group_names())
-    base = compose_config(
-        [o.input_line for o in parsed if o.key_or_group in groups or _is_hydra(o.key_or_group)]
-    )
-    known = [k for k in _leaf_keys(base) if not k.startswith("hydra.")]
-    for override in parsed:
-        key = override.key_or_group
-        if key in groups or _is_hydra(key) or override.is_delete():
-            continue
-        exists = _has_key(base, key)
-        adds = override.is_add() or override.is_force_add()
-        if exists or (adds and key.rpartition(".")[0] in OPEN_NODES):
-            continue
-        same_name = [k for k in known if k.rpartition(".")[2] == key.rpartition(".")[2] and k != key]
-        near = list(dict.fromkeys(same_name + difflib.get_close_matches(key, known, n=3, cutoff=0.6)))[:3]
-        hint = (
-            f"did you mean {' or '.join(near)}?" if near else "see `python train.py --cfg job` for the keys"
-        )
-        what = "adds a key nothing reads" if adds else "is not a config key"
-        value = override.input_line.partition("=")[2]
-        raise ConfigError(f"{key}={value!r} {what}: {hint}")
-    try:
-        return compose_config(overrides)
-    except ConfigCompositionException as error:
-        raise ConfigError(" ".join(str(error).split())[:500]) from None
-
-
-def _is_hydra(key: str) -> bool:
-    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
-
-
-def _has_key(cfg: DictConfig, key: str) -> bool:
-    """``key`` (dotted) is in ``cfg``, also when its value is still missing (``???``)."""
-    from omegaconf import OmegaConf
-
-    parent_key, _, leaf = key.rpartition(".")
-    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-    return OmegaConf.is_dict(parent) and leaf in parent.keys()
 
 
 def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
@@ -177,15 +123,17 @@ def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
     """
     import os
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or any(a.startswith("hydra.run.dir=") for a in argv):
+    from effitrain.overrides import parse
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "-m" in argv or "--multirun" in argv:
         return argv
-    if "-m" in argv or "--multirun" in argv:
+    if any(o.key_or_group == "hydra.run.dir" for o in parse(a for a in argv if not a.startswith("-"))):
         return argv
     import time
 
     import torch.distributed as dist
 
-    from effitrain.training import process_state
+    from effitrain.distributed import process_state
 
     process_state()  # joins the process group the launcher set up
     folder = [time.strftime("outputs/%Y-%m-%d/%H-%M-%S")]
@@ -197,14 +145,17 @@ def train(argv: list[str]) -> None:
     """``python train.py ARGS`` and ``effitrain train ARGS``: check, then hand over to Hydra."""
     import hydra
 
-    from effitrain.config import CONF_DIR
+    from effitrain.config import CONF_SOURCE
 
     check_overrides_or_exit(argv)
     argv = share_run_dir_across_ranks(argv)
-    # Hydra reads the command line from sys.argv; the config comes from CONF_DIR, the checkout's
-    # conf/ or the copy inside an installed wheel
+    from effitrain.sweep import expose_launcher_plugin
+
+    expose_launcher_plugin()
+    # Hydra reads the command line from sys.argv; the config comes from the package effitrain.conf,
+    # the checkout's conf/ or the copy inside an installed wheel
     sys.argv = [sys.argv[0], *argv]
-    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(train_job)()
+    hydra.main(version_base="1.3", config_path=CONF_SOURCE, config_name="config")(train_job)()
 
 
 def train_job(cfg: DictConfig) -> float | None:
@@ -217,7 +168,10 @@ def train_job(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    hydra_cfg = HydraConfig.get()
+    from effitrain.config import task_config
+
+    hydra_cfg = HydraConfig.get()  # the task is the one place that reads it: the run reads cfg.hydra
+    cfg = task_config(cfg, hydra_cfg, int(os.environ.get("WORLD_SIZE", "1")))
     if hydra_cfg.mode == RunMode.MULTIRUN:
         from effitrain.sweep import start_job
 
@@ -229,10 +183,11 @@ def train_job(cfg: DictConfig) -> float | None:
 
     summary = run(cfg, hydra_cfg.runtime.output_dir)
     if summary["status"] == "ok" and summary.get("env/rank", 0) == 0:
+        task_keys = ("eval/accuracy", "eval/f1", "eval/perplexity", "train/unigram_perplexity")
+        task_metrics = "".join(f"{k} {summary[k]:.4f}  " for k in task_keys if k in summary)
         print(
             f"effitrain: ok: train/loss {summary['train/loss']:.4f}  eval/loss {summary['eval/loss']:.4f}  "
-            f"eval/accuracy {summary['eval/accuracy']:.4f}  eval/f1 {summary['eval/f1']:.4f}  "
-            f"{summary['speed/samples_per_s']:.1f} samples/s  {summary['speed/wall_s']:.1f} s  "
+            f"{task_metrics}{summary['speed/samples_per_s']:.1f} samples/s  {summary['speed/wall_s']:.1f} s  "
             f"-> {hydra_cfg.runtime.output_dir}"
         )
     if summary["status"] == "ok":
@@ -247,18 +202,9 @@ def train_job(cfg: DictConfig) -> float | None:
     fail(message, 2 if summary.get("error_type") == "config" else 1)
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The run config ``train.py`` would compose for these overrides."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-
-    from effitrain.config import CONF_DIR
-
-    check_group_overrides(overrides)
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR), job_name="effitrain"):
-        cfg = compose("config", overrides=overrides, return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-    return cfg
+# the composition lives in effitrain.config (the config's front door); these names stay for callers
+compose_config = compose
+compose_known_keys = compose_known
 
 
 def _check(args) -> None:
@@ -269,7 +215,13 @@ def _check(args) -> None:
 def _compare(args) -> None:
     from effitrain.compare import compare
 
-    compare(args.folders, args.output, args.wandb_mode)
+    try:
+        compare(args.folders, args.output, args.wandb_mode)
+    except OSError as error:  # a report file that cannot be written: one line, not a traceback
+        where = args.output or args.folders[0]
+        raise ConfigError(
+            f"--output={str(where)!r} is invalid: cannot be written ({error.strerror})"
+        ) from None
 
 
 def _estimate(args) -> None:
@@ -281,9 +233,12 @@ def _estimate(args) -> None:
 
     # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
     # the other optimizers may have no such key.
-    base = [o for o in args.overrides if not o.startswith(("optimizer=", "optimizer."))]
-    own = [o for o in args.overrides if o.startswith("optimizer.")]
-    cfg = compose_config(args.overrides)
+    from effitrain.overrides import names, parse
+
+    parsed = parse(args.overrides)
+    base = [o.input_line for o in parsed if not names(o, "optimizer")]
+    own = [o.input_line for o in parsed if names(o, "optimizer") and o.key_or_group != "optimizer"]
+    cfg = compose_known(args.overrides)  # unknown keys named with the nearest real ones
     chosen = cfg.hydra.runtime.choices.optimizer
     optimizers = {
         name: compose_config(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer

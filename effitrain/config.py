@@ -13,18 +13,23 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+# conf/ at the top of the checkout is the package effitrain.conf (pyproject.toml maps it, into the
+# wheel too): Hydra reads it through this search path wherever effitrain is installed.
+CONF_MODULE = "effitrain.conf"
+CONF_SOURCE = f"pkg://{CONF_MODULE}"
+
 
 def _conf_dir() -> Path:
-    """conf/ of a source checkout (beside this package), else the copy an installed wheel holds."""
-    checkout = Path(__file__).resolve().parent.parent / "conf"
-    if (checkout / "config.yaml").is_file():
-        return checkout
-    return Path(__file__).resolve().parent / "conf"
+    """The folder behind ``effitrain.conf``: the checkout's conf/ (editable install) or the wheel's copy."""
+    from importlib.resources import files
+
+    return Path(str(files(CONF_MODULE)))
 
 
 CONF_DIR = _conf_dir()
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-INIT_MODES = ("pretrained", "random")
+# Nodes whose keys are passed on as keyword arguments, so ``+node.key=...`` adds something a target
+# reads (the optimizer's and logger's arguments are checked against their signatures).
+OPEN_NODES = ("data.load_args", "model.config_overrides", "model.architecture", "optimizer", "logger")
 
 
 class ConfigError(ValueError):
@@ -81,15 +86,19 @@ def check_output_overrides(overrides: list[str]) -> None:
         key = override.key_or_group
         if key not in ("hydra.run.dir", "hydra.sweep.dir") or override.is_sweep_override():
             continue
-        value = values(override)[0]
-        if "${" in value:
-            continue
-        path = Path(value).expanduser().absolute()
-        existing = next(p for p in (path, *path.parents) if p.exists())
-        if not existing.is_dir():
-            raise invalid(key, value, f"{existing} is a file, not a folder")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise invalid(key, value, f"{existing} cannot be written")
+        check_output_folder(key, values(override)[0])
+
+
+def check_output_folder(key: str, value: str) -> None:
+    """ConfigError when the folder ``value`` (or its nearest existing parent) could not be written."""
+    if "${" in value:
+        return
+    path = Path(value).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise invalid(key, value, f"{existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise invalid(key, value, f"{existing} cannot be written")
 
 
 def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
@@ -245,8 +254,7 @@ def _precision(cfg: DictConfig) -> None:
 
 
 def _compile(cfg: DictConfig) -> None:
-    if cfg.compile.mode not in COMPILE_MODES:
-        raise invalid("compile.mode", cfg.compile.mode, f"choose one of {', '.join(COMPILE_MODES)}")
+    # compile.mode is an enum of the schema: composition has checked it
     if cfg.compile.enabled:
         import torch._dynamo
 
@@ -256,10 +264,7 @@ def _compile(cfg: DictConfig) -> None:
 
 
 def _model(cfg: DictConfig) -> None:
-    if not isinstance(cfg.model.get("trust_remote_code"), bool):
-        raise invalid("model.trust_remote_code", cfg.model.get("trust_remote_code"), "must be true or false")
-    if cfg.model.init not in INIT_MODES:
-        raise invalid("model.init", cfg.model.init, f"choose one of {', '.join(INIT_MODES)}")
+    # model.init and trust_remote_code are typed by the schema: composition has checked them
     for key in ("name_or_path", "tokenizer"):
         value = cfg.model.get(key)
         if value and _looks_like_path(value) and not os.path.exists(os.path.expanduser(value)):
@@ -378,15 +383,17 @@ def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:
     """When ``effective_batch_size`` is set, derive ``micro_batch_size`` from it; True if it changed.
 
     A study that holds the effective batch fixed (e.g. over ``gradient_accumulation_steps``)
-    sets ``effective_batch_size`` and sweeps only the accumulation; ``validate`` has checked
-    that it divides.
+    sets ``effective_batch_size`` and sweeps only the accumulation. Values ``validate`` rejects
+    are left as they are, for it to report.
     """
     from omegaconf import open_dict
 
-    effective = cfg.get("effective_batch_size")
-    if effective is None:
+    effective, accumulation = cfg.get("effective_batch_size"), cfg.get("gradient_accumulation_steps")
+    if not isinstance(effective, int) or not isinstance(accumulation, int) or accumulation < 1:
+        return False  # nothing to derive, or a value validate reports
+    if effective < 1 or effective % (accumulation * world_size):
         return False
-    micro = effective // (cfg.gradient_accumulation_steps * world_size)
+    micro = effective // (accumulation * world_size)
     if micro == cfg.micro_batch_size:
         return False
     with open_dict(cfg):
@@ -412,31 +419,45 @@ def check_output_dir(path: Path) -> None:
         ) from None
 
 
-def hydra_record(cfg: DictConfig):
-    """Hydra's node of this job: the composed config's own (``compose(return_hydra_config=True)``)
-    or, inside a Hydra task, the HydraConfig singleton; None outside Hydra."""
-    if "hydra" in cfg:
-        return cfg.hydra
-    from hydra.core.hydra_config import HydraConfig
+def task_config(cfg: DictConfig, hydra_node: DictConfig, world_size: int = 1) -> DictConfig:
+    """The front door of the Hydra task (a job of ``train.py``): its config with its Hydra node
+    attached and ``micro_batch_size`` derived, before any tracker starts. The command line was
+    validated before Hydra started (``cli.preflight``); the run validates again and reports."""
+    cfg = with_hydra_node(cfg, hydra_node)
+    apply_effective_batch_size(cfg, world_size)
+    return cfg
 
-    return HydraConfig.get() if HydraConfig.initialized() else None
+
+def with_hydra_node(cfg: DictConfig, hydra_node: DictConfig) -> DictConfig:
+    """``cfg`` carrying its job's Hydra node (choices, overrides, folders), as ``compose(...,
+    return_hydra_config=True)`` gives it: the Hydra task calls this once, so a run reads what Hydra
+    decided from its own config and never from the HydraConfig singleton."""
+    from omegaconf import open_dict
+
+    if "hydra" not in cfg:
+        with open_dict(cfg):
+            cfg.hydra = hydra_node
+    return cfg
 
 
 def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
     """The keys that make ``summary.json`` self-describing: ``cfg/<group>`` for every config group's
-    choice, the run-shaping scalars, and the job's identity (its result-changing overrides, a short
-    name, its sweep folder). Compare and W&B read these, never Hydra's files."""
+    choice, the run-shaping scalars, the job's identity (its result-changing overrides, a short
+    name, its sweep folder) and where its W&B run goes. Compare and W&B read these, never Hydra's
+    files. The job's Hydra record is ``cfg.hydra`` (see :func:`with_hydra_node`); without one (a
+    config built by hand) there are no choices or overrides."""
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
     from effitrain.overrides import job_overrides, short_name
 
-    hydra = hydra_record(cfg)
+    hydra = cfg.get("hydra")
     choices = {k: v for k, v in (hydra.runtime.choices if hydra else {}).items() if not k.startswith("hydra")}
     invariant = set(cfg.get("run_invariant_keys") or [])
     # as typed: resolving ${oc.env:...} here would copy secrets into the summary
     task_overrides = OmegaConf.to_container(hydra.overrides.task, resolve=False) if hydra else []
     multirun = hydra is not None and hydra.mode == RunMode.MULTIRUN
+    sweep_dir = str(Path(hydra.sweep.dir).absolute()) if multirun else None
     accumulation, micro = cfg.gradient_accumulation_steps, cfg.micro_batch_size
     effective = (
         micro * accumulation * world if isinstance(micro, int) and isinstance(accumulation, int) else None
@@ -453,8 +474,200 @@ def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
             "cfg/model_name_or_path": cfg.model.name_or_path,
             "job/overrides": job_overrides(task_overrides, invariant),
             "job/name": short_name(task_overrides, invariant, set(choices)),
-            "job/sweep_dir": str(Path(hydra.sweep.dir).absolute()) if multirun else None,
+            "job/sweep_dir": sweep_dir,
             "job/dir": str(Path(output_dir).absolute()),
+            **wandb_keys(cfg.get("logger"), sweep_dir),
         }
     )
     return keys
+
+
+def wandb_keys(logger: DictConfig | None, sweep_dir: str | None) -> dict:
+    """Where the job's W&B run goes, from the logger config (the W&B logger replaces them with what
+    ``wandb.init`` gave once it started, ``wandb/run_id`` included); mode ``disabled`` without W&B."""
+    from effitrain.loggers import resolve_mode
+
+    target = str((logger or {}).get("_target_") or "")
+    if not target.endswith("WandbLogger"):
+        return {"wandb/project": None, "wandb/entity": None, "wandb/group": None, "wandb/mode": "disabled",
+                "wandb/run_id": None}  # fmt: skip
+    try:
+        mode = resolve_mode(logger.get("mode"))
+    except ConfigError:  # the run reports it when it starts the logger
+        mode = None
+    return {
+        "wandb/project": logger.get("project"),
+        "wandb/entity": logger.get("entity"),
+        "wandb/group": logger.get("group") or sweep_dir,
+        "wandb/mode": mode,
+        "wandb/run_id": None,
+    }
+
+
+# --- composition: the one way a run config is made from overrides -------------------------------
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """The run config ``train.py`` would compose for these overrides, typed by effitrain's schema,
+    with its Hydra node (``cfg.hydra``), as Hydra's compose API gives it.
+
+    Raises:
+        ConfigError: an option that does not exist, or a value of the wrong type (one line).
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import ConfigCompositionException
+
+    check_group_overrides(overrides)
+    try:
+        with initialize_config_module(CONF_MODULE, version_base="1.3", job_name="effitrain"):
+            cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
+            # resolvers such as ${hydra:runtime.cwd} read the singleton while the config is in use
+            HydraConfig.instance().set_config(cfg)
+    except ConfigCompositionException as error:
+        from omegaconf.errors import ValidationError
+
+        from effitrain.schema import allowed, field_type
+
+        cause = error.__cause__
+        if isinstance(cause, ValidationError) and cause.full_key:  # a value the schema's type rejects
+            allowed_values = allowed(field_type(cause.object_type, cause.key))
+            raise WrongType(
+                cause.full_key, invalid(cause.full_key, cause.value, allowed_values).args[0]
+            ) from None
+        raise ConfigError(" ".join(str(error).split())[:500]) from None
+    return cfg
+
+
+class WrongType(ConfigError):
+    """A value the schema's type rejects (``seed=x``); ``key`` is the dotted key."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def compose_checked(overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """The composed config, and the problems of the overrides it had to leave out to compose it.
+
+    Keys the config does not have are refused (with the nearest real keys: ``lr`` ->
+    ``optimizer.lr``), and so is a ``+key`` that nothing reads. A value of the wrong type is a
+    problem whose override is left out, so that the rest can still be validated: every problem
+    of a command line is reported at once.
+
+    Raises:
+        ConfigError: an unknown key or option, or a grammar error: nothing to validate.
+    """
+    from effitrain.overrides import parse
+
+    parsed = parse(overrides)
+    groups = set(group_names())
+    kept, problems = [o.input_line for o in parsed], []
+    for _ in range(len(kept) + 1):
+        try:
+            cfg = compose(kept)
+            break
+        except WrongType as error:
+            bad = [o.input_line for o in parse(kept) if o.key_or_group == error.key]
+            if not bad:  # set by a file, not by an override: nothing to leave out
+                raise
+            problems.append(str(error))
+            kept.remove(bad[0])
+        except ConfigError:  # an unknown key, most likely: name it with the nearest real ones
+            _check_keys_exist(
+                compose([o.input_line for o in parsed if _is_choice(o, groups)]), parsed, groups
+            )
+            raise
+    # composed, so every key exists; a +key outside the nodes whose keys a target reads is refused
+    _check_keys_exist(cfg, [o for o in parsed if o.is_add() or o.is_force_add()], groups, added=True)
+    return cfg, problems
+
+
+def _is_choice(override, groups: set[str]) -> bool:
+    return override.key_or_group in groups or _is_hydra(override.key_or_group)
+
+
+def compose_known(overrides: list[str]) -> DictConfig:
+    """:func:`compose_checked`'s config; ConfigError (ConfigErrors for several) for any problem."""
+    cfg, problems = compose_checked(overrides)
+    _raise(problems)
+    return cfg
+
+
+def load(overrides: list[str], world_size: int = 1) -> DictConfig:
+    """The front door: compose, validate (every problem of the command line at once) and derive
+    (``micro_batch_size`` from ``effective_batch_size``), before anything heavy is loaded.
+
+    Raises:
+        ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
+    """
+    return checked(*compose_checked(overrides), world_size)
+
+
+def checked(cfg: DictConfig, problems: list[str], world_size: int = 1) -> DictConfig:
+    """:func:`load` after composition: ``problems`` (of the composition) and ``validate``'s together."""
+    try:
+        validate(cfg, world_size)
+    except ConfigErrors as errors:
+        problems = problems + errors.problems
+    except ConfigError as error:
+        problems = problems + [str(error)]
+    _raise(problems)
+    apply_effective_batch_size(cfg, world_size)
+    return cfg
+
+
+def _raise(problems: list[str]) -> None:
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigErrors(problems)
+
+
+def _check_keys_exist(cfg: DictConfig, parsed, groups: set[str], added: bool = False) -> None:
+    """ConfigError for the first override naming a key ``cfg`` lacks, with the nearest real keys;
+    ``added``: ``cfg`` already holds the overrides' own ``+key`` additions."""
+    import difflib
+
+    from effitrain.overrides import typed_value
+
+    adding = {o.key_or_group for o in parsed if added and (o.is_add() or o.is_force_add())}
+    known = [k for k in _leaf_keys(cfg) if not k.startswith("hydra.") and k not in adding]
+    for override in parsed:
+        key = override.key_or_group
+        if key in groups or _is_hydra(key) or override.is_delete():
+            continue
+        adds = override.is_add() or override.is_force_add()
+        exists = _has_key(cfg, key) and not (added and adds)
+        if exists or (adds and key.rpartition(".")[0] in OPEN_NODES):
+            continue
+        same_name = [k for k in known if k.rpartition(".")[2] == key.rpartition(".")[2] and k != key]
+        near = list(dict.fromkeys(same_name + difflib.get_close_matches(key, known, n=3, cutoff=0.6)))[:3]
+        hint = (
+            f"did you mean {' or '.join(near)}?" if near else "see `python train.py --cfg job` for the keys"
+        )
+        what = "adds a key nothing reads" if adds else "is not a config key"
+        raise ConfigError(f"{key}={typed_value(override)!r} {what}: {hint}")
+
+
+def _leaf_keys(node, prefix: str = "") -> list[str]:
+    keys = []
+    for key in node:
+        path = f"{prefix}{key}"
+        value = node._get_node(key)
+        keys += _leaf_keys(value, f"{path}.") if isinstance(value, DictConfig) else [path]
+    return keys
+
+
+def _is_hydra(key: str) -> bool:
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    """``key`` (dotted) is in ``cfg``, also when its value is still missing (``???``)."""
+    from omegaconf import OmegaConf
+
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    return OmegaConf.is_dict(parent) and leaf in parent.keys()

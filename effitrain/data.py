@@ -89,12 +89,15 @@ def load_synthetic(num_train: int, num_eval: int, num_labels: int, words_per_tex
 
 
 def load_hub(
-    load_args: dict, text_column: str, label_column: str, train_split: str, eval_split: str
+    load_args: dict, text_column: str, label_column: str | None, train_split: str, eval_split: str
 ) -> RawData:
     """Any ``datasets.load_dataset`` source (hub name or a builder over local files).
 
+    ``label_column=None`` (a task that reads texts only, such as causal_lm): no labels are read,
+    and the splits hold a ``text`` column alone.
+
     Raises:
-        ConfigError: a split or column named in the config does not exist.
+        ConfigError: a split or column named in the config does not exist, or a label is missing.
     """
     from datasets import load_dataset
     from omegaconf import OmegaConf
@@ -105,10 +108,15 @@ def load_hub(
         if split not in dataset:
             raise invalid(key, split, f"no such split: choose one of {', '.join(dataset)}")
     for key, column in (("data.text_column", text_column), ("data.label_column", label_column)):
-        if column not in dataset[train_split].column_names:
+        if column is not None and column not in dataset[train_split].column_names:
             raise invalid(
                 key, column, f"no such column: choose one of {', '.join(dataset[train_split].column_names)}"
             )
+    if label_column is None:
+        return RawData(
+            *(Dataset.from_dict({"text": [str(t) for t in dataset[s][text_column]]}) for s in (train_split, eval_split)),
+            [],
+        )
 
     for split in (train_split, eval_split):
         for row, value in enumerate(dataset[split][label_column]):
@@ -162,13 +170,19 @@ def check_raw(raw: RawData, num_labels: int) -> None:
 
 
 def tokenize_cached(
-    raw: RawData, tokenizer, max_length: int, cache_dir: str | None, source_key: dict
+    raw: RawData, tokenizer, max_length: int, cache_dir: str | None, source_key: dict, task=None
 ) -> DatasetDict:
-    """Tokenize both splits once; later runs with the same source, tokenizer and length load the cache.
+    """Tokenize both splits once, as ``task`` does (default: classification); later runs with the
+    same data, tokenizer, length and task load the cache.
 
-    The cache key is a hash of the data config, the tokenizer and ``max_length``; a cache entry is
-    written to a temporary folder and renamed, so an interrupted run never leaves half a cache.
+    The cache key is a hash of the data config, the data read, the tokenizer's files, ``max_length``
+    and the task's own keys (packing); a cache entry is written to a temporary folder and renamed,
+    so an interrupted run never leaves half a cache.
     """
+    if task is None:
+        from effitrain.tasks import Classification
+
+        task = Classification()
     key_material = json.dumps(
         {
             "format": CACHE_FORMAT,
@@ -179,6 +193,7 @@ def tokenize_cached(
             "tokenizer_class": type(tokenizer).__name__,
             "tokenizer_files": _tokenizer_digest(tokenizer),
             "max_length": max_length,
+            "task": task.cache_key(),
         },
         sort_keys=True,
         default=str,
@@ -192,13 +207,7 @@ def tokenize_cached(
             log.warning("tokenized cache %s unreadable (%s): rebuilding it", target, type(error).__name__)
             shutil.rmtree(target, ignore_errors=True)
 
-    def encode(batch):
-        return tokenizer(batch["text"], truncation=True, max_length=max_length)
-
-    tokenized = DatasetDict({"train": raw.train, "eval": raw.eval}).map(
-        encode, batched=True, remove_columns=["text"], desc="tokenizing"
-    )
-    tokenized = tokenized.rename_column("label", "labels")
+    tokenized = task.tokenize(raw, tokenizer, max_length)
     if target is None:
         return tokenized
     partial = target.with_name(f".{key}.{uuid.uuid4().hex}.partial")
@@ -245,12 +254,10 @@ class EpochPermutationSampler(Sampler[int]):
 
 
 def build_dataloaders(
-    tokenized: DatasetDict, tokenizer, micro_batch_size: int, eval_batch_size: int, seed: int
+    tokenized: DatasetDict, collate, micro_batch_size: int, eval_batch_size: int, seed: int
 ):
-    """Train loader (seeded per-epoch permutation, dynamic padding) and eval loader (in order)."""
-    from transformers import DataCollatorWithPadding
-
-    collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
+    """Train loader (seeded per-epoch permutation, the task's collation: dynamic padding) and eval
+    loader (in order)."""
     tokenized = tokenized.with_format("torch")
     sampler = EpochPermutationSampler(len(tokenized["train"]), seed)
     train = DataLoader(tokenized["train"], batch_size=micro_batch_size, sampler=sampler, collate_fn=collate)

@@ -414,19 +414,23 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True) -> d
 
     ``optimizers`` maps names to optimizer config nodes (default: ``{"chosen": cfg.optimizer}``).
     """
-    from hydra.utils import instantiate
-
     from effitrain.modeling import build_model
     from effitrain.optim import build_optimizer
     from effitrain.step_memory import CATEGORIES, trace_step
+    from effitrain.tasks import build_task
 
-    num_labels = cfg.data.get("num_labels") or len(instantiate(cfg.data).label_names)
-    model = build_model(cfg.model, num_labels, None, device="meta")
+    task = build_task(cfg)
+    if task.uses_labels:
+        num_labels = cfg.data.get("num_labels") or len(task.load(cfg.data).label_names)
+    else:
+        num_labels = None
+    model = build_model(cfg.model, num_labels, None, device="meta", auto_class=task.auto_class)
     weights = params_footprint(model)
+    tokens = (cfg.micro_batch_size, cfg.max_length)
     batch = {
-        "input_ids": ((cfg.micro_batch_size, cfg.max_length), torch.int64),
-        "attention_mask": ((cfg.micro_batch_size, cfg.max_length), torch.int64),
-        "labels": ((cfg.micro_batch_size,), torch.int64),
+        "input_ids": (tokens, torch.int64),
+        "attention_mask": (tokens, torch.int64),
+        "labels": (task.labels_shape(*tokens), torch.int64),
     }
     if getattr(model.config, "type_vocab_size", 0):  # BERT-like tokenizers return segment ids too
         batch["token_type_ids"] = ((cfg.micro_batch_size, cfg.max_length), torch.int64)

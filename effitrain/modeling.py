@@ -34,14 +34,20 @@ def build_tokenizer(model_cfg: DictConfig):
         )
     except (OSError, ValueError) as error:
         if local_only:
-            log.warning("tokenizer %s unavailable (%s); using %s", source, type(error).__name__, fallback)
-            return AutoTokenizer.from_pretrained(fallback)
+            # said once, in the run's summary (model/tokenizer_note), not on every build
+            note = f"tokenizer {source} unavailable offline ({type(error).__name__}); used {fallback}"
+            log.debug(note)
+            tokenizer = AutoTokenizer.from_pretrained(fallback)
+            tokenizer.effitrain_note = note
+            return tokenizer
         key = "model.tokenizer" if model_cfg.get("tokenizer") else "model.name_or_path"
         raise invalid(key, source, f"the tokenizer could not be loaded ({type(error).__name__})") from None
 
 
-def build_config(model_cfg: DictConfig, num_labels: int, tokenizer=None):
-    """The architecture: from ``model.architecture`` when given, else from ``name_or_path``."""
+def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None):
+    """The architecture: from ``model.architecture`` when given, else from ``name_or_path``.
+
+    ``num_labels``: the classification head's size (None: a model without one, a causal LM)."""
     from transformers import AutoConfig
 
     overrides = OmegaConf.to_container(model_cfg.config_overrides, resolve=True)
@@ -62,7 +68,8 @@ def build_config(model_cfg: DictConfig, num_labels: int, tokenizer=None):
     if config is None:  # random init, or the hub is out of reach: the config's own architecture
         architecture = dict(architecture)
         config = AutoConfig.for_model(architecture.pop("model_type"), **architecture, **overrides)
-    config.num_labels = num_labels
+    if num_labels is not None:
+        config.num_labels = num_labels
     if tokenizer is not None:
         if model_cfg.init == "random":
             # A fresh embedding matrix is sized to the tokenizer actually used.
@@ -72,23 +79,29 @@ def build_config(model_cfg: DictConfig, num_labels: int, tokenizer=None):
     return config
 
 
-def build_model(model_cfg: DictConfig, num_labels: int, tokenizer=None, device: str | None = None):
-    """A sequence-classification model with a ``num_labels`` head.
+def build_model(
+    model_cfg: DictConfig,
+    num_labels: int | None,
+    tokenizer=None,
+    device: str | None = None,
+    auto_class: str = "AutoModelForSequenceClassification",
+):
+    """The model of ``auto_class`` (the task's: a sequence classifier with a ``num_labels`` head, or
+    a causal LM with ``num_labels=None``).
 
     ``init=pretrained`` loads weights from ``name_or_path``; ``init=random`` (or ``device="meta"``,
     used by estimates) builds the architecture only, so no weights are read.
     """
-    from transformers import AutoModelForSequenceClassification
+    import transformers
 
+    auto = getattr(transformers, auto_class)
     config = build_config(model_cfg, num_labels, tokenizer)
     if model_cfg.init == "pretrained" and device != "meta":
-        return AutoModelForSequenceClassification.from_pretrained(
+        return auto.from_pretrained(
             model_cfg.name_or_path, config=config, trust_remote_code=model_cfg.trust_remote_code
         )
     with torch.device(device or "cpu"):
-        return AutoModelForSequenceClassification.from_config(
-            config, trust_remote_code=model_cfg.trust_remote_code
-        )
+        return auto.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
 
 
 def enable_activation_checkpointing(model) -> None:

@@ -58,6 +58,22 @@ def values(override: Override) -> list[str] | None:
     return [value if isinstance(value, str) else override.get_value_element_as_str()]
 
 
+def typed_value(override: Override) -> str:
+    """The value as the user typed it (``1e-3``, not Hydra's ``0.001``)."""
+    return override.input_line.partition("=")[2]  # a key never holds "=": the first one ends it
+
+
+def with_value(override: Override, value: str) -> str:
+    """The override with another value, its prefix (``+``, ``++``, ``~``) and package kept."""
+    return f"{override.input_line.partition('=')[0]}={value}"
+
+
+def names(override: Override, *keys: str) -> bool:
+    """The override sets one of ``keys`` or a key under one of them (``optimizer.lr`` under ``optimizer``)."""
+    key = override.key_or_group
+    return any(key == k or key.startswith(f"{k}.") for k in keys)
+
+
 def is_invariant(key: str, invariant_keys) -> bool:
     """``key`` or one of its dotted parents is run-invariant (``logger.mode`` under ``logger``)."""
     parts = key.split(".")

@@ -65,6 +65,10 @@ def folder_lock(folder: Path):
     if int(os.environ.get("RANK", "0")) != 0:
         yield None
         return
+    # a job of effitrain's launcher: the sweep's process holds its folder's lock for it
+    if os.environ.get("EFFITRAIN_FOLDER_LOCKED") == str(Path(folder).resolve()):
+        yield None
+        return
     import fcntl
 
     try:
@@ -192,4 +196,15 @@ def env_info(device: str) -> dict:
         "env/device": device,
         "env/git_commit": git_commit(),
         "env/pid": os.getpid(),  # a sweep runs each job in its own process: distinct pids show it
+        # the devices effitrain's launcher gave the job (or the shell gave the run)
+        "env/cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "env/cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "env/num_threads": _torch_threads(),
     }
+
+
+def _torch_threads() -> int | None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None

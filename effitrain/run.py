@@ -13,7 +13,7 @@ import math
 import signal
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,21 +28,30 @@ from effitrain.config import (
     summary_config_keys,
     validate,
 )
-from effitrain.data import build_dataloaders, check_raw, tokenize_cached
+from effitrain.data import build_dataloaders, tokenize_cached
+from effitrain.distributed import process_state, world_size
 from effitrain.flops import mfu_keys
 from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
-from effitrain.modeling import build_model, build_tokenizer, enable_activation_checkpointing
+from effitrain.modeling import build_tokenizer, enable_activation_checkpointing
 from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
 from effitrain.step_memory import StepMemory, predicted_keys, trace_step
-from effitrain.training import StepMeter, TrainingDiverged, evaluate, process_state, world_size
+from effitrain.tasks import Task, build_task
+from effitrain.training import StepMeter, TrainingDiverged, epoch_batches
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Job:
-    """What a backend receives: built objects and the config they came from.
+    """What a backend receives: built objects, the config they came from, and the run's shared steps.
+
+    A backend owns only its loop; the run's lifecycle around it is here. Before the loop the shared
+    code restores the resume point (:func:`train`); each optimizer step of the loop runs inside
+    ``with job.track_step(step):`` (all its micro-batches, clipping and the optimizer step) and is
+    followed by ``job.end_step(...)``; the backend's micro-batches of an epoch come from
+    :meth:`epoch_batches` (a resumed epoch skips what was consumed). Evaluation runs on
+    ``eval_model``/``eval_loader``/``accelerator``, which the backend leaves on the job.
 
     ``model`` stays the plain module: backends wrap it (DDP, torch.compile) without copying its
     parameters, so after training it holds the trained weights, and saving it gives keys without
@@ -61,17 +70,36 @@ class Job:
     meter: StepMeter
     output_dir: Path
     checkpoints: checkpoint.Checkpointer | None = None
+    resume: checkpoint.ResumePoint | None = None  # the checkpoint this run continues from
+    start: checkpoint.Position = field(default_factory=lambda: checkpoint.Position(0, 0, 0))
+    # the memory tracker: measures one chosen optimizer step inside track_step; None: no tracking
     step_memory: StepMemory | None = None
-    # set by the backend after training: what the shared evaluation runs on
+    # set by the backend: what the shared evaluation runs on
     eval_model: torch.nn.Module | None = None
     accelerator: object = None
+    task: Task | None = None  # loss, items, evaluation: the hooks backends call (job.task.loss_sum, ...)
+    data_keys: dict | None = None  # summary keys describing the tokenized data (the task's)
 
     best_eval: tuple[float, int] | None = None  # (eval/loss, step) of the best evaluation so far
+    # (position, generators) a backend that restores weights through the job resumes its data from
+    _data_resume: tuple[checkpoint.Position, dict] | None = None
 
-    def after_step(self, step: int, trainer_state=None) -> None:
-        """The shared end of an optimizer step, after the meter's line: evaluate when
-        ``eval_every`` says so, then checkpoint (so a diverged state, which the meter raises on,
-        is never saved)."""
+    @contextlib.contextmanager
+    def track_step(self, step: int):
+        """The context of optimizer step ``step`` (1-based): the meter's clock starts as the first
+        step begins (so a backend's set-up is nobody's step time), and the memory tracker measures
+        the step it chose."""
+        if not self.meter.started:
+            self.meter.start()
+        with self.step_memory(step) if self.step_memory is not None else contextlib.nullcontext():
+            yield
+
+    def end_step(self, step: int, lr: float, grad_norm, trainer_state=None) -> None:
+        """The shared end of optimizer step ``step``, in this order: the meter's line (which raises
+        on a diverged loss), an evaluation when ``eval_every`` says so (its time left out of the
+        next step's), then the checkpoint, so a diverged state is never saved. ``trainer_state``:
+        the Trainer's own state, saved with the checkpoint for its resume."""
+        self.meter.end_step(step, lr, grad_norm)
         every = self.cfg.get("eval_every")
         if every and step % every == 0 and step < self.num_steps:  # the last step: the final evaluation
             started = time.perf_counter()
@@ -79,14 +107,19 @@ class Job:
             self.meter.exclude(time.perf_counter() - started)
         self.checkpoints.after_step(step, trainer_state=trainer_state)
 
+    def epoch_batches(self, loader, epoch: int):
+        """``epoch``'s micro-batches; in the epoch being resumed, the consumed ones are skipped and the
+        generators then restored (:func:`effitrain.training.epoch_batches`)."""
+        pending, self._data_resume = self._data_resume, None
+        if pending is None or pending[0].epoch != epoch:
+            return epoch_batches(loader, epoch)
+        at, rng = pending
+        return epoch_batches(loader, epoch, at.batches, rng)
+
     def log_evaluation(self, step: int, metrics: dict) -> None:
         self.meter.log({"step": step, **metrics}, step)
         if self.best_eval is None or metrics["eval/loss"] < self.best_eval[0]:
             self.best_eval = (metrics["eval/loss"], step)
-
-    def track_step(self, step: int):
-        """A context around optimizer step ``step``: the memory tracker measures the chosen one."""
-        return self.step_memory(step)
 
 
 def instantiate_node(node):
@@ -102,24 +135,22 @@ def instantiate_node(node):
 
 
 def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,
-              resume_from: Path | None = None) -> Job:  # fmt: skip
+              resume: checkpoint.ResumePoint | None = None) -> Job:  # fmt: skip
     """Build data, model, optimizer, scheduler, meter and checkpointer for ``cfg`` (validated already)."""
     from transformers import set_seed
 
     set_seed(cfg.seed)
-    raw = instantiate_node(cfg.data)
+    task = build_task(cfg)
+    raw = task.load(cfg.data)
     tokenizer = build_tokenizer(cfg.model)
-    check_raw(raw, len(raw.label_names))
     source_key = OmegaConf.to_container(cfg.data, resolve=True)
-    tokenized = tokenize_cached(raw, tokenizer, cfg.max_length, cfg.get("cache_dir"), source_key)
+    tokenized = tokenize_cached(raw, tokenizer, cfg.max_length, cfg.get("cache_dir"), source_key, task)
     train_loader, eval_loader, sampler = build_dataloaders(
-        tokenized, tokenizer, cfg.micro_batch_size, cfg.eval_batch_size, cfg.seed
+        tokenized, task.collator(tokenizer), cfg.micro_batch_size, cfg.eval_batch_size, cfg.seed
     )
 
     set_seed(cfg.seed)  # the head's initialization does not depend on how much data was read
-    model = build_model(cfg.model, len(raw.label_names), tokenizer)
-    model.config.id2label = dict(enumerate(raw.label_names))
-    model.config.label2id = {name: i for i, name in enumerate(raw.label_names)}
+    model = task.build_model(cfg.model, raw, tokenizer)
     if cfg.get("gradient_checkpointing"):
         enable_activation_checkpointing(model)
     optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
@@ -130,26 +161,29 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
         batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
     )
     scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
-    meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main)
+    meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main, task)
     job = Job(
-        cfg,
-        model,
-        tokenizer,
-        train_loader,
-        eval_loader,
-        sampler,
-        optimizer,
-        scheduler,
-        num_steps,
-        meter,
-        output_dir,
+        cfg=cfg,
+        model=model,
+        tokenizer=tokenizer,
+        train_loader=train_loader,
+        eval_loader=eval_loader,
+        train_sampler=sampler,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        num_steps=num_steps,
+        meter=meter,
+        output_dir=output_dir,
+        resume=resume,
+        task=task,
     )
+    job.data_keys = task.data_summary(tokenized)
     job.checkpoints = checkpoint.Checkpointer(
-        cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume_from
+        cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume
     )
     # one representative step: the second of this process (the optimizer state exists by then and
     # the first step's one-off costs are behind), or the last when there are fewer
-    first = checkpoint.read_meta(resume_from)["step"] + 1 if resume_from is not None else 1
+    first = resume.step + 1 if resume is not None else 1
     job.step_memory = StepMemory(model, optimizer, min(first + 1, num_steps), meter)
     return job
 
@@ -164,10 +198,9 @@ def fit(job: Job) -> dict:
 def evaluate_job(job: Job) -> dict:
     """The shared evaluation, on the model and eval loader the backend prepared (the plain module
     while the Trainer is still training)."""
-    model = (
-        job.eval_model if job.eval_model is not None else job.model
-    )  # a compiled module has no truth value
-    return evaluate(model, job.eval_loader, job.accelerator)
+    # "is not None": a compiled module (OptimizedModule) refuses len(), so it has no truth value
+    model = job.eval_model if job.eval_model is not None else job.model
+    return job.task.evaluate(model, job.eval_loader, job.accelerator)
 
 
 def predict_step_peak(job: Job) -> dict:
@@ -196,7 +229,12 @@ def compile_seconds() -> float:
 
 
 def train(job: Job) -> dict:
-    """Hand the job to its backend's ``fit`` (the measured region); the train metrics."""
+    """Restore the resume point, then hand the job to its backend's ``fit`` (the measured region);
+    the train metrics.
+
+    A backend whose ``fit`` has ``loads_checkpoint = True`` (the Trainer) loads weights, optimizer,
+    scheduler and generators itself; the shared restore then sets only effitrain's counts.
+    """
     from accelerate.state import AcceleratorState
     from transformers import set_seed
 
@@ -204,7 +242,13 @@ def train(job: Job) -> dict:
     # not inherit the previous job's (Hydra's basic launcher runs a multirun in one process).
     AcceleratorState._reset_state(reset_partial_state=False)
     set_seed(job.cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
-    return instantiate(job.cfg.backend)(job)
+    backend = instantiate(job.cfg.backend)
+    loads_itself = getattr(getattr(backend, "func", backend), "loads_checkpoint", False)
+    job.start = job.checkpoints.restore(weights=not loads_itself)
+    if job.resume is not None and not loads_itself:
+        job._data_resume = (job.start, job.resume.rng_state())
+    backend(job)
+    return job.meter.summary()
 
 
 class Interrupted(BaseException):
@@ -252,67 +296,113 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
     """Train and evaluate one configuration; write and return its summary.
 
     Never raises for a failed run: the returned summary's ``status`` is ``ok``, ``failed``,
-    ``oom`` or ``diverged`` and ``error`` holds a one-line message. A summary already marked
-    ok in ``output_dir`` is never overwritten by a failed run.
+    ``oom``, ``diverged`` or ``interrupted`` and ``error`` holds a one-line message. A summary
+    already marked ok in ``output_dir`` is never overwritten by a failed run.
+
+    A stack of contexts: whatever ends the run, how it ended is recorded, what was opened is closed,
+    summary.json is written, and the W&B run is finished last, with that summary.
     """
     started = time.perf_counter()
     output_dir = Path(output_dir)
     state = process_state()
     previous = results.read_summary(output_dir)
-    summary = {"status": "failed", "error": None}
     keys = summary_config_keys(cfg, output_dir, state.num_processes)
-    summary.update(keys)
-    summary.update(results.env_info(str(state.device)))
+    summary = {"status": "failed", "error": None, **keys, **results.env_info(str(state.device))}
     summary["env/rank"] = state.process_index
-    loggers = []
-    tracker = None  # the W&B run (rank 0, logger=wandb); finished after summary.json, also on failure
-    tracked = None  # memory measured around training
-    job = None
+    tracker = None  # the W&B run (rank 0, logger=wandb)
+    kept = None  # set when resume=auto finds a finished run: it stays as it is
+
+    def finish_tracker():
+        if tracker is not None:
+            tracker.finish(summary)
+
+    def write_summary():
+        summary["speed/wall_s"] = time.perf_counter() - started
+        if kept is None and state.is_main_process:
+            if previous and previous.get("status") == "ok" and summary["status"] != "ok":
+                log.error("not overwriting the ok summary.json in %s with a failed run", output_dir)
+            elif output_dir.is_dir():
+                results.write_json_atomic(output_dir / results.SUMMARY, summary)
+
+    with contextlib.ExitStack() as ending:
+        ending.callback(finish_tracker)  # unwound last: also when writing summary.json fails
+        ending.callback(write_summary)
+        with contextlib.ExitStack() as opened, _recorded(summary, output_dir, state.is_main_process):
+            check_output_dir(output_dir)
+            if cfg.get("resume") == "auto":
+                kept = results.finished_run(cfg, output_dir)
+                if kept is not None:  # resume of a finished run: its results stay as they are
+                    checkpoint.find_resume(cfg, output_dir)  # but a changed config is still named
+                    print(kept)
+                    return previous
+            if state.is_main_process:  # started before validation so a rejected config shows as crashed
+                tracker = build_tracker(cfg, output_dir, keys)
+                summary.update(tracker.identity_keys() if tracker is not None else {})
+            validate(cfg, state.num_processes)
+            results.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
+            if apply_effective_batch_size(cfg, state.num_processes):  # micro_batch_size was derived
+                keys = summary_config_keys(cfg, output_dir, state.num_processes)
+                summary.update(keys)
+                if tracker is not None:
+                    tracker.update_config(run_config(cfg, keys))
+            resume = checkpoint.find_resume(cfg, output_dir)  # also checks the number of processes
+            loggers = []
+            if state.is_main_process:  # the same records to every logger: metrics.jsonl, W&B
+                metrics = results.MetricsFile(output_dir / results.METRICS, resume.step if resume else 0)
+                opened.callback(metrics.close)
+                loggers = [metrics, *([tracker] if tracker is not None else [])]
+            job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process, resume)
+            opened.callback(_close_job, job, summary)
+            _train_and_evaluate(job, summary, opened)
+    return summary
+
+
+def _train_and_evaluate(job: Job, summary: dict, opened: contextlib.ExitStack) -> None:
+    """Train (the measured region), then the final evaluation and the derived figures; status ok."""
+    cfg, device = job.cfg, job.meter.device
+    summary["params/total"] = sum(p.numel() for p in job.model.parameters())
+    summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
+    summary["train/scheduled_steps"] = job.num_steps
+    summary["model/vocab_size"] = job.model.config.vocab_size
+    summary["model/tokenizer"] = getattr(job.tokenizer, "name_or_path", None)
+    summary["model/tokenizer_note"] = getattr(job.tokenizer, "effitrain_note", None)
+    summary.update(job.data_keys)
+    tracked = TrainingMemory(job.model, job.optimizer, device)
+    job.meter.read_memory = tracked.peak.read_current
+    opened.callback(lambda: summary.update(tracked.summary()))  # also for a failed run: an OOM's peak
+    compiling = compile_seconds()
+    with tracked:
+        summary.update(train(job))
+    summary["speed/compile_s"] = compile_seconds() - compiling if cfg.compile.enabled else None
+    final = evaluate_job(job)  # outside the measured region: its batches are not training's
+    job.log_evaluation(summary["train/steps"], final)
+    summary.update(final)
+    summary["eval/best_loss"], summary["eval/best_step"] = job.best_eval
+    summary.update(predict_step_peak(job))
+    summary.update(
+        mfu_keys(summary.get("speed/flops_per_step"), summary.get("speed/step_s_median"), device,
+                 cfg.precision.mixed_precision)
+    )  # fmt: skip
+    summary["status"] = "ok"
+
+
+def _close_job(job: Job, summary: dict) -> None:
+    """After the run, however it ended: no tracker left active, the progress bar closed."""
+    if summary["status"] == "interrupted":
+        summary.update(job.meter.summary())  # how far it got
+    if job.step_memory is not None:
+        job.step_memory.end()  # a step that failed while tracked leaves no dispatch mode behind
+        summary.update(job.step_memory.summary())
+    job.meter.close()  # the progress bar, also after a failed step
+
+
+@contextlib.contextmanager
+def _recorded(summary: dict, output_dir: Path, is_main: bool):
+    """How the run ended, into ``summary``: a failure, a divergence, an OOM or an interruption is
+    recorded, not raised. Anything else that stops the process (SystemExit) passes through; the
+    stack around still writes the failed summary and finishes the W&B run."""
     try:
-        check_output_dir(output_dir)
-        if cfg.get("resume") == "auto":
-            kept = results.finished_run(cfg, output_dir)
-            if kept is not None:  # resume of a finished run: its results stay as they are
-                checkpoint.find_resume(cfg, output_dir)  # but a changed config is still named
-                print(kept)
-                return previous
-        if state.is_main_process:  # started before validation so a rejected config shows as crashed
-            tracker = build_tracker(cfg, output_dir, keys)
-            summary.update(tracker.identity_keys() if tracker is not None else {})
-        validate(cfg, state.num_processes)
-        results.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
-        if apply_effective_batch_size(cfg, state.num_processes):  # micro_batch_size was derived
-            keys = summary_config_keys(cfg, output_dir, state.num_processes)
-            summary.update(keys)
-            if tracker is not None:
-                tracker.update_config(run_config(cfg, keys))
-        resume_from = checkpoint.find_resume(cfg, output_dir)
-        if state.is_main_process:
-            resumed_step = checkpoint.read_meta(resume_from)["step"] if resume_from is not None else 0
-            loggers.append(results.MetricsFile(output_dir / results.METRICS, resumed_step))
-            loggers += [tracker] if tracker is not None else []
-        job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process, resume_from)
-        summary["params/total"] = sum(p.numel() for p in job.model.parameters())
-        summary["params/trainable"] = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
-        summary["train/scheduled_steps"] = job.num_steps
-        summary["model/vocab_size"] = job.model.config.vocab_size
-        summary["model/tokenizer"] = getattr(job.tokenizer, "name_or_path", None)
-        tracked = TrainingMemory(job.model, job.optimizer, state.device)
-        job.meter.read_memory = tracked.peak.read_current
-        compiling = compile_seconds()
-        with tracked:
-            summary.update(train(job))
-        summary["speed/compile_s"] = compile_seconds() - compiling if cfg.compile.enabled else None
-        final = evaluate_job(job)  # outside the measured region: its batches are not training's
-        job.log_evaluation(summary["train/steps"], final)
-        summary.update(final)
-        summary["eval/best_loss"], summary["eval/best_step"] = job.best_eval
-        summary.update(predict_step_peak(job))
-        summary.update(
-            mfu_keys(summary.get("speed/flops_per_step"), summary.get("speed/step_s_median"), state.device,
-                     cfg.precision.mixed_precision)
-        )  # fmt: skip
-        summary["status"] = "ok"
+        yield
     except ConfigError as error:
         summary["error"] = str(error)
         summary["error_type"] = "config"
@@ -322,40 +412,12 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
         summary["status"], summary["error"] = "oom", _one_line(error)
     except Exception as error:  # any other failure is recorded, with its traceback beside the summary
         summary["error"] = _one_line(error)
-        if state.is_main_process and output_dir.is_dir():
+        if is_main and output_dir.is_dir():
             (output_dir / "traceback.txt").write_text(traceback.format_exc())
     except (KeyboardInterrupt, Interrupted) as error:  # Ctrl-C or SIGTERM: recorded, W&B ends as crashed
         signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
         summary["status"], summary["signal"] = "interrupted", int(signum)
         summary["error"] = f"interrupted by {signal.Signals(signum).name}"
-        if job is not None:
-            summary.update(job.meter.summary())  # how far it got
-    except BaseException:  # anything else that stops the process: the W&B run is not left open
-        if tracker is not None:
-            tracker.close()
-        raise
-    finally:
-        if job is not None:
-            job.step_memory.end()  # a step that failed while tracked leaves no dispatch mode behind
-            summary.update(job.step_memory.summary())
-            job.meter.close()  # the progress bar, also after a failed step
-        for logger in loggers:
-            if logger is not tracker:
-                logger.close()
-        if tracked is not None:  # also for a failed run: the peak of an OOM is worth keeping
-            summary.update(tracked.summary())
-
-    try:
-        summary["speed/wall_s"] = time.perf_counter() - started
-        if state.is_main_process:
-            if previous and previous.get("status") == "ok" and summary["status"] != "ok":
-                log.error("not overwriting the ok summary.json in %s with a failed run", output_dir)
-            elif output_dir.is_dir():
-                results.write_json_atomic(output_dir / results.SUMMARY, summary)
-    finally:
-        if tracker is not None:
-            tracker.finish(summary)
-    return summary
 
 
 def _one_line(error: BaseException) -> str:

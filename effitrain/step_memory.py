@@ -144,26 +144,30 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
     """
     import warnings
 
+    import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.flop_counter import FlopCounterMode
-    from transformers import AutoModelForSequenceClassification
 
     from effitrain.memory import estimate_optimizer_state
     from effitrain.modeling import enable_activation_checkpointing
     from effitrain.optim import build_optimizer
+    from effitrain.tasks import build_task
     from effitrain.training import StepMeter, window_step
+
+    task = build_task(cfg)
+    auto = getattr(transformers, task.auto_class)
 
     warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
     analytic_state = 0
     if not _runs_on_fake(optimizer_cfg):
         with torch.device("meta"):
-            shapes_only = AutoModelForSequenceClassification.from_config(config)
+            shapes_only = auto.from_config(config)
         state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
         analytic_state = state.bytes if state is not None else 0
     with FakeTensorMode():
         with torch.device("cpu"):
-            model = AutoModelForSequenceClassification.from_config(config)
+            model = auto.from_config(config)
         if cfg.get("gradient_checkpointing"):
             enable_activation_checkpointing(model)
         model.train()
@@ -179,7 +183,7 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
             optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
         else:
             optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-        meter = StepMeter(1, [], torch.device("cpu"), False, False)
+        meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
         window = [fake_batch(shapes) for shapes in batches]
         items = sum(len(b["labels"]) for b in window)
@@ -191,7 +195,7 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
 
         def step(before_forward=None):
             return window_step(
-                model, optimizer, window, items, 1, meter, lambda loss: loss.backward(),
+                task, model, optimizer, window, items, 1, meter, lambda loss: loss.backward(),
                 contextlib.nullcontext, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm),
                 before_forward,
             )  # fmt: skip

@@ -1,4 +1,5 @@
-"""What both backends share inside the loop: the loss, accumulation windows, the step meter, evaluation.
+"""What both backends share inside the loop: accumulation windows, the step's loss normalization, the
+step meter. The task (effitrain.tasks) supplies the loss, the items that normalize it and evaluation.
 
 A backend owns only its loop; the numbers it reports are computed here, so a comparison never
 depends on which backend ran.
@@ -13,8 +14,8 @@ import time
 from itertools import islice
 
 import torch
-import torch.nn.functional as F
 
+from effitrain.distributed import all_reduce_sum
 from effitrain.memory import current_bytes
 
 WARMUP_STEPS = 2  # steps left out of the steady-state step time (compilation, allocator warm-up)
@@ -24,44 +25,6 @@ class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
-def _model_inputs(batch) -> dict:
-    return {k: v for k, v in batch.items() if k != "labels"}
-
-
-def loss_sum(model, batch) -> torch.Tensor:
-    """Summed cross-entropy of a micro-batch.
-
-    The caller divides by the number of samples of the whole optimizer step, so a step's loss
-    is the mean over all its samples, exactly what one big batch would give, also when the
-    last micro-batch is smaller.
-    """
-    logits = model(**_model_inputs(batch)).logits
-    return F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
-
-
-def process_state():
-    """accelerate's process-wide state; on a machine without CUDA, several launched processes
-    (``torchrun``) form a gloo group on the CPU, which accelerate does only when told ``cpu``."""
-    from accelerate import PartialState
-
-    return PartialState(cpu=not torch.cuda.is_available())
-
-
-def world_size() -> int:
-    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-
-
-def rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-def all_reduce_sum(values: list[float], device) -> list[float]:
-    """Sum scalars over processes (a no-op in a single process)."""
-    if world_size() == 1:
-        return [float(v) for v in values]
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(tensor)
-    return tensor.tolist()
 
 
 def accumulation_windows(dataloader, steps: int):
@@ -71,14 +34,30 @@ def accumulation_windows(dataloader, steps: int):
         yield window
 
 
+def epoch_batches(loader, epoch: int, skip: int = 0, rng_state: dict | None = None):
+    """An iterator over ``epoch``'s micro-batches. Resuming inside the epoch, the ``skip`` consumed
+    ones are drawn and dropped, then the generators are set to ``rng_state`` (the checkpoint's),
+    so every later draw (dropout, the next epoch's loader) matches the uninterrupted run."""
+    loader.set_epoch(epoch)  # accelerate's loader forwards this to the sampler
+    batches = iter(loader)  # creating the loader's iterator draws from torch's generator
+    for _ in range(skip):
+        next(batches)
+    if rng_state is not None:
+        from effitrain.checkpoint import set_rng_state
+
+        set_rng_state(rng_state)
+    return batches
+
+
 def step_loss(micro_loss: torch.Tensor, step_items: int, num_processes: int) -> torch.Tensor:
-    """The micro-batch's share of its optimizer step's loss: its summed loss over the items (samples)
-    of the whole step, over all processes, times the processes (DDP averages their gradients), so
+    """The micro-batch's share of its optimizer step's loss: its summed loss over the items (the task's
+    samples or real target tokens) of the whole step, over all processes, times the processes (DDP averages their gradients), so
     the step's gradient is that of one big batch's mean loss. Both backends use it."""
     return micro_loss * num_processes / step_items
 
 
 def window_step(
+    task,
     model,
     optimizer,
     window,
@@ -90,7 +69,8 @@ def window_step(
     clip,
     before_forward=None,
 ):
-    """One optimizer step over ``window`` (its micro-batches): forward, backward, clip, step, zero.
+    """One optimizer step over ``window`` (its micro-batches): forward, backward, clip, step, zero;
+    ``task.loss_sum`` gives each micro-batch's summed loss.
 
     ``backward``, ``no_sync`` (a context for every micro-batch but the last, so DDP syncs once) and
     ``clip`` (returns the gradient norm) come from the backend; the memory prediction runs this same
@@ -104,7 +84,7 @@ def window_step(
         if before_forward is not None:
             before_forward(batch)
         with contextlib.nullcontext() if last else no_sync():
-            micro_loss = loss_sum(model, batch)
+            micro_loss = task.loss_sum(model, batch)
             meter.add(micro_loss, batch)
             backward(step_loss(micro_loss, step_items, num_processes))
     grad_norm = clip()
@@ -113,9 +93,17 @@ def window_step(
     return grad_norm
 
 
-def count_samples(window, device) -> int:
-    """Samples in one optimizer step, over all processes."""
-    return int(all_reduce_sum([sum(len(b["labels"]) for b in window)], device)[0])
+def step_items(task, window, device) -> int:
+    """The items (``task.num_items``: samples, or real target tokens) of one optimizer step, over
+    all processes: what its summed loss is divided by."""
+    return int(all_reduce_sum([sum(int(task.num_items(b)) for b in window)], device)[0])
+
+
+def process_started() -> float:
+    """When this process was created (``time.time()`` scale), as the OS recorded it."""
+    import psutil
+
+    return psutil.Process().create_time()
 
 
 class StepMeter:
@@ -125,7 +113,10 @@ class StepMeter:
     one line to every logger and raises :class:`TrainingDiverged` on a non-finite loss.
     """
 
-    def __init__(self, num_steps: int, loggers: list, device, progress_bar: bool, is_main: bool):
+    def __init__(self, num_steps: int, loggers: list, device, progress_bar: bool, is_main: bool, task=None):
+        from effitrain.tasks import Classification
+
+        self.task = task or Classification()  # what normalizes the loss and what counts as a token
         self.loggers = loggers if is_main else []
         self.device = device
         self.read_memory = functools.partial(current_bytes, device)  # the run's PeakMemory.read_current
@@ -137,6 +128,8 @@ class StepMeter:
         self.loss_total = 0.0  # sum of every optimizer step's loss, for train/loss_mean
         self.resumed = {"step": 0, "samples": 0, "tokens": 0}  # counts of the run this one resumes
         self._reset_window()
+        self._started: float | None = None
+        self.startup_s = None
         self._progress = None
         if progress_bar and is_main:
             from tqdm.auto import tqdm
@@ -146,21 +139,28 @@ class StepMeter:
     def _reset_window(self):
         self._loss_sum = 0.0
         self._samples = 0
+        self._items = 0
         self._tokens = 0
+
+    @property
+    def started(self) -> bool:
+        return self._started is not None
 
     def start(self) -> None:
         self._started = self._last = time.perf_counter()
+        if self.startup_s is None:  # from the process's creation: interpreter, imports, data, model
+            self.startup_s = time.time() - process_started()
 
     def add(self, micro_loss_sum: torch.Tensor, batch) -> None:
         # tensors stay on the device: read once per optimizer step, never per micro-batch (a GPU sync)
         self._loss_sum = self._loss_sum + micro_loss_sum.detach()
         self._samples += len(batch["labels"])
-        mask = batch.get("attention_mask")
-        self._tokens = self._tokens + (mask.sum() if mask is not None else batch["input_ids"].numel())
+        self._items = self._items + self.task.num_items(batch)
+        self._tokens = self._tokens + self.task.num_tokens(batch)
 
     def end_step(self, step: int, lr: float, grad_norm) -> dict:
-        loss_sum, samples, tokens = all_reduce_sum(
-            [float(self._loss_sum), self._samples, float(self._tokens)], self.device
+        loss_sum, samples, items, tokens = all_reduce_sum(
+            [float(self._loss_sum), self._samples, float(self._items), float(self._tokens)], self.device
         )
         self._reset_window()
         now = time.perf_counter()
@@ -168,7 +168,7 @@ class StepMeter:
         self._last = now
         self.samples += int(samples)
         self.tokens += int(tokens)
-        self.last_loss = loss_sum / samples
+        self.last_loss = loss_sum / items  # the mean over the step's samples or real target tokens
         self.loss_total += self.last_loss
         record = {
             "step": step,
@@ -241,37 +241,5 @@ class StepMeter:
             # warm-up everywhere (so not a compile time: that is speed/compile_s)
             "speed/first_step_overhead_s": self.step_times[0] - median if self.step_times else math.nan,
             "speed/train_s": train_s,
+            "speed/startup_s": self.startup_s,
         }
-
-
-def macro_f1(predictions: torch.Tensor, labels: torch.Tensor) -> float:
-    """Macro F1 over the classes present in labels or predictions (scikit-learn's default)."""
-    scores = []
-    for cls in torch.unique(torch.cat([predictions, labels])):
-        true_pos = ((predictions == cls) & (labels == cls)).sum().item()
-        pred_pos = (predictions == cls).sum().item()
-        real_pos = (labels == cls).sum().item()
-        scores.append(2 * true_pos / (pred_pos + real_pos) if pred_pos + real_pos else 0.0)
-    return sum(scores) / len(scores)
-
-
-@torch.no_grad()
-def evaluate(model, dataloader, accelerator) -> dict:
-    """Loss, accuracy and macro F1 on the eval split, gathered over processes without duplicates."""
-    was_training = model.training
-    model.eval()
-    losses, predictions, labels = [], [], []
-    for batch in dataloader:
-        logits = model(**_model_inputs(batch)).logits.float()
-        per_sample = F.cross_entropy(logits, batch["labels"], reduction="none")
-        gathered = accelerator.gather_for_metrics((per_sample, logits.argmax(-1), batch["labels"]))
-        for store, value in zip((losses, predictions, labels), gathered):
-            store.append(value.cpu())
-    model.train(was_training)
-    losses, predictions, labels = torch.cat(losses), torch.cat(predictions), torch.cat(labels)
-    return {
-        "eval/loss": losses.mean().item(),
-        "eval/accuracy": (predictions == labels).float().mean().item(),
-        "eval/f1": macro_f1(predictions, labels),
-        "eval/samples": len(labels),
-    }

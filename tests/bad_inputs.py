@@ -21,7 +21,8 @@ def files(train: str = "train.csv", test: str = "test.csv") -> str:
     return FILES.format(CSV="{CSV}", train=train, test=test)
 
 
-# Rejected while the command line is read: grammar, unknown options and keys, sweeps without -m.
+# Rejected while the command line is read and composed: grammar, unknown options and keys, sweeps
+# without -m, and values of the wrong type for the schema (effitrain/schema.py).
 PARSE = [
     (["optimizer=sgd"], "optimizer='sgd' is not an option: choose one of adafactor, adam8bit, adamw"),
     (["backend=trainer,keras"], "backend='keras' is not an option: choose one of accelerator, trainer"),
@@ -32,11 +33,19 @@ PARSE = [
     (["micro_batchsize=4"], "micro_batchsize='4' is not a config key: did you mean micro_batch_size"),
     (["a=[1,"], "'a=[1,' is not a valid override"),
     (["optimizer=adamw,adafactor"], "optimizer=adamw,adafactor is a sweep (several values): add -m"),
+    (["seed=x"], "seed='x' is invalid: must be an integer"),
+    (["max_steps=1.5"], "max_steps=1.5 is invalid: must be an integer"),
+    (["compile.mode=fast"], "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
+    (["model.init=randm"], "model.init='randm' is invalid: choose one of pretrained, random"),
+    (["model.trust_remote_code=maybe"], "model.trust_remote_code='maybe' is invalid: must be true or false"),
+    (
+        ["precision.mixed_precision=fp8"],
+        "precision.mixed_precision='fp8' is invalid: choose one of no, fp16, bf16",
+    ),
 ]
 
 # Values a run rejects itself too (``validate``), before anything heavy is loaded.
 VALUES = [
-    (["seed=x"], "seed='x' is invalid: must be an integer >= 0"),
     (["gradient_accumulation_steps=0"], "gradient_accumulation_steps=0 is invalid: must be an integer >= 1"),
     (["micro_batch_size=-2"], "micro_batch_size=-2 is invalid: must be an integer >= 1"),
     (["epochs=0"], "epochs=0 is invalid: must be an integer >= 1"),
@@ -49,12 +58,10 @@ VALUES = [
     (["optimizer.betas=[0.9]"], "optimizer={'lr': 0.0001, 'betas': [0.9], 'eps': 1e-08} is invalid: AdamW rejects"),
     (["+optimizer.bogus=1"], "optimizer.bogus=1 is invalid: AdamW takes no such argument: choose from lr, betas"),
     (["warmup_ratio=1.0"], "warmup_ratio=1.0 is invalid: must be in [0, 1)"),
-    (["max_grad_norm=-1"], "max_grad_norm=-1 is invalid: must be >= 0 (0 disables clipping)"),
+    (["max_grad_norm=-1"], "max_grad_norm=-1.0 is invalid: must be >= 0 (0 disables clipping)"),
     (["max_grad_norm=nan"], "max_grad_norm=nan is invalid: must be >= 0 (0 disables clipping)"),
-    (["compile.mode=fast"], "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
     (["compile=on", "compile.backend=nonsense"], "compile.backend='nonsense' is invalid: choose one of"),
     (["model.name_or_path=/no/such/model"], "model.name_or_path='/no/such/model' is invalid: no such folder"),
-    (["model.trust_remote_code=yes"], "model.trust_remote_code='yes' is invalid: must be true or false"),
     (["effective_batch_size=30", "gradient_accumulation_steps=4"],
      "effective_batch_size=30 is invalid: must be a multiple of gradient_accumulation_steps x processes = 4"),
     (["checkpoint_every=0"], "checkpoint_every=0 is invalid: must be an integer >= 1 (or null)"),

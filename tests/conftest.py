@@ -113,8 +113,8 @@ def fit_with_snapshots(tmp_path: Path, *overrides: str):
     Returns (snapshots, metrics from fit, the job).
     """
     from effitrain.config import validate
+    from effitrain.distributed import process_state
     from effitrain.run import build_job, fit
-    from effitrain.training import process_state
 
     cfg = compose(*overrides)
     validate(cfg)

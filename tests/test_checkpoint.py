@@ -187,6 +187,24 @@ def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
     assert summary["error"].startswith("optimizer.lr=0.5 is invalid: differs from the checkpoint")
 
 
+def test_a_checkpoint_of_another_number_of_processes_is_refused_before_anything_is_built(tmp_path):
+    from tests.conftest import compose
+
+    assert run_job(tmp_path, "max_steps=1", "checkpoint_every=1")["status"] == "ok"
+    meta_file = tmp_path / "checkpoints" / "step-00000001" / checkpoint.META
+    meta = json.loads(meta_file.read_text())
+    point = checkpoint.find_resume(compose("max_steps=1", "checkpoint_every=1", "resume=auto"), tmp_path)
+    assert (point.folder, point.step, point.meta) == (meta_file.parent, 1, meta)
+    meta_file.write_text(json.dumps(dict(meta, world_size=2)))
+    (tmp_path / "summary.json").unlink()  # as if killed after the checkpoint
+    summary = run_job(tmp_path, "max_steps=1", "checkpoint_every=1", "resume=auto")
+    assert summary["status"] == "failed" and summary["error_type"] == "config"
+    assert summary["error"] == (
+        f"resume={str(meta_file.parent)!r} is invalid: written by 2 processes, resumed with 1"
+    )
+    assert "params/total" not in summary  # refused before the model was built
+
+
 def test_resume_auto_without_checkpoint_starts_from_scratch(tmp_path):
     summary = run_job(tmp_path, "max_steps=2", "resume=auto")
     assert (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -19,8 +20,13 @@ def _summaries(tmp_path):
 
 
 # A few rows of the bad-input table, as a user types them: grammar, a key, a value, the data.
+def _rows(table, *overrides: str) -> list:
+    return [row for row in table if any(o in row[0] for o in overrides)]
+
+
 ROWS = (
-    [PARSE[0], PARSE[4], PARSE[6], VALUES[10]]
+    _rows(PARSE, "optimizer=sgd", "lr=1e-3", "micro_batchsize=4", "seed=x")
+    + _rows(VALUES, "optimizer.betas=[0.9]")
     + [row for row in VALUES if "missing.csv" in row[1]]
     + [DATA[1]]
 )
@@ -39,3 +45,101 @@ def test_bad_input_is_one_line_nonzero_and_never_ok(tmp_path, csv_files, overrid
     assert len(errors) == 1 and message in errors[0]
     assert "Traceback" not in result.stderr
     assert all(summary["status"] != "ok" for summary in _summaries(tmp_path))
+
+
+def check(capsys, *overrides: str) -> tuple[int, str, str]:
+    """``effitrain check OVERRIDES`` in this process: exit code, stdout, stderr."""
+    from effitrain.cli import main
+
+    try:
+        main(["check", *overrides])
+        code = 0
+    except SystemExit as done:
+        code = done.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+CHECK_ROWS = _rows(PARSE, "lr=1e-3", "seed=x", "a=[1,", "optimizer=adamw,adafactor") + _rows(
+    VALUES, "+optimizer.bogus=1", "compile.backend=nonsense", "optimizer.lr=nan", "max_length=1000"
+)
+
+
+@pytest.mark.parametrize("overrides, message", CHECK_ROWS)
+def test_check_refuses_a_bad_input_in_one_line_with_exit_2(capsys, overrides, message):
+    code, out, err = check(capsys, *TINY, *overrides)
+    assert code == 2 and out == ""
+    assert err.splitlines() == [f"effitrain: error: {err.splitlines()[0].removeprefix('effitrain: error: ')}"]
+    assert err.startswith(f"effitrain: error: {message}")
+
+
+def test_check_names_every_problem_one_per_line(capsys):
+    code, _, err = check(capsys, *TINY, "seed=x", "compile.mode=fast", "epochs=0", "max_grad_norm=nan")
+    assert code == 2
+    assert err.splitlines() == [
+        "effitrain: error: seed='x' is invalid: must be an integer",
+        "effitrain: error: compile.mode='fast' is invalid: choose one of default, reduce-overhead, "
+        "max-autotune, max-autotune-no-cudagraphs",
+        "effitrain: error: epochs=0 is invalid: must be an integer >= 1",
+        "effitrain: error: max_grad_norm=nan is invalid: must be >= 0 (0 disables clipping)",
+    ]
+
+
+def test_check_accepts_hydra_syntax_and_checks_every_job_of_a_sweep(capsys):
+    code, out, err = check(capsys, *TINY, "-m", "optimizer=adamw, adafactor", 'backend="trainer"')
+    assert (code, out, err) == (0, "effitrain: the configuration is valid\n", "")
+    code, out, err = check(capsys, *TINY, "-m", "optimizer=adamw,adafactor", "+optimizer.beta1=0.9")
+    assert code == 2 and err.splitlines()[0] == "effitrain: error: the sweep's job optimizer=adamw:"
+    assert err.splitlines()[1].startswith(
+        "effitrain: error: optimizer.beta1=0.9 is invalid: AdamW takes no such"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_working_directory_is_one_line_before_hydra(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tmp_path.chmod(0o555)
+    try:
+        code, _, err = check(capsys, *TINY)
+        sweep_code, _, sweep_err = check(capsys, *TINY, "-m", "seed=1,2")
+    finally:
+        tmp_path.chmod(0o755)
+    assert (
+        code == 2
+        and err.startswith("effitrain: error: hydra.run.dir='outputs/")
+        and "cannot be written" in err
+    )
+    assert sweep_code == 2 and sweep_err.startswith("effitrain: error: hydra.sweep.dir='multirun/")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_failing_to_write_its_report_is_one_line(tmp_path, capsys, monkeypatch):
+    """A write that fails after compare's own up-front probe (a full disk) is one line too."""
+    import errno
+
+    import effitrain.compare
+    from effitrain.cli import main
+
+    def full_disk(folders, output, wandb_mode):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(output / "comparison.csv"))
+
+    monkeypatch.setattr(effitrain.compare, "compare", full_disk)
+    with pytest.raises(SystemExit) as done:
+        main(["compare", str(tmp_path), "--output", str(tmp_path / "report")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert err == (
+        f"effitrain: error: --output='{tmp_path}/report' is invalid: cannot be written (No space left on device)\n"
+    )
+
+
+def test_estimate_names_a_misspelled_key_with_the_nearest_real_ones(capsys):
+    from effitrain.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["estimate", "model=tiny", "optimizer.lrr=1e-3"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (
+        "effitrain: error: optimizer.lrr='1e-3' is not a config key: did you mean optimizer.lr or "
+        "optimizer.eps or optimizer.betas?\n"
+    )

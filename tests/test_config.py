@@ -60,9 +60,23 @@ def test_every_precision_validates_or_names_cuda(option):
 
 
 def test_minilm_loads_pretrained_weights_from_its_package():
+    import logging
+
     cfg = compose("model=minilm")
     tokenizer = build_tokenizer(cfg.model)
-    model = build_model(cfg.model, 3, tokenizer)
+    records = []
+    capture = logging.Handler()
+    capture.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("transformers.modeling_utils").addHandler(capture)
+    try:
+        model = build_model(cfg.model, 3, tokenizer)
+    finally:
+        logging.getLogger("transformers.modeling_utils").removeHandler(capture)
+    # transformers' coloured load report, as one plain line: the new head is what was missing
+    assert records == [
+        f"BertForSequenceClassification from {cfg.model.name_or_path}: "
+        "missing: classifier.bias, classifier.weight (newly initialized)"
+    ]
     assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
     assert sum(p.numel() for p in model.bert.parameters()) == 22_713_216
     # pretrained, not random: the word embeddings are those stored in the package
@@ -76,6 +90,7 @@ def test_minilm_loads_pretrained_weights_from_its_package():
 def test_distilbert_random_init_builds_offline_with_the_architecture():
     cfg = compose("model=distilbert_base_cased", "model.init=random")
     tokenizer = build_tokenizer(cfg.model)  # no hub: falls back to the offline tokenizer
+    assert tokenizer.effitrain_note.startswith("tokenizer distilbert-base-cased unavailable offline")
     model = build_model(cfg.model, 3, tokenizer)
     assert model.config.model_type == "distilbert" and model.config.n_layers == 6
     assert model.config.vocab_size == len(tokenizer) == 30522
@@ -131,7 +146,7 @@ def test_preflight_reports_every_problem_of_a_config_at_once():
     with pytest.raises(ConfigErrors) as error:
         preflight(TINY + ["seed=x", "epochs=0", "max_grad_norm=nan"])
     assert error.value.problems == [
-        "seed='x' is invalid: must be an integer >= 0",
+        "seed='x' is invalid: must be an integer",
         "epochs=0 is invalid: must be an integer >= 1",
         "max_grad_norm=nan is invalid: must be >= 0 (0 disables clipping)",
     ]
@@ -148,5 +163,10 @@ def test_preflight_checks_every_job_of_a_sweep_and_accepts_hydra_syntax():
         preflight(TINY + ["sweep=optimizers", "micro_batch_size=0"])
 
 
-def test_conf_dir_is_the_repository_conf():
-    assert (CONF_DIR / "config.yaml").is_file()
+def test_configs_are_found_through_the_package_search_path_in_the_checkout():
+    from tests.conftest import REPO
+
+    # pkg://effitrain.conf resolves to the checkout's own conf/ in an editable install (no copy)
+    assert CONF_DIR == REPO / "conf"
+    assert compose().hydra.runtime.config_sources[1] == {"path": "effitrain.conf", "schema": "pkg",
+                                                         "provider": "main"}  # fmt: skip

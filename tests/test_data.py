@@ -12,7 +12,7 @@ from effitrain.config import ConfigError
 from effitrain.data import tokenize_cached
 from effitrain.modeling import build_tokenizer
 from effitrain.run import instantiate_node
-from effitrain.training import macro_f1
+from effitrain.tasks import macro_f1
 from tests.conftest import compose, run_job
 
 

@@ -219,3 +219,53 @@ def test_a_torn_last_metrics_line_is_skipped_by_the_reader(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "train/loss": 1.5}\n{"step": 2, "train/loss": 1.4}\n{"step": 3, "tra')
     assert read(path) == [{"step": 1, "train/loss": 1.5}, {"step": 2, "train/loss": 1.4}]
+
+
+def test_an_eval_line_equals_evaluating_the_weights_saved_at_its_step(tmp_path):
+    """The evaluation at step 2 (eval_every) is an evaluation of step 2's weights, nothing else: a
+    fresh model given the checkpoint of step 2 evaluates to the same figures."""
+    import torch
+    from accelerate import Accelerator
+    from safetensors.torch import load_model
+
+    from effitrain.run import build_job
+
+    steps = ["max_steps=4", "eval_every=2", "checkpoint_every=2", "optimizer.lr=3e-3", "warmup_ratio=0"]
+    summary = run_job(tmp_path / "run", *steps)
+    assert summary["status"] == "ok", summary["error"]
+    at_2 = next(line for line in read_metrics(tmp_path / "run", kind="eval") if line["step"] == 2)
+    job = build_job(compose(*steps), tmp_path / "fresh", [], torch.device("cpu"), True)
+    load_model(job.model, str(tmp_path / "run" / "checkpoints" / "step-00000002" / "model.safetensors"))
+    again = job.task.evaluate(job.model, job.eval_loader, Accelerator(cpu=True))
+    assert again["eval/samples"] == at_2["eval/samples"] > 0
+    assert again == pytest.approx({key: at_2[key] for key in again}, rel=1e-6)
+    assert at_2["eval/loss"] != summary["eval/loss"]  # step 4's weights evaluate otherwise
+
+
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+def test_each_optimizer_step_runs_inside_job_track_step(tmp_path, backend, monkeypatch):
+    """The hook the memory tracker plugs into: one context per optimizer step, numbered from 1,
+    holding the step's optimizer update and closed before the step's metrics line."""
+    import contextlib
+
+    from effitrain import run
+
+    events = []
+    original = run.Job.track_step
+
+    @contextlib.contextmanager
+    def recording(job, step):
+        weight = next(job.model.parameters())
+        before = weight.detach().clone()
+        with original(job, step):
+            events.append(("enter", step, len(job.meter.step_times)))
+            yield
+        events.append(("exit", step, len(job.meter.step_times), not bool((weight == before).all())))
+
+    monkeypatch.setattr(run.Job, "track_step", recording)
+    summary = run_job(tmp_path, f"backend={backend}", *FEW_STEPS)
+    assert summary["status"] == "ok", summary["error"]
+    expected = []
+    for step in (1, 2, 3):  # lr 0 at step 1 (warm-up): the weights move from step 2 on
+        expected += [("enter", step, step - 1), ("exit", step, step - 1, step > 1)]
+    assert events == expected

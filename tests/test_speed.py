@@ -45,15 +45,15 @@ def test_meter_throughput_is_work_over_time_with_a_known_sleep():
 
 @pytest.mark.slow
 def test_run_throughput_with_a_sleep_per_micro_batch(tmp_path, monkeypatch):
-    import effitrain.training as backend
+    from effitrain.tasks import Classification
 
-    real_loss_sum = backend.loss_sum
+    real_loss_sum = Classification.loss_sum
 
-    def slow_loss_sum(model, batch):
+    def slow_loss_sum(self, model, batch):
         time.sleep(SLEEP_S)
-        return real_loss_sum(model, batch)
+        return real_loss_sum(self, model, batch)
 
-    monkeypatch.setattr(backend, "loss_sum", slow_loss_sum)
+    monkeypatch.setattr(Classification, "loss_sum", slow_loss_sum)
     summary = run_job(tmp_path, "max_steps=4", "gradient_accumulation_steps=2")
     assert summary["status"] == "ok", summary["error"]
     assert summary["train/samples"] == 4 * 2 * 8

@@ -5,19 +5,114 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from omegaconf import OmegaConf
 
 from effitrain.config import ConfigError, apply_effective_batch_size, check_group_overrides, validate
+from effitrain.sweep import LAUNCHER_DIR, LAUNCHES
 from tests.conftest import REPO, TINY, compose, train_py
 
 # Each job starts its own Python (about 3 s of imports here), so jobs are few and short.
 SHORT = ["max_steps=2", "data.num_train=32", "data.num_eval=16"]
+# TINY's overrides that change results (the others are run-invariant: out of job/overrides)
+TINY_RESULT_OVERRIDES = [o for o in TINY if not o.startswith(("progress_bar=", "logger="))]
 
 
 def _summaries(sweep_dir):
     return {p.parent.name: json.loads(p.read_text()) for p in sweep_dir.glob("*/summary.json")}
+
+
+def _launches(sweep_dir) -> list[dict]:
+    """The launcher's record of the jobs it started (or settled without a process), in order."""
+    path = sweep_dir / LAUNCHER_DIR / LAUNCHES
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _started_pids(lines: list[str]) -> list[int]:
+    return [
+        int(line.split("(pid ")[1].split(",")[0].split(")")[0]) for line in lines if "started (pid" in line
+    ]
+
+
+def _start_sweep(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _read_until(process: subprocess.Popen, text: str, count: int, timeout: float = 300) -> list[str]:
+    lines, deadline = [], time.time() + timeout
+    while sum(text in line for line in lines) < count:
+        assert time.time() < deadline and process.poll() is None, "".join(lines)
+        lines.append(process.stdout.readline())
+    return lines
+
+
+@pytest.mark.slow
+def test_a_job_killed_mid_sweep_is_recorded_the_others_finish_and_a_rerun_repeats_only_it(tmp_path):
+    args = ["-m", *TINY, *SHORT, "seed=1,2,3", f"hydra.sweep.dir={tmp_path}"]
+    sweep = _start_sweep(*args)
+    lines = _read_until(sweep, "started (pid", 2)
+    victim = _started_pids(lines)[1]
+    # killed once Hydra has handed it the task (it then imports torch, builds, trains: seconds),
+    # as the OOM killer would kill it
+    record = next(tmp_path.glob("*seed=2")) / ".hydra" / "config.yaml"
+    deadline = time.time() + 300
+    while not record.exists() and time.time() < deadline and sweep.poll() is None:
+        time.sleep(0.01)
+    os.kill(victim, signal.SIGKILL)
+    out, err = sweep.communicate(timeout=600)
+    assert sweep.returncode == 1, out[-3000:] + err[-3000:]
+    assert "effitrain: 1 of 3 jobs failed (0 skipped: ok before)" in out
+    before = _summaries(tmp_path)
+    by_seed = {s["cfg/seed"]: s for s in before.values()}
+    assert (by_seed[2]["status"], by_seed[2]["signal"]) == ("killed", signal.SIGKILL)
+    assert by_seed[2]["job/overrides"] == sorted([*TINY_RESULT_OVERRIDES, *SHORT, "seed=2"])
+    assert by_seed[1]["status"] == by_seed[3]["status"] == "ok"
+
+    rerun = train_py(*args)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert "effitrain: 0 of 3 jobs failed (2 skipped: ok before)" in rerun.stdout
+    started = [line for line in _launches(tmp_path)[3:] if line.get("pid")]
+    assert [line["folder"].endswith("seed=2") for line in started] == [True]
+    after = {s["cfg/seed"]: s for s in _summaries(tmp_path).values()}
+    assert after[2]["status"] == "ok" and after[2]["env/pid"] == started[0]["pid"]
+    assert after[1] == by_seed[1] and after[3] == by_seed[3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_to_a_sweep_interrupts_every_running_job(tmp_path, signum):
+    # long jobs (stopped anyway): two at once, both training when the signal comes
+    args = ["-m", *TINY, "data.num_train=64", "epochs=200", "seed=1,2,3", "hydra.launcher.max_parallel=2"]
+    sweep = _start_sweep(*args, f"hydra.sweep.dir={tmp_path}")
+    pids = _started_pids(_read_until(sweep, "started (pid", 2))
+    deadline = time.time() + 300
+    while len(list(tmp_path.glob("*/metrics.jsonl"))) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    sweep.send_signal(signum)
+    out, err = sweep.communicate(timeout=300)
+    assert sweep.returncode == 128 + signum, out[-3000:] + err[-3000:]
+    assert "Traceback" not in err
+    summaries = {s["cfg/seed"]: s for s in _summaries(tmp_path).values()}
+    assert sorted(summaries) == [1, 2]  # the third never started
+    for summary in summaries.values():
+        # written by each run itself: how far it got, and the signal
+        assert (summary["status"], summary["signal"]) == ("interrupted", signum)
+        assert summary["train/steps"] >= 1
+    assert "1 not started" in out
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 @pytest.mark.slow
@@ -47,20 +142,29 @@ def test_plain_multirun_runs_each_job_in_its_own_process(tmp_path):
     }
     assert all(s["train/steps"] == 2 for s in summaries.values())
     assert "effitrain: 0 of 4 jobs failed (0 skipped: ok before)" in result.stdout
+    for name, summary in summaries.items():
+        # each job's output in its own folder, named in the report's line for it
+        log = tmp_path / name / "job.log"
+        assert f"effitrain: ok: train/loss {summary['train/loss']:.4f}" in log.read_text()
+        assert f"effitrain: ok: {name} (log: {log})" in result.stdout
+        # start-up: process creation to the first step, within the job's process lifetime
+        assert 0 < summary["speed/startup_s"] < 300
+        assert summary["env/cpu_affinity"] == sorted(os.sched_getaffinity(0))  # one at a time: all cores
 
 
 @pytest.mark.slow
 def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path):
     # an empty eval split is found when the job reads its data: only that job fails, in its own
-    # process (a value validate() rejects stops the whole sweep before it starts); the three jobs
-    # run at once (the setting), which also keeps this test short.
+    # process (a value validate() rejects stops the whole sweep before it starts); two jobs run at
+    # once, each with its own device and cores, which also keeps this test short.
     args = [
         "-m",
         *TINY,
         "max_steps=2",
         "data.num_train=32",
         "data.num_eval=16,24,0",
-        "hydra.sweeper.max_batch_size=3",
+        "hydra.launcher.max_parallel=2",
+        "hydra.launcher.devices=[0,1]",
         f"hydra.sweep.dir={tmp_path}",
     ]
     first = train_py(*args)
@@ -71,6 +175,19 @@ def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path
     assert by_length["0"]["status"] == "failed"
     assert "data (eval split)=0 is invalid: the split is empty" in by_length["0"]["error"]
     assert by_length["16"]["status"] == by_length["24"]["status"] == "ok"
+    # the devices and cores each job was given are in its summary; jobs running at once share none
+    launched = {line["pid"]: line for line in _launches(tmp_path)}
+    for summary in (by_length["16"], by_length["24"]):
+        line = launched[summary["env/pid"]]
+        assert summary["env/cuda_visible_devices"] == line["cuda_visible_devices"] in ("0", "1")
+        assert summary["env/cpu_affinity"] == line["cpus"]
+        assert summary["env/num_threads"] == len(line["cpus"])
+    lines = list(launched.values())
+    for a in lines:
+        for b in lines:
+            if a is not b and a["started"] < b["ended"] and b["started"] < a["ended"]:
+                assert a["cuda_visible_devices"] != b["cuda_visible_devices"]
+                assert not set(a["cpus"]) & set(b["cpus"]) or len(os.sched_getaffinity(0)) < 2
     mtimes = {name: (tmp_path / name / "summary.json").stat().st_mtime_ns for name in before}
 
     second = train_py(*args)
@@ -114,9 +231,10 @@ def test_named_studies_are_multiruns_over_their_choices():
         assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
         assert OmegaConf.to_container(cfg.hydra.sweeper.params) == params
         assert cfg.hydra.sweep.dir.startswith(f"multirun/{name}/")
-        assert cfg.hydra.launcher._target_.endswith("submitit_launcher.LocalLauncher")
+        assert cfg.hydra.launcher._target_.endswith("effitrain_launcher.EffitrainLauncher")
         assert cfg.hydra.launcher.timeout_min == 1440
-        assert cfg.hydra.sweeper.max_batch_size == 1  # one job at a time unless asked
+        assert cfg.hydra.launcher.max_parallel == 1  # one job at a time unless asked
+        assert cfg.hydra.sweeper.max_batch_size is None  # all jobs to the launcher, which paces them
     assert compose().hydra.mode is None  # no study: one run, as before
     assert (REPO / "conf" / "sweep").resolve() == REPO / "multirun_sweeps"
 

@@ -1,9 +1,12 @@
 """The ``accelerate`` backend: an ``Accelerator`` loop over accumulation windows.
 
 Micro-batches are taken one optimizer step (window) at a time, so the loss can be normalized by
-the number of samples in the whole step before any backward pass; gradients are synchronized
-once per window (``no_sync`` on every micro-batch but the last). Evaluation is shared code: the
-backend leaves the prepared model, eval loader and accelerator on the job.
+the task's items (samples, or real target tokens) in the whole step before any backward pass;
+gradients are synchronized once per window (``no_sync`` on every micro-batch but the last), as
+accelerate's own variable-window example (gradient_accumulation_for_autoregressive_models.py) does.
+Restoring, the meter, the end of a step and evaluation are the run's shared code
+(:class:`effitrain.run.Job`); the backend leaves the prepared model, eval loader and accelerator on
+the job for evaluation.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from accelerate import Accelerator
 from accelerate.utils import TorchDynamoPlugin
 
-from effitrain.training import accumulation_windows, count_samples, window_step
+from effitrain.training import accumulation_windows, step_items, window_step
 
 
 def make_accelerator(cfg) -> Accelerator:
@@ -24,8 +27,9 @@ def make_accelerator(cfg) -> Accelerator:
     return Accelerator(mixed_precision=cfg.precision.mixed_precision, dynamo_plugin=dynamo)
 
 
-def fit(job) -> dict:
-    cfg, meter = job.cfg, job.meter
+def fit(job) -> None:
+    """Train ``job`` from ``job.start`` to ``job.num_steps`` optimizer steps."""
+    cfg = job.cfg
     accelerator = make_accelerator(cfg)
     model, optimizer, train_loader = accelerator.prepare(job.model, job.optimizer, job.train_loader)
     job.eval_model, job.eval_loader, job.accelerator = (
@@ -36,19 +40,17 @@ def fit(job) -> dict:
     scheduler = job.scheduler  # stepped by hand once per optimizer step, not per process
     max_norm = cfg.max_grad_norm or float("inf")  # inf: measure the norm without clipping
 
-    start = job.checkpoints.restore()  # step 0 unless resuming
-
     model.train()
-    meter.start()
-    step, epoch = start.step, start.epoch
+    step, epoch = job.start.step, job.start.epoch
     while step < job.num_steps:
-        batches = job.checkpoints.epoch_batches(train_loader, epoch)
-        for window in accumulation_windows(batches, cfg.gradient_accumulation_steps):
+        for window in accumulation_windows(
+            job.epoch_batches(train_loader, epoch), cfg.gradient_accumulation_steps
+        ):
             with job.track_step(step + 1):
                 lr = optimizer.param_groups[0]["lr"]
                 grad_norm = window_step(
-                    model, optimizer, window, count_samples(window, accelerator.device),
-                    accelerator.num_processes, meter, accelerator.backward,
+                    job.task, model, optimizer, window, step_items(job.task, window, accelerator.device),
+                    accelerator.num_processes, job.meter, accelerator.backward,
                     lambda: accelerator.no_sync(model),
                     lambda: accelerator.clip_grad_norm_(model.parameters(), max_norm),
                     job.step_memory.saw,
@@ -56,9 +58,7 @@ def fit(job) -> dict:
             if not accelerator.optimizer_step_was_skipped:
                 scheduler.step()
             step += 1
-            meter.end_step(step, lr, grad_norm)
-            job.after_step(step)  # eval_every, then the checkpoint
+            job.end_step(step, lr, grad_norm)
             if step >= job.num_steps:
                 break
         epoch += 1
-    return meter.summary()

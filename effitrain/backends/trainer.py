@@ -4,18 +4,25 @@ The Trainer keeps its own loop (accumulation, clipping, compile, mixed precision
 would make it differ from the accelerate backend is replaced:
 
 * the train dataloader is effitrain's (same sampler, so the same batches in the same order);
-* the loss is the summed cross-entropy divided by the samples of the whole optimizer step
-  (``num_items_in_batch``), so accumulation equals one big batch; a plain Trainer takes the
+* the loss is the task's summed loss divided by the task's items (samples, or real target tokens)
+  of the whole optimizer step over all processes (``num_items_in_batch``, counted by the task, not
+  by the Trainer's label rule), so accumulation equals one big batch; a plain Trainer takes the
   model's mean loss as already normalized and never divides by the accumulation steps;
-* it reports nothing itself: a callback hands each step to effitrain's shared meter.
+* it reports nothing itself: a callback wraps each optimizer step in ``job.track_step`` and hands
+  its end to the run's shared ``job.end_step`` (meter, evaluation, checkpoint).
+
+It resumes through its own ``resume_from_checkpoint`` (effitrain's checkpoints use the Trainer's
+file names), so the shared restore gives it only effitrain's counts (``loads_checkpoint``).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
-from effitrain.training import loss_sum, step_loss
+from effitrain.training import step_items, step_loss
 
 
 class _EffitrainTrainer(Trainer):
@@ -24,37 +31,53 @@ class _EffitrainTrainer(Trainer):
     def __init__(self, *args, job, **kwargs):
         super().__init__(*args, **kwargs)
         self._job = job
-        # Make the Trainer count the samples of each optimizer step (over all processes).
         self.model_accepts_loss_kwargs = True
 
     def get_train_dataloader(self):
         return self.accelerator.prepare(self._job.train_loader)
 
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        # The Trainer counts labels != -100 by its own rules (shifted or not, by the model's loss
+        # type); the task's count, the one the accelerate loop divides by, is what it must be.
+        batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        return batches, step_items(self._job.task, batches, device) if batches else None
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self._job.step_memory.saw(inputs)
-        micro_loss = loss_sum(model, inputs)
+        micro_loss = self._job.task.loss_sum(model, inputs)
         self._job.meter.add(micro_loss, inputs)
         loss = step_loss(micro_loss, num_items_in_batch, self.accelerator.num_processes)
         return (loss, None) if return_outputs else loss
 
 
 class _StepCallback(TrainerCallback):
-    """Each optimizer step (logging_steps=1 logs every one): the shared meter, then the checkpoint,
-    in the accelerator loop's order, so a diverged state (end_step raises) is never saved."""
+    """Each optimizer step runs inside ``job.track_step(step)``: entered at ``on_step_begin`` (after
+    the step's micro-batches were fetched), left at ``on_step_end`` (after the optimizer and
+    scheduler steps), the same span as the accelerate loop's ``with``. The step's end
+    (``logging_steps=1`` logs every one) goes to the shared ``job.end_step``."""
 
     def __init__(self, job):
         self.job = job
+        self._window: contextlib.ExitStack | None = None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.job.step_memory.begin(state.global_step + 1)  # tracks only the chosen step
+        self._window = contextlib.ExitStack()
+        self._window.enter_context(self.job.track_step(state.global_step + 1))
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.job.step_memory.end()
+        self.leave(None)
+
+    def leave(self, error: BaseException | None) -> None:
+        """Leave the open step's context; ``error``: the exception that ends training inside it."""
+        window, self._window = self._window, None
+        if window is not None:
+            window.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "grad_norm" in logs:
-            self.job.meter.end_step(state.global_step, logs["learning_rate"], logs["grad_norm"])
-            self.job.after_step(state.global_step, trainer_state=state)
+            self.job.end_step(
+                state.global_step, logs["learning_rate"], logs["grad_norm"], trainer_state=state
+            )
 
 
 def training_arguments(cfg, num_steps: int, output_dir) -> TrainingArguments:
@@ -86,25 +109,31 @@ def training_arguments(cfg, num_steps: int, output_dir) -> TrainingArguments:
     )
 
 
-def fit(job) -> dict:
+def fit(job) -> None:
+    """Train ``job`` with a ``Trainer``, resumed by the Trainer itself from ``job.resume``."""
     cfg = job.cfg
+    steps = _StepCallback(job)
     trainer = _EffitrainTrainer(
         model=job.model,
         args=training_arguments(cfg, job.num_steps, job.output_dir),
         optimizers=(job.optimizer, job.scheduler),
         job=job,
-        callbacks=[_StepCallback(job)],
+        callbacks=[steps],
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)  # the shared meter draws the progress bar
 
-    # The Trainer loads weights, optimizer, scheduler and generators from effitrain's checkpoint
-    # (its file names are the Trainer's) and skips the consumed batches itself.
     job.accelerator = trainer.accelerator  # evaluations during training (eval_every) use it
     job.eval_loader = trainer.accelerator.prepare(job.eval_loader)
-    job.checkpoints.restore(weights=False)
-    resume = str(job.checkpoints.resume_from) if job.checkpoints.resume_from else None
-    job.meter.start()
-    trainer.train(resume_from_checkpoint=resume)
+    # The Trainer loads weights, optimizer, scheduler and generators from effitrain's checkpoint
+    # (its file names are the Trainer's) and skips the consumed batches itself.
+    resume = str(job.resume.folder) if job.resume is not None else None
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except BaseException as error:  # a step that fails inside track_step leaves its context too
+        steps.leave(error)
+        raise
     job.eval_model = trainer.model_wrapped
-    return job.meter.summary()
+
+
+fit.loads_checkpoint = True  # the shared restore leaves weights, optimizer and generators to the Trainer

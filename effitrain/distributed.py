@@ -1,0 +1,38 @@
+"""Distributed primitives: the process group, this process's rank, sums over processes.
+
+Everything here is a no-op in a single process, so callers never branch on data parallelism.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def process_state():
+    """accelerate's process-wide state; on a machine without CUDA, several launched processes
+    (``torchrun``) form a gloo group on the CPU, which accelerate does only when told ``cpu``."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def world_size() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        torch.distributed.barrier()
+
+
+def all_reduce_sum(values: list[float], device) -> list[float]:
+    """Sum scalars over processes (a no-op in a single process)."""
+    if world_size() == 1:
+        return [float(v) for v in values]
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(tensor)
+    return tensor.tolist()

@@ -1,0 +1,43 @@
+"""Library log lines a user should not see, or not in that form: filters installed on import."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class _BitsandbytesKernels(logging.Filter):
+    """bitsandbytes warns on every import that its optional 4-bit CPU kernels are missing; effitrain
+    never uses 4-bit layers, so the line is noise in every job's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "gemm_4bit_forward" not in record.getMessage()
+
+
+class _LoadReport(logging.Filter):
+    """transformers' weight-loading report is a coloured table (raw escape codes in a log file) that
+    every classification run triggers, its new head being "missing" from the checkpoint: one plain
+    line instead, naming the keys by status."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = _ANSI.sub("", record.getMessage())
+        if "LOAD REPORT" not in text:
+            return True
+        head, _, table = text.partition("\n")
+        by_status: dict[str, list[str]] = {}
+        for line in table.split("\nNotes:")[0].splitlines()[2:]:  # after the header and its rule
+            cells = [c.strip() for c in line.split("|")]
+            if len(cells) >= 2 and cells[0]:
+                by_status.setdefault(cells[1].lower(), []).append(cells[0])
+        model, _, source = head.partition(" LOAD REPORT from: ")
+        keys = "; ".join(f"{status}: {', '.join(sorted(names))}" for status, names in by_status.items())
+        newly = " (newly initialized)" if "missing" in by_status else ""
+        record.msg, record.args = f"{model} from {source}: {keys}{newly}", ()
+        return True
+
+
+def quiet_library_noise() -> None:
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_BitsandbytesKernels())
+    logging.getLogger("transformers.modeling_utils").addFilter(_LoadReport())
