@@ -191,7 +191,14 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
         ]
     )
     if not problems:  # these build things from the values above, which must be sane first
-        problems = _collect([lambda: _optimizer(cfg), lambda: _max_length(cfg), lambda: _data_files(cfg)])
+        problems = _collect(
+            [
+                lambda: _optimizer(cfg),
+                lambda: _task_model(cfg),
+                lambda: _max_length(cfg),
+                lambda: _data_files(cfg),
+            ]
+        )
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
@@ -308,8 +315,10 @@ def _optimizer(cfg: DictConfig) -> None:
         raise invalid("optimizer", given, f"{cls.__name__} rejects these arguments ({reason})") from None
 
 
-def max_positions(model_cfg: DictConfig) -> int | None:
-    """The model's position limit from its architecture config alone (no weights); None when unknown."""
+def model_architecture(model_cfg: DictConfig) -> dict:
+    """The model's architecture config without loading it: the ``config.json`` of a local
+    ``name_or_path`` for ``init=pretrained`` (or without ``model.architecture``), else
+    ``model.architecture``; with ``model.config_overrides`` applied; {} when unknown."""
     from omegaconf import OmegaConf
 
     def plain(key) -> dict:
@@ -318,16 +327,51 @@ def max_positions(model_cfg: DictConfig) -> int | None:
 
     config = plain("architecture")
     path = os.path.expanduser(str(model_cfg.get("name_or_path") or ""))
-    if not config and os.path.isfile(os.path.join(path, "config.json")):
+    # as build_config: a pretrained model's own config.json wins over the architecture node
+    if (model_cfg.get("init") != "random" or not config) and os.path.isfile(
+        os.path.join(path, "config.json")
+    ):
         import json
 
         with open(os.path.join(path, "config.json")) as handle:
             config = json.load(handle)
     config.update(plain("config_overrides"))
+    return config
+
+
+def max_positions(model_cfg: DictConfig) -> int | None:
+    """The model's position limit from its architecture config alone (no weights); None when unknown."""
+    config = model_architecture(model_cfg)
     for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
         if isinstance(config.get(key), int):
             return config[key]
     return None
+
+
+def task_class(cfg: DictConfig):
+    """The class the ``task`` node targets (:class:`effitrain.tasks.Classification` without one)."""
+    from hydra.utils import get_class
+
+    node = cfg.get("task")
+    target = node.get("_target_") if node is not None else "effitrain.tasks.Classification"
+    try:
+        return get_class(target)
+    except Exception:
+        raise invalid("task._target_", target, "no such class: give an importable task class") from None
+
+
+def _task_model(cfg: DictConfig) -> None:
+    """The model type has the head the task builds (a decoder for causal_lm), from its config alone."""
+    from transformers.models.auto import modeling_auto
+
+    task = task_class(cfg)
+    model_type = model_architecture(cfg.model).get("model_type")
+    mapping = getattr(modeling_auto, getattr(task, "model_mapping", ""), None)
+    if model_type and mapping is not None and model_type not in mapping:
+        raise invalid(
+            "model", cfg.model.get("name_or_path"),
+            f"task={task.name} needs a model type that {task.auto_class} builds; {model_type} is not one",
+        )  # fmt: skip
 
 
 def _max_length(cfg: DictConfig) -> None:
@@ -372,8 +416,9 @@ def _data_files(cfg: DictConfig) -> None:
     if len(distinct) > 1:
         listing = "; ".join(f"{p}: {','.join(h)}" for p, h in headers.items())
         raise invalid("data.load_args.data_files", "...", f"the CSV files' columns differ ({listing})")
+    read = ("text_column", "label_column") if task_class(cfg).uses_labels else ("text_column",)
     for header in distinct:
-        for key in ("text_column", "label_column"):
+        for key in read:
             column = cfg.data.get(key)
             if column and column not in header:
                 raise invalid(f"data.{key}", column, f"no such column: choose one of {', '.join(header)}")

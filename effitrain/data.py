@@ -68,18 +68,32 @@ _KEYWORDS = [
 ]
 
 
-def load_synthetic(num_train: int, num_eval: int, num_labels: int, words_per_text: int, seed: int) -> RawData:
-    """A learnable task made in code: each text holds one keyword of its class among filler words."""
+def load_synthetic(
+    num_train: int, num_eval: int, num_labels: int, words_per_text: int, seed: int,
+    min_words_per_text: int | None = None,
+) -> RawData:  # fmt: skip
+    """A learnable task made in code: each text holds one keyword of its class among filler words.
+    ``min_words_per_text``: texts of lengths drawn between it and ``words_per_text`` (so batches
+    hold different numbers of real tokens); None: every text has ``words_per_text`` words."""
     if not 2 <= num_labels <= len(_KEYWORDS):
         raise invalid("data.num_labels", num_labels, f"must be between 2 and {len(_KEYWORDS)}")
+    if min_words_per_text is not None and not 1 <= min_words_per_text <= words_per_text:
+        raise invalid(
+            "data.min_words_per_text", min_words_per_text, f"must be between 1 and {words_per_text}"
+        )
 
     def make(count: int, split_seed: int) -> Dataset:
         rng = random.Random(split_seed)
         texts, labels = [], []
         for _ in range(count):
             label = rng.randrange(num_labels)
-            words = [rng.choice(_FILLER) for _ in range(words_per_text - 1)]
-            words.insert(rng.randrange(words_per_text), rng.choice(_KEYWORDS[label]))
+            length = (
+                words_per_text
+                if min_words_per_text is None
+                else rng.randint(min_words_per_text, words_per_text)
+            )
+            words = [rng.choice(_FILLER) for _ in range(length - 1)]
+            words.insert(rng.randrange(length), rng.choice(_KEYWORDS[label]))
             texts.append(" ".join(words))
             labels.append(label)
         return Dataset.from_dict({"text": texts, "label": labels})
@@ -114,7 +128,10 @@ def load_hub(
             )
     if label_column is None:
         return RawData(
-            *(Dataset.from_dict({"text": [str(t) for t in dataset[s][text_column]]}) for s in (train_split, eval_split)),
+            *(
+                Dataset.from_dict({"text": [str(t) for t in dataset[s][text_column]]})
+                for s in (train_split, eval_split)
+            ),
             [],
         )
 

@@ -42,6 +42,7 @@ class Task:
 
     name = ""
     auto_class = ""  # the transformers Auto class that builds the model
+    model_mapping = ""  # its model types: a mapping in transformers.models.auto.modeling_auto
     uses_labels = True  # whether the data's label column is read
 
     def load(self, data_cfg: DictConfig):
@@ -78,6 +79,7 @@ class Classification(Task):
 
     name = "classification"
     auto_class = "AutoModelForSequenceClassification"
+    model_mapping = "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"  # model types that have the head
 
     def load(self, data_cfg):
         from effitrain.data import check_raw
@@ -156,6 +158,7 @@ class CausalLM(Task):
 
     name = "causal_lm"
     auto_class = "AutoModelForCausalLM"
+    model_mapping = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
     uses_labels = False
 
     def __init__(self, packing: bool = False):
@@ -191,7 +194,9 @@ class CausalLM(Task):
         def pack(part):
             stream = [token for row in documents(part["text"]) for token in row]
             blocks = [stream[i : i + max_length] for i in range(0, len(stream) - max_length + 1, max_length)]
-            return Dataset.from_dict({"input_ids": blocks, "attention_mask": [[1] * max_length] * len(blocks)})
+            return Dataset.from_dict(
+                {"input_ids": blocks, "attention_mask": [[1] * max_length] * len(blocks)}
+            )
 
         splits = {"train": raw.train, "eval": raw.eval}
         if self.packing:
@@ -253,7 +258,9 @@ class CausalLM(Task):
         must beat."""
         import numpy as np
 
-        targets = np.concatenate([np.asarray(row[1:], dtype=np.int64) for row in tokenized["train"]["input_ids"]])
+        targets = np.concatenate(
+            [np.asarray(row[1:], dtype=np.int64) for row in tokenized["train"]["input_ids"]]
+        )
         counts = np.bincount(targets)
         p = counts[counts > 0] / len(targets)
         return {

@@ -25,8 +25,6 @@ class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
-
-
 def accumulation_windows(dataloader, steps: int):
     """Group micro-batches into optimizer steps of ``steps`` micro-batches (the last may be shorter)."""
     iterator = iter(dataloader)

@@ -43,6 +43,7 @@ def csv_files(tmp_path_factory) -> Path:
     (folder / "other_columns.csv").write_text("body,label\nokay,1\n")
     (folder / "header_only.csv").write_text("text,label\n")
     (folder / "bad_label.csv").write_text("text,label\nokay,1\nunlabeled,-1\n")
+    (folder / "text_only.csv").write_text("text\nthe cat sat on the mat\na dog ran\nthe end\n")
     return folder
 
 
