@@ -251,3 +251,36 @@ def test_the_default_causal_run_a_few_steps(tmp_path):
     assert summary["train/steps"] == 3 and summary["eval/tokens"] > 0
     assert summary["eval/perplexity"] == pytest.approx(math.exp(summary["eval/loss"]))
     assert f"eval/perplexity {summary['eval/perplexity']:.4f}" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_lm_memory_study_runs_and_compares(tmp_path):
+    """sweep=lm_memory, as a user runs it (small), then compare on what it wrote: the language
+    model's columns, not the classifier's; accumulation 4 lowers the step peak, the optimizers'
+    state orders as their bytes per parameter."""
+    import csv
+
+    from effitrain.cli import main
+
+    folder = tmp_path / "sweep"
+    done = train_py("sweep=lm_memory", "model=llama_tiny", "data=synthetic", "max_steps=2", "logger=none",
+                    "progress_bar=false", f"hydra.sweep.dir={folder}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    main(["compare", str(folder)])
+    rows = list(csv.DictReader((folder / "comparison.csv").open()))
+    assert len(rows) == 6 and {row["status"] for row in rows} == {"ok"}
+    by = {(row["optimizer"], row["gradient_accumulation_steps"]): row for row in rows}
+    for optimizer in ("adamw", "adafactor", "adam8bit"):
+        one, four = by[optimizer, "1"], by[optimizer, "4"]
+        assert (one["micro_batch_size"], four["micro_batch_size"]) == ("32", "8")
+        assert int(four["mem/step_peak_bytes"]) < int(one["mem/step_peak_bytes"])
+        # 256 texts of 14 tokens = 56 packed rows of 64: a step of 32 rows, then the epoch's last 24
+        assert one["train/tokens"] == four["train/tokens"] == str(56 * 63)
+        assert float(one["eval/perplexity"]) == pytest.approx(math.exp(float(one["eval/loss"])))
+        assert one["eval/accuracy"] == one["eval/f1"] == ""
+    state = {
+        opt: int(by[opt, "1"]["mem/optimizer_state_bytes"]) for opt in ("adamw", "adafactor", "adam8bit")
+    }
+    assert state["adafactor"] < state["adam8bit"] < state["adamw"]
+    markdown = (folder / "comparison.md").read_text()
+    assert "perplexity" in markdown and "accuracy" not in markdown

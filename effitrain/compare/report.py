@@ -63,6 +63,8 @@ CSV_KEYS = list(dict.fromkeys(column.key for column in COLUMNS)) + [
     "mem/cuda_max_reserved_bytes",
     "train/loss",
     "train/steps",
+    "train/tokens",
+    "speed/tokens_per_s",
     "cfg/effective_batch_size",
     "env/pid",
 ]
