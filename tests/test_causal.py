@@ -54,7 +54,7 @@ def real_targets(batch) -> int:
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
 
-@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("layout", ["padded", pytest.param("packed", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("backend", ["accelerator", "trainer"])
 def test_accumulation_equals_the_big_batch_with_tokens(tmp_path, backend, layout):
     extra = [f"backend={backend}", *(PACKED if layout == "packed" else [])]
@@ -104,7 +104,7 @@ def test_backends_compute_the_same_decoder_training(tmp_path):
     assert "eval/accuracy" not in final and "eval/f1" not in final
 
 
-@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("layout", ["padded", pytest.param("packed", marks=pytest.mark.slow)])
 def test_token_counts_are_exact(tmp_path, layout):
     """train/tokens and eval/tokens against a count made from the tokenizer here."""
     from effitrain.data import load_synthetic

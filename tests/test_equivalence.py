@@ -47,7 +47,9 @@ def assert_same_training(a, b, param_rtol: float, loss_rtol: float):
 
 
 @pytest.mark.parametrize("backend", ["accelerator", "trainer"])
-@pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adam8bit"])
+@pytest.mark.parametrize(
+    "optimizer", ["adamw", *(pytest.param(o, marks=pytest.mark.slow) for o in ("adafactor", "adam8bit"))]
+)
 def test_accumulation_equals_the_big_batch(tmp_path, backend, optimizer):
     common = [f"backend={backend}", f"optimizer={optimizer}", *SMALL]
     big, _, _ = fit_with_snapshots(
@@ -60,7 +62,9 @@ def test_accumulation_equals_the_big_batch(tmp_path, backend, optimizer):
     assert_same_training(big, accumulated, param_rtol=1e-6, loss_rtol=1e-6)
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adam8bit"])
+@pytest.mark.parametrize(
+    "optimizer", ["adamw", *(pytest.param(o, marks=pytest.mark.slow) for o in ("adafactor", "adam8bit"))]
+)
 def test_backends_compute_the_same_thing(tmp_path, optimizer):
     common = [f"optimizer={optimizer}", "micro_batch_size=4", "gradient_accumulation_steps=3", *SMALL]
     accel, accel_metrics, _ = fit_with_snapshots(tmp_path / "a", "backend=accelerator", *common)

@@ -91,6 +91,7 @@ def test_output_folder_that_cannot_be_written_is_refused_before_hydra(tmp_path):
     assert blocker.read_text() == "not a folder"
 
 
+@pytest.mark.slow
 def test_effective_batch_size_sets_the_micro_batch(tmp_path):
     summary = run_job(tmp_path, "effective_batch_size=16", "gradient_accumulation_steps=4", "max_steps=2")
     assert summary["status"] == "ok", summary["error"]

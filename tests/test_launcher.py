@@ -138,6 +138,7 @@ def test_gpus_per_job_hands_out_disjoint_groups(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_killed_job_is_recorded_the_others_finish_and_a_rerun_repeats_only_it(tmp_path):
     marker = tmp_path / "die"
     marker.mkdir()

@@ -223,7 +223,7 @@ def test_every_run_writes_the_mem_keys(tmp_path, backend):
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adam8bit"])
-@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 def test_the_predicted_step_peak_is_the_measured_one(tmp_path, optimizer, backend):
     """The tracked step replayed on fake tensors allocates, category by category, what the real step
     allocated. The Trainer keeps a few loss scalars of its own (4 bytes each) in its step."""
@@ -257,6 +257,7 @@ def test_the_prediction_holds_to_the_byte_when_activations_dominate(tmp_path):
         assert summary[f"mem/step_peak_predicted/{key}"] == summary[f"mem/step_peak/{key}"], category
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_losses(tmp_path):
     common = ["micro_batch_size=32", "data.words_per_text=60", "data.num_train=96", "max_steps=3"]
     plain = run_job(tmp_path / "plain", *common)

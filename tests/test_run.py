@@ -63,6 +63,7 @@ def test_loss_falls_clearly_on_a_learnable_task(tmp_path, backend):
     assert summary["eval/accuracy"] > majority + 0.2
 
 
+@pytest.mark.slow
 def test_steps_and_schedule_length_follow_accumulation(tmp_path):
     # 100 samples / micro 8 = 13 micro-batches; accumulation 4 -> 4 optimizer steps per epoch
     summary = run_job(
