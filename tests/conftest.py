@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,15 @@ def read_metrics(folder: Path, kind: str = "train") -> list[dict]:
     if kind == "all":
         return lines
     return [line for line in lines if ("train/loss" in line) == (kind == "train")]
+
+
+def wait_for_lines(process: subprocess.Popen, text: str, count: int, timeout: float = 300) -> list[str]:
+    """stdout lines of ``process`` up to the ``count``-th holding ``text`` (it must still run)."""
+    lines, deadline = [], time.time() + timeout
+    while sum(text in line for line in lines) < count:
+        assert time.time() < deadline and process.poll() is None, "".join(lines)
+        lines.append(process.stdout.readline())
+    return lines
 
 
 def train_py(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600):

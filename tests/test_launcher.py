@@ -17,7 +17,7 @@ import pytest
 
 from effitrain.config import ConfigError
 from effitrain.sweep import LAUNCHER_DIR, LAUNCHES, launcher_settings
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for_lines
 
 APP = REPO / "tests" / "launcher_app.py"
 
@@ -34,15 +34,6 @@ def start_app(sweep_dir: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         app_command(sweep_dir, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-
-
-def wait_for_lines(process: subprocess.Popen, text: str, count: int, timeout: float = 90) -> list[str]:
-    """stdout lines of ``process`` up to the ``count``-th holding ``text``."""
-    lines, deadline = [], time.time() + timeout
-    while sum(text in line for line in lines) < count:
-        assert time.time() < deadline and process.poll() is None, "".join(lines)
-        lines.append(process.stdout.readline())
-    return lines
 
 
 def records(sweep_dir: Path) -> dict[int, dict]:
@@ -184,7 +175,7 @@ def test_a_job_past_its_time_limit_is_stopped_and_recorded_as_timeout(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_a_signal_to_the_sweep_reaches_every_running_job(tmp_path, signum):
     sweep = start_app(tmp_path, "seed=1,2,3", "+sleep_s=60", "hydra.launcher.max_parallel=2")
-    lines = wait_for_lines(sweep, "started (pid", 2)
+    lines = wait_for_lines(sweep, "started (pid", 2, timeout=90)
     pids = [
         int(line.split("(pid ")[1].split(",")[0].split(")")[0]) for line in lines if "started (pid" in line
     ]
@@ -204,7 +195,7 @@ def test_a_signal_to_the_sweep_reaches_every_running_job(tmp_path, signum):
 @pytest.mark.slow
 def test_jobs_end_when_the_sweep_process_is_killed(tmp_path):
     sweep = start_app(tmp_path, "seed=1,2", "+sleep_s=60", "hydra.launcher.max_parallel=2")
-    lines = wait_for_lines(sweep, "started (pid", 2)
+    lines = wait_for_lines(sweep, "started (pid", 2, timeout=90)
     pids = [
         int(line.split("(pid ")[1].split(",")[0].split(")")[0]) for line in lines if "started (pid" in line
     ]
@@ -220,7 +211,7 @@ def test_jobs_end_when_the_sweep_process_is_killed(tmp_path):
 def test_a_second_sweep_into_the_same_folder_leaves_running_jobs_alone(tmp_path):
     args = ["seed=1,2", "+sleep_s=4", "hydra.launcher.max_parallel=2"]
     first = start_app(tmp_path, *args)
-    wait_for_lines(first, "started (pid", 2)
+    wait_for_lines(first, "started (pid", 2, timeout=90)
     second = run_app(tmp_path, *args)
     out, err = first.communicate(timeout=60)
     assert first.returncode == 0, out + err

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from effitrain.config import ConfigError, apply_effective_batch_size, check_group_overrides, validate
 from effitrain.sweep import LAUNCHER_DIR, LAUNCHES
-from tests.conftest import REPO, TINY, compose, train_py
+from tests.conftest import REPO, TINY, compose, train_py, wait_for_lines
 
 # Each job starts its own Python (about 3 s of imports here), so jobs are few and short.
 SHORT = ["max_steps=2", "data.num_train=32", "data.num_eval=16"]
@@ -49,19 +49,11 @@ def _start_sweep(*args: str) -> subprocess.Popen:
     )
 
 
-def _read_until(process: subprocess.Popen, text: str, count: int, timeout: float = 300) -> list[str]:
-    lines, deadline = [], time.time() + timeout
-    while sum(text in line for line in lines) < count:
-        assert time.time() < deadline and process.poll() is None, "".join(lines)
-        lines.append(process.stdout.readline())
-    return lines
-
-
 @pytest.mark.slow
 def test_a_job_killed_mid_sweep_is_recorded_the_others_finish_and_a_rerun_repeats_only_it(tmp_path):
     args = ["-m", *TINY, *SHORT, "seed=1,2,3", f"hydra.sweep.dir={tmp_path}"]
     sweep = _start_sweep(*args)
-    lines = _read_until(sweep, "started (pid", 2)
+    lines = wait_for_lines(sweep, "started (pid", 2)
     victim = _started_pids(lines)[1]
     # killed once Hydra has handed it the task (it then imports torch, builds, trains: seconds),
     # as the OOM killer would kill it
@@ -95,7 +87,7 @@ def test_ctrl_c_or_sigterm_to_a_sweep_interrupts_every_running_job(tmp_path, sig
     # long jobs (stopped anyway): two at once, both training when the signal comes
     args = ["-m", *TINY, "data.num_train=64", "epochs=200", "seed=1,2,3", "hydra.launcher.max_parallel=2"]
     sweep = _start_sweep(*args, f"hydra.sweep.dir={tmp_path}")
-    pids = _started_pids(_read_until(sweep, "started (pid", 2))
+    pids = _started_pids(wait_for_lines(sweep, "started (pid", 2))
     deadline = time.time() + 300
     while len(list(tmp_path.glob("*/metrics.jsonl"))) < 2 and time.time() < deadline:
         time.sleep(0.05)
