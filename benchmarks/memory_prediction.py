@@ -22,8 +22,10 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from effitrain.cli import compose_known_keys  # noqa: E402
-from effitrain.config import group_options  # noqa: E402
+from effitrain.config import (
+    compose_known,  # noqa: E402
+    group_options,  # noqa: E402
+)
 from effitrain.memory import MIB, estimate_memory  # noqa: E402
 from effitrain.run import run  # noqa: E402
 from effitrain.step_memory import CATEGORIES  # noqa: E402
@@ -47,7 +49,7 @@ def main() -> None:
                              f"data.words_per_text={args.max_length * 2}", f"max_length={args.max_length}",
                              f"micro_batch_size={micro}", "max_steps=2", "logger=none", "progress_bar=false"]  # fmt: skip
                 with tempfile.TemporaryDirectory() as folder:
-                    s = run(compose_known_keys(overrides), folder)
+                    s = run(compose_known(overrides), folder)
                 if s["status"] != "ok":
                     print(f"{model} | {optimizer} | {micro} | {s['status']}: {s['error']}")
                     continue
@@ -62,9 +64,9 @@ def main() -> None:
                       f"{cuda / MIB if cuda else float('nan'):.1f} | {predicted / cuda if cuda else float('nan'):.3f}")  # fmt: skip
     print("\nmodel | seconds for `effitrain estimate` (all optimizers)")
     for model in args.models:
-        cfg = compose_known_keys([f"model={model}", *MODEL.get(model, []), f"max_length={args.max_length}",
+        cfg = compose_known([f"model={model}", *MODEL.get(model, []), f"max_length={args.max_length}",
                                   "data=synthetic"])  # fmt: skip
-        optimizers = {name: compose_known_keys([f"model={model}", f"optimizer={name}"]).optimizer
+        optimizers = {name: compose_known([f"model={model}", f"optimizer={name}"]).optimizer
                       for name in args.optimizers}  # fmt: skip
         started = time.perf_counter()
         estimate_memory(cfg, optimizers)

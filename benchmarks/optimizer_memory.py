@@ -19,23 +19,26 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from effitrain import memory
-from effitrain.cli import compose_config
-from effitrain.config import group_options
+from effitrain.config import compose, group_options
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer
 
 MODELS = {
     "minilm": ["model=minilm"],
     # offline the run pairs the architecture with MiniLM's tokenizer: size the estimate's vocabulary alike
-    "distilbert_base_cased": ["model=distilbert_base_cased", "model.init=random", "model.architecture.vocab_size=30522"],
+    "distilbert_base_cased": [
+        "model=distilbert_base_cased",
+        "model.init=random",
+        "model.architecture.vocab_size=30522",
+    ],
 }
 COMMON = ["data=synthetic"]  # 3 labels, as the default data; nothing is read
 
 
 def measure(overrides: list[str]) -> dict:
-    cfg = compose_config(overrides)
+    cfg = compose(overrides)
     names = group_options("optimizer")
-    optimizer_cfgs = {name: compose_config(overrides + [f"optimizer={name}"]).optimizer for name in names}
+    optimizer_cfgs = {name: compose(overrides + [f"optimizer={name}"]).optimizer for name in names}
     estimates = memory.estimate_memory(cfg, optimizer_cfgs, step=False)
     tokenizer = build_tokenizer(cfg.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -33,7 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 import torch.nn.functional as F
 
-from effitrain.cli import compose_config
+from effitrain.config import compose
 from effitrain.run import build_job, run
 
 BASE = [
@@ -49,7 +49,7 @@ BASE = [
 
 def effitrain_loop(overrides, backend):
     with tempfile.TemporaryDirectory() as folder:
-        summary = run(compose_config(overrides + [f"backend={backend}"]), folder)
+        summary = run(compose(overrides + [f"backend={backend}"]), folder)
     assert summary["status"] == "ok", summary["error"]
     return summary["speed/train_s"], summary["speed/step_s_median"]
 
@@ -58,7 +58,7 @@ def _job(overrides):
     from accelerate import PartialState
     from transformers import set_seed
 
-    cfg = compose_config(overrides)
+    cfg = compose(overrides)
     job = build_job(cfg, Path(tempfile.mkdtemp()), [], PartialState().device, True)
     set_seed(cfg.seed)
     return cfg, job

@@ -467,7 +467,7 @@ def check_output_dir(path: Path) -> None:
 def task_config(cfg: DictConfig, hydra_node: DictConfig, world_size: int = 1) -> DictConfig:
     """The front door of the Hydra task (a job of ``train.py``): its config with its Hydra node
     attached and ``micro_batch_size`` derived, before any tracker starts. The command line was
-    validated before Hydra started (``cli.preflight``); the run validates again and reports."""
+    validated before Hydra started (``hydra_task.preflight``); the run validates again and reports."""
     cfg = with_hydra_node(cfg, hydra_node)
     apply_effective_batch_size(cfg, world_size)
     return cfg

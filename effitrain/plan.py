@@ -42,10 +42,10 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     """Every traced candidate (dicts with the keys below), best first; those over budget last."""
     import torch
 
-    from effitrain.cli import compose_known_keys
+    from effitrain.config import compose_known
     from effitrain.memory import estimate_memory
 
-    base = compose_known_keys(overrides)
+    base = compose_known(overrides)
     effective = (
         effective
         or base.get("effective_batch_size")
@@ -60,7 +60,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
             for micro in micro_batches(effective):
                 choice = [f"optimizer={optimizer}", f"precision={precision}", f"effective_batch_size={effective}",
                           f"gradient_accumulation_steps={effective // micro}"]  # fmt: skip
-                cfg = compose_known_keys(list(overrides) + choice)
+                cfg = compose_known(list(overrides) + choice)
                 apply_effective_batch_size(
                     cfg
                 )  # micro_batch_size from the effective batch, as a run derives it
@@ -83,13 +83,13 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
 def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> list[dict]:
     """Run ``steps`` real optimizer steps of the ``top`` fitting candidates; rank them by the
     measured median step time (the others keep their order after them)."""
-    from effitrain.cli import compose_known_keys
+    from effitrain.config import compose_known
     from effitrain.run import run
 
     fitting = [r for r in rows if r["fits"]][:top]
     for row in fitting:
         choice = row["command"].split()[2:]
-        cfg = compose_known_keys([*choice, f"max_steps={steps}", "logger=none", "progress_bar=false"])
+        cfg = compose_known([*choice, f"max_steps={steps}", "logger=none", "progress_bar=false"])
         with tempfile.TemporaryDirectory() as folder:
             summary = run(cfg, folder)
         row["step_s_measured"] = summary.get("speed/step_s_median") if summary["status"] == "ok" else None

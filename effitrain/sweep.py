@@ -256,7 +256,7 @@ class LocalSweep:
         try:
             self.settings = launcher_settings(launcher.params)
         except ConfigError as error:
-            from effitrain.cli import fail
+            from effitrain.hydra_task import fail
 
             fail(str(error))
         self.sweep_dir = Path(str(launcher.config.hydra.sweep.dir))

@@ -60,9 +60,9 @@ def _fresh_dynamo():
 
 def compose(*overrides: str, tiny: bool = True):
     """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""
-    from effitrain.cli import compose_config
+    from effitrain.config import compose
 
-    return compose_config((TINY if tiny else []) + list(overrides))
+    return compose((TINY if tiny else []) + list(overrides))
 
 
 def run_job(tmp_path: Path, *overrides: str, tiny: bool = True) -> dict:

@@ -6,8 +6,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from effitrain.cli import preflight
 from effitrain.config import CONF_DIR, ConfigError, ConfigErrors, group_options, validate
+from effitrain.hydra_task import preflight
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer
 from tests.bad_inputs import PREFLIGHT, fill
