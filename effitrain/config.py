@@ -199,10 +199,7 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
                 lambda: _data_files(cfg),
             ]
         )
-    if len(problems) == 1:
-        raise ConfigError(problems[0])
-    if problems:
-        raise ConfigErrors(problems)
+    _raise(problems)
 
 
 def _missing_values(cfg: DictConfig) -> None:
