@@ -56,7 +56,7 @@ VALUES = [
     (["optimizer.lr=0"], "optimizer.lr=0 is invalid: must be a finite number > 0"),
     (["optimizer.lr=nan"], "optimizer.lr=nan is invalid: must be a finite number > 0"),
     (["optimizer.lr=inf"], "optimizer.lr=inf is invalid: must be a finite number > 0"),
-    (["optimizer.betas=[0.9]"], "optimizer={'lr': 0.0001, 'betas': [0.9], 'eps': 1e-08} is invalid: AdamW rejects"),
+    (["optimizer.betas=[0.9]"], "optimizer={'lr': 0.0002, 'betas': [0.9], 'eps': 1e-08} is invalid: AdamW rejects"),
     (["+optimizer.bogus=1"], "optimizer.bogus=1 is invalid: AdamW takes no such argument: choose from lr, betas"),
     (["warmup_ratio=1.0"], "warmup_ratio=1.0 is invalid: must be in [0, 1)"),
     (["max_grad_norm=-1"], "max_grad_norm=-1.0 is invalid: must be >= 0 (0 disables clipping)"),

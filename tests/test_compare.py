@@ -185,8 +185,8 @@ def test_repeated_seeds_are_compared_as_mean_and_spread(tmp_path):
     jobs = summaries(folder)
     rows = {row["combination"]: row for row in csv.DictReader(open(folder / "comparison_seeds.csv"))}
     # each optimizer's own default lr differs too, so it names the combination as well
-    assert sorted(rows) == ["optimizer=adafactor lr=0.0003", "optimizer=adamw lr=0.0001"]
-    for optimizer, lr in (("adamw", "0.0001"), ("adafactor", "0.0003")):
+    assert sorted(rows) == ["optimizer=adafactor lr=0.0003", "optimizer=adamw lr=0.0002"]
+    for optimizer, lr in (("adamw", "0.0002"), ("adafactor", "0.0003")):
         losses = [s["eval/loss"] for name, s in jobs.items() if name.endswith(f"optimizer={optimizer},seed=1")
                   or name.endswith(f"optimizer={optimizer},seed=2")]  # fmt: skip
         assert len(losses) == 2 and losses[0] != losses[1]  # the seeds differ

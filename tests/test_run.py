@@ -76,8 +76,8 @@ def test_steps_and_schedule_length_follow_accumulation(tmp_path):
     assert [line["train/samples"] for line in lines[:4]] == [32, 64, 96, 100]
     assert lines[-1]["train/samples"] == 200
     warmup = math.ceil(0.1 * 8)
-    assert lines[0]["lr"] == 0.0 and lines[warmup]["lr"] == pytest.approx(1e-4)
-    assert lines[-1]["lr"] == pytest.approx(1e-4 / (8 - warmup))
+    assert lines[0]["lr"] == 0.0 and lines[warmup]["lr"] == pytest.approx(2e-4)
+    assert lines[-1]["lr"] == pytest.approx(2e-4 / (8 - warmup))
 
 
 def test_failed_run_writes_failed_summary_and_keeps_an_ok_one(tmp_path):
