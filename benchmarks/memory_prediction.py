@@ -39,27 +39,36 @@ def main() -> None:
     parser.add_argument("--optimizers", nargs="+", default=group_options("optimizer"))
     parser.add_argument("--micro", nargs="+", type=int, default=[8, 16])
     parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument(
+        "--checkpointing",
+        nargs="+",
+        default=["false"],
+        choices=["false", "true"],
+        help="gradient_checkpointing settings to run (default: false)",
+    )
     args = parser.parse_args()
-    print("model | optimizer | micro | " + " | ".join(CATEGORIES) + " | step peak MiB | predicted MiB | "
+    print("model | optimizer | micro | recompute | " + " | ".join(CATEGORIES) + " | step peak MiB | predicted MiB | "
           "predicted / measured | cuda max allocated MiB | predicted / cuda")  # fmt: skip
-    for model in args.models:
-        for optimizer in args.optimizers:
-            for micro in args.micro:
-                overrides = [f"model={model}", *MODEL.get(model, []), f"optimizer={optimizer}", "data=synthetic",
-                             f"data.words_per_text={args.max_length * 2}", f"max_length={args.max_length}",
-                             f"micro_batch_size={micro}", "max_steps=2", "logger=none", "progress_bar=false"]  # fmt: skip
-                with tempfile.TemporaryDirectory() as folder:
-                    s = run(compose_known(overrides), folder)
-                if s["status"] != "ok":
-                    print(f"{model} | {optimizer} | {micro} | {s['status']}: {s['error']}")
-                    continue
-                measured, predicted = s["mem/step_peak_bytes"], s.get("mem/step_peak_bytes_predicted")
-                cuda = s.get("mem/cuda_max_allocated_bytes")
-                parts = " | ".join(
-                    f"{s[f'mem/step_peak/{c}_bytes'] / MIB:.1f} / {s.get(f'mem/step_peak_predicted/{c}_bytes', 0) / MIB:.1f}"
-                    for c in CATEGORIES
-                )
-                print(f"{model} | {optimizer} | {micro} | {parts} | {measured / MIB:.1f} | "
+    combinations = [(m, o, b, c) for m in args.models for o in args.optimizers for c in args.checkpointing
+                    for b in args.micro]  # fmt: skip
+    for model, optimizer, micro, checkpointing in combinations:
+        row = f"{model} | {optimizer} | {micro} | {checkpointing}"
+        overrides = [f"model={model}", *MODEL.get(model, []), f"optimizer={optimizer}", "data=synthetic",
+                     f"data.words_per_text={args.max_length * 2}", f"max_length={args.max_length}",
+                     f"micro_batch_size={micro}", f"gradient_checkpointing={checkpointing}", "max_steps=2",
+                     "logger=none", "progress_bar=false"]  # fmt: skip
+        with tempfile.TemporaryDirectory() as folder:
+            s = run(compose_known(overrides), folder)
+        if s["status"] != "ok":
+            print(f"{row} | {s['status']}: {s['error']}")
+            continue
+        measured, predicted = s["mem/step_peak_bytes"], s.get("mem/step_peak_bytes_predicted")
+        cuda = s.get("mem/cuda_max_allocated_bytes")
+        parts = " | ".join(
+            f"{s[f'mem/step_peak/{c}_bytes'] / MIB:.1f} / {s.get(f'mem/step_peak_predicted/{c}_bytes', 0) / MIB:.1f}"
+            for c in CATEGORIES
+        )
+        print(f"{row} | {parts} | {measured / MIB:.1f} | "
                       f"{predicted / MIB:.1f} | {predicted / measured:.4f} | "
                       f"{cuda / MIB if cuda else float('nan'):.1f} | {predicted / cuda if cuda else float('nan'):.3f}")  # fmt: skip
     print("\nmodel | seconds for `effitrain estimate` (all optimizers)")

@@ -48,11 +48,6 @@ def _estimate(args) -> None:
         name: compose(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
         for name in group_options("optimizer")
     }
-    if cfg.get("gradient_checkpointing"):
-        raise ConfigError(
-            "gradient_checkpointing=true is invalid for estimate: its step peak is not predicted yet "
-            "(the run measures it); estimate without it for an upper bound"
-        )
     rows = estimate_memory(cfg, optimizers)
     if args.json:
         print(json.dumps({"chosen": chosen, "optimizers": rows}, indent=2))
@@ -108,15 +103,29 @@ def _plan(args) -> None:
         return
     print(f"effitrain plan: budget {budget / MIB:.0f} MiB; best first (step peak predicted at max_length)")
     print(
-        f"{'fits':<5}{'optimizer':<11}{'precision':<10}{'micro':>6}{'accum':>6}{'peak MiB':>10}{'step s':>8}"
+        f"{'fits':<5}{'optimizer':<11}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'peak MiB':>10}"
+        + (f"{'step s':>8}" if args.probe_steps else "")
     )
+    # over budget, only each optimizer and precision's smallest peak: the JSON has every candidate
+    smallest = {}
     for row in rows:
+        key = (row["optimizer"], row["precision"])
+        if (
+            key not in smallest
+            or row["step_peak_bytes_predicted"] < smallest[key]["step_peak_bytes_predicted"]
+        ):
+            smallest[key] = row
+    shown = [r for r in rows if r["fits"] or r is smallest[(r["optimizer"], r["precision"])]]
+    for row in shown:
         step_s = f"{row['step_s_measured']:.3f}" if row.get("step_s_measured") else ""
         print(
             f"{'yes' if row['fits'] else 'no':<5}{row['optimizer']:<11}{row['precision']:<10}"
             f"{row['micro_batch_size']:>6}{row['gradient_accumulation_steps']:>6}"
-            f"{row['step_peak_bytes_predicted'] / MIB:>10.1f}{step_s:>8}"
+            f"{'yes' if row['gradient_checkpointing'] else 'no':>10}"
+            f"{row['step_peak_bytes_predicted'] / MIB:>10.1f}" + (f"{step_s:>8}" if args.probe_steps else "")
         )
+    if len(shown) < len(rows):
+        print(f"({len(rows) - len(shown)} more over budget; --json lists them)")
     print(f"effitrain plan: best: {rows[0]['command']}")
 
 

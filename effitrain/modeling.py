@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -10,6 +12,36 @@ from omegaconf import DictConfig, OmegaConf
 from effitrain.config import invalid
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def hub_unreachable() -> bool:
+    """No route to the model hub: one connection attempt of at most 2 s per process (skipped behind
+    a proxy, and True under ``HF_HUB_OFFLINE``). Then configs, tokenizers and weights come from
+    the local cache only, instead of waiting out the hub client's retries (about 25 s per file)."""
+    import socket
+    import urllib.parse
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return True
+    endpoint = urllib.parse.urlparse(constants.ENDPOINT)
+    if urllib.request.getproxies().get(endpoint.scheme):
+        return False
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=2).close()
+    except OSError:
+        log.info("the hub at %s is unreachable: local files only", constants.ENDPOINT)
+        return True
+    return False
+
+
+def cache_only(name_or_path: str) -> bool:
+    """``local_files_only`` for ``from_pretrained``: a local folder, or a hub name while the hub is
+    unreachable (the probe runs only for a hub name)."""
+    return os.path.isdir(os.path.expanduser(str(name_or_path))) or hub_unreachable()
 
 
 def build_tokenizer(model_cfg: DictConfig):
@@ -25,15 +57,16 @@ def build_tokenizer(model_cfg: DictConfig):
 
     source = model_cfg.get("tokenizer") or model_cfg.name_or_path
     fallback = model_cfg.get("offline_tokenizer")
-    # A random-init model with an offline fallback is an offline memory study: use the local
-    # cache only, instead of waiting out the hub's retries (about 50 s) when there is no network.
-    local_only = model_cfg.init == "random" and bool(fallback)
+    # A random-init model with an offline fallback is an offline memory study: the local cache only.
+    study = model_cfg.init == "random" and bool(fallback)
     try:
         return AutoTokenizer.from_pretrained(
-            source, trust_remote_code=model_cfg.trust_remote_code, local_files_only=local_only
+            source,
+            trust_remote_code=model_cfg.trust_remote_code,
+            local_files_only=study or cache_only(source),
         )
     except (OSError, ValueError) as error:
-        if local_only:
+        if study:
             # said once, in the run's summary (model/tokenizer_note), not on every build
             note = f"tokenizer {source} unavailable offline ({type(error).__name__}); used {fallback}"
             log.debug(note)
@@ -56,8 +89,9 @@ def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None):
     if model_cfg.init != "random" or not architecture:
         try:
             config = AutoConfig.from_pretrained(
-                model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, **overrides
-            )
+                model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code,
+                local_files_only=cache_only(model_cfg.name_or_path), **overrides,
+            )  # fmt: skip
         except (OSError, ValueError) as error:
             if not architecture:
                 raise invalid(
@@ -98,15 +132,19 @@ def build_model(
     config = build_config(model_cfg, num_labels, tokenizer)
     if model_cfg.init == "pretrained" and device != "meta":
         return auto.from_pretrained(
-            model_cfg.name_or_path, config=config, trust_remote_code=model_cfg.trust_remote_code
-        )
+            model_cfg.name_or_path, config=config, trust_remote_code=model_cfg.trust_remote_code,
+            local_files_only=cache_only(model_cfg.name_or_path),
+        )  # fmt: skip
     with torch.device(device or "cpu"):
         return auto.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
 
 
 def enable_activation_checkpointing(model) -> None:
     """Recompute each layer's activations in backward (``gradient_checkpointing=true``), in the
-    non-reentrant form: exact gradients, and it works with torch.compile and DDP."""
+    non-reentrant form: exact gradients, and it works with torch.compile and DDP. A decoder's
+    key/value cache is switched off first, as transformers would do with a warning on each run."""
+    if getattr(model.config, "use_cache", False):
+        model.config.use_cache = False
     if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 renamed it
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:

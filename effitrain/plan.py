@@ -3,12 +3,15 @@
     effitrain plan --memory-budget 8GiB --effective-batch-size 32 model=distilbert_base_cased
 
 For each optimizer and precision, micro batches that divide the effective batch are tried from the
-largest down (accumulation follows); each step peak is predicted by ``effitrain estimate``'s fake-
-tensor trace at the worst case (every sample ``max_length`` tokens). Candidates under the budget are
-ranked by expected throughput: fewer accumulation steps first (bigger matmuls, fewer optimizer-step
-overheads), then half precision before fp32 on CUDA (its tensor cores), then the optimizer's order in
+largest down (accumulation follows), first without gradient checkpointing, then with it for the
+micro batches too large to fit without; each step peak is predicted by ``effitrain estimate``'s
+fake-tensor trace at the worst case (every sample ``max_length`` tokens). Candidates under the
+budget are ranked by expected throughput: fewer accumulation steps first (bigger matmuls, fewer
+optimizer-step overheads; a micro batch too small to fill a GPU can cost many times what it
+saves), then no recomputation (checkpointing repeats each layer's forward: about a third more
+FLOPs), then half precision before fp32 on CUDA (its tensor cores), then the optimizer's order in
 conf/optimizer. ``--probe-steps K`` runs K real steps of the top three and ranks them by measured
-step time instead. Gradient checkpointing is left out: its step peak is not predicted yet.
+step time instead.
 """
 
 from __future__ import annotations
@@ -38,14 +41,24 @@ def micro_batches(effective: int) -> list[int]:
     return [m for m in range(effective, 0, -1) if effective % m == 0]
 
 
-def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None):
-    """Every traced candidate (dicts with the keys below), best first; those over budget last."""
+def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None,
+         checkpointing=(False, True)):  # fmt: skip
+    """Every traced candidate (dicts with the keys below), best first; those over budget last.
+
+    ``checkpointing``: the gradient checkpointing settings to try. With it on, only micro batches
+    larger than the largest that fits without it are tried: recomputation only pays where it
+    saves accumulation steps.
+    """
     import torch
 
     from effitrain.config import compose_known
     from effitrain.memory import estimate_memory
+    from effitrain.overrides import names, parse
 
     base = compose_known(overrides)
+    chosen = any(names(o, "gradient_checkpointing") for o in parse(overrides))
+    if chosen:  # the user's own setting is the only one tried
+        checkpointing = (bool(base.gradient_checkpointing),)
     effective = (
         effective
         or base.get("effective_batch_size")
@@ -57,26 +70,39 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     rows = []
     for precision in precisions:
         for optimizer in optimizers:
-            for micro in micro_batches(effective):
-                choice = [f"optimizer={optimizer}", f"precision={precision}", f"effective_batch_size={effective}",
-                          f"gradient_accumulation_steps={effective // micro}"]  # fmt: skip
-                cfg = compose_known(list(overrides) + choice)
-                apply_effective_batch_size(
-                    cfg
-                )  # micro_batch_size from the effective batch, as a run derives it
-                [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}).values()
-                fits = row["step_peak_bytes"] <= budget
-                rows.append({
-                    "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
-                    "gradient_accumulation_steps": effective // micro, "gradient_checkpointing": False,
-                    "step_peak_bytes_predicted": row["step_peak_bytes"], "fits": fits,
-                    "command": "python train.py " + " ".join(list(overrides) + choice),
-                })  # fmt: skip
-                if fits:  # smaller micro batches fit too, and rank lower: no need to trace them
-                    break
+            fewest = None  # accumulation steps of the best fit without checkpointing
+            for recompute in checkpointing:
+                for micro in micro_batches(effective):
+                    accumulation = effective // micro
+                    if recompute and fewest is not None and accumulation >= fewest:
+                        break
+                    choice = [
+                        f"optimizer={optimizer}",
+                        f"precision={precision}",
+                        f"effective_batch_size={effective}",
+                        f"gradient_accumulation_steps={accumulation}",
+                    ]
+                    if recompute and not chosen:
+                        choice.append("gradient_checkpointing=true")
+                    cfg = compose_known(list(overrides) + choice)
+                    apply_effective_batch_size(
+                        cfg
+                    )  # micro_batch_size from the effective batch, as a run does
+                    [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}).values()
+                    fits = row["step_peak_bytes"] <= budget
+                    rows.append({
+                        "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
+                        "gradient_accumulation_steps": accumulation, "gradient_checkpointing": recompute,
+                        "step_peak_bytes_predicted": row["step_peak_bytes"], "fits": fits,
+                        "command": "python train.py " + " ".join(list(overrides) + choice),
+                    })  # fmt: skip
+                    if fits:  # smaller micro batches fit too, and rank lower: no need to trace them
+                        if not recompute:
+                            fewest = accumulation
+                        break
     half_first = {"bf16": 0, "fp16": 0, "fp32": 1} if cuda else {"fp32": 0, "bf16": 1, "fp16": 1}
-    rows.sort(key=lambda r: (not r["fits"], r["gradient_accumulation_steps"], half_first[r["precision"]],
-                             optimizers.index(r["optimizer"])))  # fmt: skip
+    rows.sort(key=lambda r: (not r["fits"], r["gradient_accumulation_steps"], r["gradient_checkpointing"],
+                             half_first[r["precision"]], optimizers.index(r["optimizer"])))  # fmt: skip
     return rows
 
 

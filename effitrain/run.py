@@ -208,9 +208,6 @@ def predict_step_peak(job: Job) -> dict:
     memory = job.step_memory
     if memory is None or not memory.batches:
         return {}
-    if job.cfg.get("gradient_checkpointing"):
-        # the fake-tensor replay keeps recomputed activations alive: its figure would be wrong
-        return {"mem/step_peak_predicted_error": "not predicted with gradient_checkpointing=true (yet)"}
     try:
         peak, flops = trace_step(
             job.model.config, job.cfg.optimizer, job.cfg, memory.batches, memory.step > 1

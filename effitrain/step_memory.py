@@ -138,7 +138,7 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
     backend runs it (:func:`effitrain.training.window_step`), under MemTracker and a FLOP counter.
 
     ``warm_up``: run one step first, untracked, so the optimizer state exists as in a run's later
-    steps. Nothing is allocated and no weights are read. Returns (peak by category, FLOPs).
+    steps. ``cfg.gradient_checkpointing``: the tracked step recomputes each layer in backward. Nothing is allocated and no weights are read. Returns (peak by category, FLOPs).
     Optimizers fake tensors cannot run (bitsandbytes' kernels) are traced as plain SGD, whose step
     keeps no state, and their state is added from the analytic estimate at every moment of the step.
     """
@@ -168,8 +168,6 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
     with FakeTensorMode():
         with torch.device("cpu"):
             model = auto.from_config(config)
-        if cfg.get("gradient_checkpointing"):
-            enable_activation_checkpointing(model)
         model.train()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision.mixed_precision)
         if dtype is not None:  # as accelerate prepares a model for mixed precision
@@ -193,7 +191,7 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
             if "attention_mask" in b and not s.get("padded", True)
         }
 
-        def step(before_forward=None):
+        def step(optimizer, before_forward=None):
             return window_step(
                 task, model, optimizer, window, items, 1, meter, lambda loss: loss.backward(),
                 contextlib.nullcontext, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm),
@@ -201,12 +199,18 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
             )  # fmt: skip
 
         with _mask_skipping_as_recorded(model, unpadded):
-            if warm_up:
-                step()
+            # FLOPs on a step of their own, before checkpointing is enabled: model FLOPs (the work
+            # recomputation repeats does not count, as MFU is defined), and FlopCounterMode's module
+            # hooks would keep recomputed activations alive while it runs. With ``warm_up`` it is
+            # the warm-up step; else a stateless SGD step at lr 0, so the tracked step is still the first.
+            with FlopCounterMode(display=False) as flops:
+                step(optimizer if warm_up else torch.optim.SGD(model.parameters(), lr=0.0))
+            if cfg.get("gradient_checkpointing"):
+                enable_activation_checkpointing(model)
             tracker = MemTracker()
             tracker.track_external(model, optimizer)
-            with tracker, FlopCounterMode(display=False) as flops:
-                step(lambda batch: tracker.reset_mod_stats())  # as StepMemory.saw does between micro-batches
+            with tracker:
+                step(optimizer, lambda batch: tracker.reset_mod_stats())  # as StepMemory.saw does
         peak = breakdown(tracker.get_tracker_snapshot("peak"))
     if analytic_state:
         peak["optimizer_state"] += analytic_state

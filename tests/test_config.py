@@ -99,6 +99,28 @@ def test_distilbert_random_init_builds_offline_with_the_architecture():
     assert sum(p.numel() for p in on_meta.parameters()) == sum(p.numel() for p in model.parameters())
 
 
+def test_an_unreachable_hub_is_found_by_one_connection_attempt(monkeypatch):
+    """Without HF_HUB_OFFLINE, a hub that does not answer sends every load to the local cache (no
+    retries); a hub that listens is asked."""
+    import socket
+
+    from huggingface_hub import constants
+
+    from effitrain.modeling import hub_unreachable
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for name in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        monkeypatch.setattr(constants, "ENDPOINT", f"https://127.0.0.1:{port}")
+        hub_unreachable.cache_clear()
+        assert hub_unreachable() is False
+    hub_unreachable.cache_clear()  # the server is closed now: the port refuses connections
+    assert hub_unreachable() is True
+    hub_unreachable.cache_clear()
+
+
 @pytest.mark.slow
 def test_distilbert_pretrained_without_hub_is_a_clear_error():
     cfg = compose("model=distilbert_base_cased")

@@ -16,10 +16,9 @@ from tests.conftest import REPO, compose, run_job
 BASE = ["model=tiny", "data=synthetic", "max_length=256"]  # long enough for activations to set the peak
 
 
-def predicted(micro: int, effective: int = 16) -> int:
-    cfg = compose(
-        *BASE, "optimizer=adafactor", f"gradient_accumulation_steps={effective // micro}", tiny=False
-    )
+def predicted(micro: int, effective: int = 16, checkpointing: bool = False, base=BASE) -> int:
+    cfg = compose(*base, "optimizer=adafactor", f"gradient_accumulation_steps={effective // micro}",
+                  f"gradient_checkpointing={checkpointing}", tiny=False)  # fmt: skip
     cfg.micro_batch_size = micro
     [row] = estimate_memory(cfg, {"adafactor": cfg.optimizer}).values()
     return row["step_peak_bytes"]
@@ -28,7 +27,8 @@ def predicted(micro: int, effective: int = 16) -> int:
 def test_a_budget_between_two_peaks_picks_the_larger_micro_batch_that_fits():
     whole, half = predicted(16), predicted(8)
     assert whole > half  # activations grow with the micro batch
-    rows = plan(BASE, (whole + half) // 2, effective=16, optimizers=["adafactor"], precisions=["fp32"])
+    rows = plan(BASE, (whole + half) // 2, effective=16, optimizers=["adafactor"], precisions=["fp32"],
+                checkpointing=[False])  # fmt: skip
     best = rows[0]
     assert (best["micro_batch_size"], best["gradient_accumulation_steps"], best["fits"]) == (8, 2, True)
     assert best["step_peak_bytes_predicted"] == half
@@ -36,6 +36,22 @@ def test_a_budget_between_two_peaks_picks_the_larger_micro_batch_that_fits():
     assert best["command"].endswith(
         "optimizer=adafactor precision=fp32 effective_batch_size=16 gradient_accumulation_steps=2"
     )
+
+
+def test_gradient_checkpointing_is_planned_where_it_saves_accumulation_steps():
+    base = [*BASE, "model.architecture.num_hidden_layers=4"]  # recomputation pays with more layers
+    plain, checkpointed = predicted(16, base=base), predicted(16, checkpointing=True, base=base)
+    half = predicted(8, base=base)
+    assert checkpointed < half < plain  # recomputation keeps one layer's activations, not all of them
+    rows = plan(base, (half + checkpointed) // 2, effective=16, optimizers=["adafactor"], precisions=["fp32"])
+    best = rows[0]
+    assert (best["micro_batch_size"], best["gradient_checkpointing"], best["fits"]) == (16, True, True)
+    assert best["step_peak_bytes_predicted"] == checkpointed
+    assert best["command"].endswith("gradient_accumulation_steps=1 gradient_checkpointing=true")
+    # without checkpointing only micro batch 4 fits; with it, micro batches under 16 are not tried
+    assert [(r["micro_batch_size"], r["gradient_checkpointing"], r["fits"]) for r in rows[1:]] == [
+        (4, False, True), (16, False, False), (8, False, False)
+    ]  # fmt: skip
 
 
 @pytest.mark.slow

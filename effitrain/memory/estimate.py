@@ -172,7 +172,7 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True) -> d
             "optimizer_bytes_per_param": state.bytes / trainable if state and trainable else None,
             "total_bytes": weights.bytes + grads.bytes + state.bytes if state else None,
         }
-        if step and not cfg.get("gradient_checkpointing"):  # not replayed faithfully on fake tensors yet
+        if step:
             peak, flops = trace_step(
                 model.config, optimizer_cfg, cfg, [batch] * cfg.gradient_accumulation_steps, True
             )
