@@ -275,15 +275,12 @@ def test_gradient_checkpointing_gives_the_same_losses(tmp_path, backend):
     assert checkpointed["speed/flops_per_step"] == plain["speed/flops_per_step"]
 
 
-def test_estimate_with_gradient_checkpointing_predicts_one_layer_of_activations(capsys):
-    from effitrain.cli import main
-    from tests.conftest import TINY
-
+def test_estimate_with_gradient_checkpointing_predicts_one_layer_of_activations():
     rows = {}
     for checkpointing in ("false", "true"):
-        main(["estimate", *TINY, "model.architecture.num_hidden_layers=4", "micro_batch_size=16", "max_length=128",
-              f"gradient_checkpointing={checkpointing}", "--json"])  # fmt: skip
-        rows[checkpointing] = json.loads(capsys.readouterr().out)["optimizers"]["adafactor"]
+        cfg = compose("model.architecture.num_hidden_layers=4", "micro_batch_size=16", "max_length=128",
+                      "optimizer=adafactor", f"gradient_checkpointing={checkpointing}")  # fmt: skip
+        [rows[checkpointing]] = memory.estimate_memory(cfg).values()
     plain, checkpointed = rows["false"], rows["true"]
     # four layers' activations kept for backward, against the layer boundaries and one recomputed layer
     assert checkpointed["step_peak"]["activations_bytes"] < plain["step_peak"]["activations_bytes"] / 2

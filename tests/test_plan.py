@@ -38,6 +38,7 @@ def test_a_budget_between_two_peaks_picks_the_larger_micro_batch_that_fits():
     )
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_is_planned_where_it_saves_accumulation_steps():
     base = [*BASE, "model.architecture.num_hidden_layers=4"]  # recomputation pays with more layers
     plain, checkpointed = predicted(16, base=base), predicted(16, checkpointing=True, base=base)
