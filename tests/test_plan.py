@@ -10,7 +10,7 @@ import pytest
 
 from effitrain.config import ConfigError
 from effitrain.memory import estimate_memory
-from effitrain.plan import parse_bytes, plan
+from effitrain.plan import parse_bytes, plan, probe
 from tests.conftest import REPO, compose, run_job
 
 BASE = ["model=tiny", "data=synthetic", "max_length=256"]  # long enough for activations to set the peak
@@ -53,6 +53,22 @@ def test_gradient_checkpointing_is_planned_where_it_saves_accumulation_steps():
     assert [(r["micro_batch_size"], r["gradient_checkpointing"], r["fits"]) for r in rows[1:]] == [
         (4, False, True), (16, False, False), (8, False, False)
     ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_probe_steps_rank_by_measured_step_time_and_measure_the_predicted_peak():
+    # every text longer than max_length: each micro-batch is the worst case the plan predicts
+    base = ["model=tiny", "data=synthetic", "max_length=64", "data.words_per_text=100"]
+    rows = plan(base, 2**40, effective=8, optimizers=["adafactor", "adamw"], precisions=["fp32"],
+                checkpointing=[False])  # fmt: skip
+    assert [(r["optimizer"], r["micro_batch_size"], r["fits"]) for r in rows] == [
+        ("adafactor", 8, True), ("adamw", 8, True)
+    ]  # fmt: skip
+    probed = probe(rows, base, steps=3)
+    times = [r["step_s_measured"] for r in probed]
+    assert all(t > 0 for t in times) and times == sorted(times)
+    for row in probed:
+        assert row["step_peak_bytes_measured"] == row["step_peak_bytes_predicted"], row["optimizer"]
 
 
 @pytest.mark.slow
