@@ -9,13 +9,15 @@ fixed length, so the tracked step is the worst case the estimate assumes). Print
 step peak by category (MemTracker on the real step), the prediction (the same step replayed on
 fake tensors), their ratio, and on CUDA the allocator's max_memory_allocated for the same run,
 against which the prediction's ratio is printed too. Then the seconds `effitrain estimate` takes
-for each model (every optimizer of conf/optimizer, at --max-length).
+for each model (every optimizer of conf/optimizer, at --max-length), and what tracking costs: the
+tracked step's time against the median step of the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 
@@ -46,6 +48,8 @@ def main() -> None:
         choices=["false", "true"],
         help="gradient_checkpointing settings to run (default: false)",
     )
+    parser.add_argument("--tracking-steps", type=int, default=12, help="steps of the tracking-cost runs")
+    parser.add_argument("--tracking-repeats", type=int, default=3, help="tracking-cost runs per combination")
     args = parser.parse_args()
     print("model | optimizer | micro | recompute | " + " | ".join(CATEGORIES) + " | step peak MiB | predicted MiB | "
           "predicted / measured | cuda max allocated MiB | predicted / cuda")  # fmt: skip
@@ -69,8 +73,8 @@ def main() -> None:
             for c in CATEGORIES
         )
         print(f"{row} | {parts} | {measured / MIB:.1f} | "
-                      f"{predicted / MIB:.1f} | {predicted / measured:.4f} | "
-                      f"{cuda / MIB if cuda else float('nan'):.1f} | {predicted / cuda if cuda else float('nan'):.3f}")  # fmt: skip
+              f"{predicted / MIB:.1f} | {predicted / measured:.4f} | "
+              f"{cuda / MIB if cuda else float('nan'):.1f} | {predicted / cuda if cuda else float('nan'):.3f}")  # fmt: skip
     print("\nmodel | seconds for `effitrain estimate` (all optimizers)")
     for model in args.models:
         cfg = compose_known([f"model={model}", *MODEL.get(model, []), f"max_length={args.max_length}",
@@ -80,6 +84,22 @@ def main() -> None:
         started = time.perf_counter()
         estimate_memory(cfg, optimizers)
         print(f"{model} | {time.perf_counter() - started:.1f}")
+    print(f"\nmodel | micro | tracked / median step, each of {args.tracking_repeats} runs of {args.tracking_steps} "
+          "steps (AdamW) | median step s")  # fmt: skip
+    for model in args.models:
+        for micro in args.micro:
+            overrides = [f"model={model}", *MODEL.get(model, []), "data=synthetic", f"max_length={args.max_length}",
+                         f"data.words_per_text={args.max_length * 2}", f"micro_batch_size={micro}",
+                         f"max_steps={args.tracking_steps}", "logger=none", "progress_bar=false"]  # fmt: skip
+            ratios, medians = [], []
+            for _ in range(args.tracking_repeats):
+                with tempfile.TemporaryDirectory() as folder:
+                    s = run(compose_known(overrides), folder)
+                ratios.append(s["speed/tracked_step_s"] / s["speed/step_s_median"])
+                medians.append(s["speed/step_s_median"])
+            print(
+                f"{model} | {micro} | {' '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(medians):.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,22 @@ CATEGORY_OF = {
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries")
 
 
+def step_tracker():
+    """A ``MemTracker`` that keeps only the whole step's peak. MemTracker also keeps every module's
+    own peak, at the cost of a pass over all modules on each operator; nothing here reads those,
+    and skipping them is what brings a tracked step near a plain one's time."""
+    from torch.distributed._tools import mem_tracker
+
+    class StepPeakTracker(mem_tracker.MemTracker):
+        def _update_peak_stats(self, peak_state) -> None:
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot[mem_tracker._TOTAL_KEY]:
+                    self._peak_mem[device] = snapshot[mem_tracker._TOTAL_KEY]
+                    self._peak_mem_snap[device] = dict(snapshot)  # flat: {category: bytes}
+
+    return StepPeakTracker()
+
+
 def breakdown(snapshot: dict) -> dict[str, int]:
     """Bytes per category of a MemTracker snapshot (all devices together), and ``total``."""
     totals = dict.fromkeys(CATEGORIES, 0)
@@ -75,9 +91,7 @@ class StepMemory:
     def begin(self, step: int) -> None:
         if step != self.step or self.peak is not None:
             return
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        tracker = MemTracker()
+        tracker = step_tracker()
         tracker.track_external(self.model, self.optimizer)
         tracker.__enter__()
         self._tracker = tracker
@@ -146,7 +160,6 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
 
     import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.flop_counter import FlopCounterMode
 
     from effitrain.memory import estimate_optimizer_state
@@ -207,7 +220,7 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
                 step(optimizer if warm_up else torch.optim.SGD(model.parameters(), lr=0.0))
             if cfg.get("gradient_checkpointing"):
                 enable_activation_checkpointing(model)
-            tracker = MemTracker()
+            tracker = step_tracker()
             tracker.track_external(model, optimizer)
             with tracker:
                 step(optimizer, lambda batch: tracker.reset_mod_stats())  # as StepMemory.saw does

@@ -240,4 +240,8 @@ class StepMeter:
             "speed/first_step_overhead_s": self.step_times[0] - median if self.step_times else math.nan,
             "speed/train_s": train_s,
             "speed/startup_s": self.startup_s,
+            # the memory-tracked step (MemTracker's dispatch overhead included); null when none ran
+            "speed/tracked_step_s": next(
+                (self.step_times[i] for i in self.untimed if i < len(self.step_times)), None
+            ),
         }

@@ -27,7 +27,9 @@ def test_meter_throughput_is_work_over_time_with_a_known_sleep():
         # 3 micro-batches of 4 samples x 10 real tokens (+5 padding); the first step "compiles"
         for _ in range(3):
             meter.add(torch.tensor(1.0), _batch(4, 10, 5))
-        time.sleep(SLEEP_S + (0.3 if step == 1 else 0.0))
+        if step == 3:  # tracked for memory: slower, and out of the median
+            meter.leave_untimed()
+        time.sleep(SLEEP_S + {1: 0.3, 3: 0.2}.get(step, 0.0))
         meter.end_step(step, lr=1e-3, grad_norm=1.0)
     elapsed = time.perf_counter() - started
     summary = meter.summary()
@@ -36,10 +38,11 @@ def test_meter_throughput_is_work_over_time_with_a_known_sleep():
     assert summary["speed/samples_per_s"] == summary["train/samples"] / summary["speed/train_s"]
     assert summary["speed/tokens_per_s"] == summary["train/tokens"] / summary["speed/train_s"]
     # never above work / slept time: sleeping is a lower bound on the time spent
-    assert summary["speed/samples_per_s"] <= 96 / (8 * SLEEP_S + 0.3)
-    assert summary["speed/samples_per_s"] >= 0.5 * 96 / (8 * SLEEP_S + 0.3)
-    steady = meter.step_times[WARMUP_STEPS:]
-    assert len(steady) == 6 and SLEEP_S <= summary["speed/step_s_median"] < 2 * SLEEP_S
+    assert summary["speed/samples_per_s"] <= 96 / (8 * SLEEP_S + 0.5)
+    assert summary["speed/samples_per_s"] >= 0.5 * 96 / (8 * SLEEP_S + 0.5)
+    steady = [t for i, t in enumerate(meter.step_times) if i != 2][WARMUP_STEPS:]
+    assert len(steady) == 5 and SLEEP_S <= summary["speed/step_s_median"] < 2 * SLEEP_S
+    assert summary["speed/tracked_step_s"] == pytest.approx(SLEEP_S + 0.2, abs=0.05)
     assert summary["speed/first_step_overhead_s"] == pytest.approx(0.3, abs=0.1)
 
 
