@@ -35,6 +35,15 @@ from effitrain.step_memory import CATEGORIES  # noqa: E402
 MODEL = {"distilbert_base_cased": ["model.init=random"]}
 
 
+def run_once(model: str, micro: int, max_length: int, steps: int, *overrides: str) -> dict:
+    """One real run on synthetic texts longer than ``max_length`` (every micro-batch the worst case)."""
+    overrides = [f"model={model}", *MODEL.get(model, []), "data=synthetic", f"max_length={max_length}",
+                 f"data.words_per_text={max_length * 2}", f"micro_batch_size={micro}", f"max_steps={steps}",
+                 "logger=none", "progress_bar=false", *overrides]  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder:
+        return run(compose_known(overrides), folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny", "minilm"])
@@ -57,12 +66,8 @@ def main() -> None:
                     for b in args.micro]  # fmt: skip
     for model, optimizer, micro, checkpointing in combinations:
         row = f"{model} | {optimizer} | {micro} | {checkpointing}"
-        overrides = [f"model={model}", *MODEL.get(model, []), f"optimizer={optimizer}", "data=synthetic",
-                     f"data.words_per_text={args.max_length * 2}", f"max_length={args.max_length}",
-                     f"micro_batch_size={micro}", f"gradient_checkpointing={checkpointing}", "max_steps=2",
-                     "logger=none", "progress_bar=false"]  # fmt: skip
-        with tempfile.TemporaryDirectory() as folder:
-            s = run(compose_known(overrides), folder)
+        s = run_once(model, micro, args.max_length, 2, f"optimizer={optimizer}",
+                     f"gradient_checkpointing={checkpointing}")  # fmt: skip
         if s["status"] != "ok":
             print(f"{row} | {s['status']}: {s['error']}")
             continue
@@ -88,13 +93,11 @@ def main() -> None:
           "steps (AdamW) | median step s")  # fmt: skip
     for model in args.models:
         for micro in args.micro:
-            overrides = [f"model={model}", *MODEL.get(model, []), "data=synthetic", f"max_length={args.max_length}",
-                         f"data.words_per_text={args.max_length * 2}", f"micro_batch_size={micro}",
-                         f"max_steps={args.tracking_steps}", "logger=none", "progress_bar=false"]  # fmt: skip
             ratios, medians = [], []
             for _ in range(args.tracking_repeats):
-                with tempfile.TemporaryDirectory() as folder:
-                    s = run(compose_known(overrides), folder)
+                s = run_once(model, micro, args.max_length, args.tracking_steps, "optimizer=adamw")
+                if s["status"] != "ok":
+                    raise SystemExit(f"{model} | {micro} | {s['status']}: {s['error']}")
                 ratios.append(s["speed/tracked_step_s"] / s["speed/step_s_median"])
                 medians.append(s["speed/step_s_median"])
             print(

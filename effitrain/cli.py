@@ -88,6 +88,11 @@ def _plan(args) -> None:
     budget = parse_bytes(args.memory_budget)
     if args.effective_batch_size is not None and args.effective_batch_size < 1:
         raise ConfigError(f"--effective-batch-size={args.effective_batch_size} is invalid: must be >= 1")
+    if args.probe_steps and args.probe_steps < 4:
+        raise ConfigError(
+            f"--probe-steps={args.probe_steps} is invalid: give 0 (no probe) or at least 4 (the first two "
+            "steps and the memory-tracked one are not timed)"
+        )
     optimizers = args.optimizers.split(",") if args.optimizers else None
     rows = plan(args.overrides, budget, args.effective_batch_size, optimizers)
     if not any(row["fits"] for row in rows):

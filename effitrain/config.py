@@ -358,7 +358,8 @@ def task_class(cfg: DictConfig):
 
 
 def _task_model(cfg: DictConfig) -> None:
-    """The model type has the head the task builds (a decoder for causal_lm), from its config alone."""
+    """The model type has the head the task builds (a decoder for causal_lm), from its config alone;
+    with ``gradient_checkpointing=true``, a model class that can recompute its layers."""
     from transformers.models.auto import modeling_auto
 
     task = task_class(cfg)
@@ -369,6 +370,22 @@ def _task_model(cfg: DictConfig) -> None:
             "model", cfg.model.get("name_or_path"),
             f"task={task.name} needs a model type that {task.auto_class} builds; {model_type} is not one",
         )  # fmt: skip
+    unable = no_checkpointing(cfg) if cfg.get("gradient_checkpointing") is True else None
+    if unable:
+        raise invalid("gradient_checkpointing", True, f"{unable} cannot recompute activations: give false")
+
+
+def no_checkpointing(cfg: DictConfig) -> str | None:
+    """The name of the model class the task builds when it does not support gradient checkpointing
+    (transformers' ``supports_gradient_checkpointing``), from the model's config alone; None when
+    it does or the class is not known before loading (remote code: the build then says so)."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    mapping = getattr(modeling_auto, getattr(task_class(cfg), "model_mapping", ""), None) or {}
+    name = mapping.get(model_architecture(cfg.model).get("model_type"))
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    return name if cls is not None and not cls.supports_gradient_checkpointing else None
 
 
 def _max_length(cfg: DictConfig) -> None:

@@ -16,10 +16,12 @@ log = logging.getLogger(__name__)
 
 @functools.cache
 def hub_unreachable() -> bool:
-    """No route to the model hub: one connection attempt of at most 2 s per process (skipped behind
-    a proxy, and True under ``HF_HUB_OFFLINE``). Then configs, tokenizers and weights come from
-    the local cache only, instead of waiting out the hub client's retries (about 25 s per file)."""
+    """No route to the model hub: one connection attempt, name lookup included, given 2 s per
+    process (skipped behind a proxy; True under ``HF_HUB_OFFLINE``). Then configs, tokenizers and
+    weights come from the local cache only, instead of waiting out the hub client's retries
+    (about 25 s per file)."""
     import socket
+    import threading
     import urllib.parse
     import urllib.request
 
@@ -28,14 +30,27 @@ def hub_unreachable() -> bool:
     if constants.HF_HUB_OFFLINE:
         return True
     endpoint = urllib.parse.urlparse(constants.ENDPOINT)
-    if urllib.request.getproxies().get(endpoint.scheme):
+    proxies = urllib.request.getproxies()
+    if proxies.get(endpoint.scheme) or proxies.get("all"):
         return False
-    try:
-        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=2).close()
-    except OSError:
-        log.info("the hub at %s is unreachable: local files only", constants.ENDPOINT)
-        return True
-    return False
+    done, answered = threading.Event(), []
+
+    def connect():
+        try:
+            port = endpoint.port or {"http": 80}.get(endpoint.scheme, 443)
+            socket.create_connection((endpoint.hostname, port), timeout=2).close()
+            answered.append(True)
+        except (OSError, ValueError):
+            pass
+        done.set()
+
+    # a thread, so that a name lookup that hangs (no resolver) is bounded too
+    threading.Thread(target=connect, daemon=True, name="effitrain-hub-probe").start()
+    if done.wait(2.0) and answered:
+        return False
+    log.warning("the hub at %s did not answer: configs, tokenizers and weights from the local cache only",
+                constants.ENDPOINT)  # fmt: skip
+    return True
 
 
 def cache_only(name_or_path: str) -> bool:
@@ -143,6 +158,10 @@ def enable_activation_checkpointing(model) -> None:
     """Recompute each layer's activations in backward (``gradient_checkpointing=true``), in the
     non-reentrant form: exact gradients, and it works with torch.compile and DDP. A decoder's
     key/value cache is switched off first, as transformers would do with a warning on each run."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise invalid(
+            "gradient_checkpointing", True, f"{type(model).__name__} cannot recompute activations: give false"
+        )
     if getattr(model.config, "use_cache", False):
         model.config.use_cache = False
     if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 renamed it

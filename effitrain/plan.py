@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import tempfile
 
-from effitrain.config import ConfigError, apply_effective_batch_size, group_options
+from effitrain.config import ConfigError, apply_effective_batch_size, group_options, no_checkpointing
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -58,7 +58,10 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     base = compose_known(overrides)
     chosen = any(names(o, "gradient_checkpointing") for o in parse(overrides))
     if chosen:  # the user's own setting is the only one tried
-        checkpointing = (bool(base.gradient_checkpointing),)
+        checkpointing = [bool(base.gradient_checkpointing)]
+    elif no_checkpointing(base):  # a model class that cannot recompute its layers
+        checkpointing = [False]
+    checkpointing = sorted(set(checkpointing))  # without first: it decides which micro batches to try with
     effective = (
         effective
         or base.get("effective_batch_size")

@@ -13,6 +13,7 @@ loader already made) are not counted, in the measurement and the prediction alik
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 
 import torch
@@ -35,6 +36,9 @@ def step_tracker():
     own peak, at the cost of a pass over all modules on each operator; nothing here reads those,
     and skipping them is what brings a tracked step near a plain one's time."""
     from torch.distributed._tools import mem_tracker
+
+    if not (hasattr(mem_tracker.MemTracker, "_update_peak_stats") and hasattr(mem_tracker, "_TOTAL_KEY")):
+        return mem_tracker.MemTracker()  # another torch's internals: the full tracker, slower, same peak
 
     class StepPeakTracker(mem_tracker.MemTracker):
         def _update_peak_stats(self, peak_state) -> None:
@@ -149,10 +153,13 @@ def fake_batch(shapes: dict) -> dict:
 
 def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -> tuple[dict, int]:
     """Run one optimizer step of ``batches`` (micro-batch shapes) on fake tensors, as the accelerate
-    backend runs it (:func:`effitrain.training.window_step`), under MemTracker and a FLOP counter.
+    backend runs it (:func:`effitrain.training.window_step`), under the step tracker; nothing is
+    allocated and no weights are read. Returns (peak by category, FLOPs of one step).
 
-    ``warm_up``: run one step first, untracked, so the optimizer state exists as in a run's later
-    steps. ``cfg.gradient_checkpointing``: the tracked step recomputes each layer in backward. Nothing is allocated and no weights are read. Returns (peak by category, FLOPs).
+    A first, untracked step counts the FLOPs. ``warm_up``: that step uses the run's optimizer, so
+    its state exists in the tracked step as in a run's later steps; else it is a stateless SGD step
+    and the tracked step creates the state, as a run's first step does.
+    ``cfg.gradient_checkpointing``: the tracked step recomputes each layer in backward.
     Optimizers fake tensors cannot run (bitsandbytes' kernels) are traced as plain SGD, whose step
     keeps no state, and their state is added from the analytic estimate at every moment of the step.
     """
@@ -170,6 +177,7 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
 
     task = build_task(cfg)
     auto = getattr(transformers, task.auto_class)
+    config = copy.deepcopy(config)  # checkpointing switches its use_cache off: not the caller's
 
     warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
     analytic_state = 0

@@ -75,6 +75,8 @@ VALUES = [
     ([*HUB, files(), "data.text_column=body"], "data.text_column='body' is invalid: no such column: choose one of text, label"),
     (["task=causal_lm", "model=distilbert_base_cased"],
      "model='distilbert-base-cased' is invalid: task=causal_lm needs a model type that AutoModelForCausalLM builds; distilbert is not one"),
+    (["model=tiny", "model.architecture.model_type=mpnet", "gradient_checkpointing=true"],
+     "gradient_checkpointing=True is invalid: MPNetForSequenceClassification cannot recompute activations: give false"),
     (["task=causal_lm", "model=llama_tiny", "max_length=300"],
      "max_length=300 is invalid: the model has 256 positions: give at most 256"),
     (["task=causal_lm", *HUB, files(), "data.text_column=body"],

@@ -101,24 +101,32 @@ def test_distilbert_random_init_builds_offline_with_the_architecture():
 
 def test_an_unreachable_hub_is_found_by_one_connection_attempt(monkeypatch):
     """Without HF_HUB_OFFLINE, a hub that does not answer sends every load to the local cache (no
-    retries); a hub that listens is asked."""
+    retries); a hub that listens, or any hub behind a proxy, is asked."""
     import socket
 
     from huggingface_hub import constants
 
     from effitrain.modeling import hub_unreachable
 
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    for name in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+    def probe(endpoint: str, offline: bool = False) -> bool:
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+        hub_unreachable.cache_clear()
+        try:
+            return hub_unreachable()
+        finally:
+            hub_unreachable.cache_clear()  # no answer of this test outlives it
+
+    for name in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     with socket.create_server(("127.0.0.1", 0)) as server:
-        port = server.getsockname()[1]
-        monkeypatch.setattr(constants, "ENDPOINT", f"https://127.0.0.1:{port}")
-        hub_unreachable.cache_clear()
-        assert hub_unreachable() is False
-    hub_unreachable.cache_clear()  # the server is closed now: the port refuses connections
-    assert hub_unreachable() is True
-    hub_unreachable.cache_clear()
+        listening = f"https://127.0.0.1:{server.getsockname()[1]}"
+        assert probe(listening) is False
+        assert probe(listening, offline=True) is True
+    assert probe(listening) is True  # the server is closed: the port refuses connections
+    assert probe("https://no-such-host.invalid") is True
+    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
+    assert probe(listening) is False  # the proxy may reach it: the hub client decides
 
 
 @pytest.mark.slow

@@ -222,6 +222,28 @@ def test_every_run_writes_the_mem_keys(tmp_path, backend):
     assert on_disk["mem/optimizer_state_bytes"] == summary["mem/optimizer_state_bytes"]
 
 
+def test_the_step_tracker_finds_memtrackers_peak():
+    """effitrain's tracker skips MemTracker's per-module peaks: the step's peak is the same."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from effitrain.step_memory import breakdown, step_tracker
+
+    peaks = []
+    for tracker in (step_tracker(), MemTracker()):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+        optimizer = torch.optim.AdamW(model.parameters())
+        tracker.track_external(model, optimizer)
+        with tracker:
+            model(torch.randn(32, 64)).square().sum().backward()
+            optimizer.step()
+        peaks.append(breakdown(tracker.get_tracker_snapshot("peak")))
+    assert type(step_tracker()).__name__ == "StepPeakTracker"  # this torch's internals are the known ones
+    assert peaks[0] == peaks[1]
+    # 4 parameters: weights, gradients and two AdamW moments of 64x256 + 256 + 256x4 + 4 floats
+    assert peaks[0]["weights"] == (64 * 256 + 256 + 256 * 4 + 4) * 4
+
+
 def assert_predicted_is_measured(summary: dict, backend: str = "accelerator") -> None:
     """Category by category, to the byte; the Trainer keeps a few loss scalars of its own (4 bytes
     each) in its step, which the replay (the accelerate loop's step) does not."""

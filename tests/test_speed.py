@@ -42,7 +42,7 @@ def test_meter_throughput_is_work_over_time_with_a_known_sleep():
     assert summary["speed/samples_per_s"] >= 0.5 * 96 / (8 * SLEEP_S + 0.5)
     steady = [t for i, t in enumerate(meter.step_times) if i != 2][WARMUP_STEPS:]
     assert len(steady) == 5 and SLEEP_S <= summary["speed/step_s_median"] < 2 * SLEEP_S
-    assert summary["speed/tracked_step_s"] == pytest.approx(SLEEP_S + 0.2, abs=0.05)
+    assert summary["speed/tracked_step_s"] == meter.step_times[2] >= SLEEP_S + 0.2
     assert summary["speed/first_step_overhead_s"] == pytest.approx(0.3, abs=0.1)
 
 
