@@ -103,25 +103,31 @@ def job_dirname(overrides, invariant_keys) -> str:
 
 
 _SHORT_KEYS = {"gradient_accumulation_steps": "ga", "micro_batch_size": "mb", "effective_batch_size": "eb"}
+_FLAGS = {"gradient_checkpointing": "recompute"}  # a switch: its name when on, "no <name>" when off
 
 
 def short_name(overrides, invariant_keys, groups) -> str:
-    """A dashboard-sized name of a job: ``adam8bit | trainer | ga4``.
-
-    Group choices show their option, a few well-known keys a short prefix, other keys ``key=value``.
-    """
+    """A dashboard-sized name of a job: ``adam8bit | trainer | ga4`` (see :func:`short_part`)."""
     parts = []
     for override in parse(overrides):
         key, value = override.key_or_group, values(override)[0]
-        if is_invariant(key, invariant_keys):
-            continue
-        if key in groups:
-            parts.append(value)
-        elif key in _SHORT_KEYS:
-            parts.append(f"{_SHORT_KEYS[key]}{value}")
-        else:
-            parts.append(f"{key.rpartition('.')[2]}={value}")
+        if not is_invariant(key, invariant_keys):
+            parts.append(short_part(key, value, groups))
     return " | ".join(parts) or "defaults"
+
+
+def short_part(key: str, value, groups) -> str:
+    """One choice, short: a group's option (``adam8bit``), a well-known key with a prefix (``ga4``),
+    a switch by its name (``recompute``, ``no recompute``), any other key as ``key=value`` with
+    its last dotted part (``lr=0.0003``)."""
+    value = str(value)
+    if key in groups:
+        return value
+    if key in _SHORT_KEYS:
+        return f"{_SHORT_KEYS[key]}{value}"
+    if key in _FLAGS and value.lower() in ("true", "false"):
+        return _FLAGS[key] if value.lower() == "true" else f"no {_FLAGS[key]}"
+    return f"{key.rpartition('.')[2]}={value}"
 
 
 def register_resolvers() -> None:

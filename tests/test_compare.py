@@ -112,7 +112,7 @@ def test_failed_missing_and_unreadable_jobs_are_reported_not_raised(failing_swee
     assert rows[job(*FAILING, "optimizer.lr=1e+30")]["status"] == "diverged"
     assert rows["broken"]["status"] == "missing"
     markdown = (copy / "comparison.md").read_text()
-    assert "optimizer.lr=1e+30: diverged: train/loss is nan at optimizer step" in markdown
+    assert "lr=1e+30: diverged: train/loss is nan at optimizer step" in markdown
     out = capsys.readouterr().out
     assert "not ok: broken: missing" in out
 
@@ -185,12 +185,12 @@ def test_repeated_seeds_are_compared_as_mean_and_spread(tmp_path):
     jobs = summaries(folder)
     rows = {row["combination"]: row for row in csv.DictReader(open(folder / "comparison_seeds.csv"))}
     # each optimizer's own default lr differs too, so it names the combination as well
-    assert sorted(rows) == ["optimizer=adafactor lr=0.0003", "optimizer=adamw lr=0.0002"]
+    assert sorted(rows) == ["adafactor | lr=0.0003", "adamw | lr=0.0002"]
     for optimizer, lr in (("adamw", "0.0002"), ("adafactor", "0.0003")):
         losses = [s["eval/loss"] for name, s in jobs.items() if name.endswith(f"optimizer={optimizer},seed=1")
                   or name.endswith(f"optimizer={optimizer},seed=2")]  # fmt: skip
         assert len(losses) == 2 and losses[0] != losses[1]  # the seeds differ
-        row = rows[f"optimizer={optimizer} lr={lr}"]
+        row = rows[f"{optimizer} | lr={lr}"]
         assert int(row["seeds"]) == 2
         assert float(row["eval/loss/mean"]) == pytest.approx(statistics.fmean(losses), rel=1e-12)
         assert float(row["eval/loss/std"]) == pytest.approx(statistics.stdev(losses), rel=1e-9)

@@ -16,7 +16,7 @@ from effitrain import memory
 from effitrain.config import group_options
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer
-from tests.conftest import REPO, compose, read_metrics, run_job
+from tests.conftest import REPO, compose, read_metrics, run_job, train_py
 
 OPTIMIZERS = group_options("optimizer")  # every option of conf/optimizer, no list kept here
 MIB = 2**20
@@ -295,6 +295,44 @@ def test_gradient_checkpointing_gives_the_same_losses(tmp_path, backend):
     assert_predicted_is_measured(checkpointed, backend)
     # FLOPs are the model's: the forward that recomputation repeats is not useful work (MFU)
     assert checkpointed["speed/flops_per_step"] == plain["speed/flops_per_step"]
+
+
+@pytest.mark.slow
+def test_the_checkpointing_study_runs_and_compares(tmp_path):
+    """sweep=checkpointing as a user runs it (small), then compare on what it wrote: recomputation
+    leaves the losses alone, lowers the step peak, and every peak is the predicted one."""
+    import csv
+
+    from effitrain.cli import main
+
+    folder = tmp_path / "sweep"
+    done = train_py("sweep=checkpointing", "model=tiny", "data=synthetic", "max_length=128",
+                    "data.words_per_text=120", "max_steps=3", "logger=none", "progress_bar=false",
+                    f"hydra.sweep.dir={folder}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    main(["compare", str(folder)])
+    rows = list(csv.DictReader((folder / "comparison.csv").open()))
+    assert len(rows) == 4 and {row["status"] for row in rows} == {"ok"}
+    by = {(row["gradient_accumulation_steps"], row["gradient_checkpointing"]): row for row in rows}
+    for accumulation in ("1", "4"):
+        plain, recomputed = by[accumulation, "False"], by[accumulation, "True"]
+        assert float(recomputed["train/loss_mean"]) == pytest.approx(
+            float(plain["train/loss_mean"]), rel=1e-6
+        )
+        assert int(recomputed["mem/step_peak/activations_bytes"]) < int(
+            plain["mem/step_peak/activations_bytes"]
+        )
+        assert int(recomputed["mem/step_peak_bytes"]) < int(plain["mem/step_peak_bytes"])
+    for row in rows:
+        assert row["mem/step_peak_bytes_predicted"] == row["mem/step_peak_bytes"]
+    markdown = (folder / "comparison.md").read_text()
+    # every job is AdamW: ratios are to the first job; plots name jobs by their short choices
+    assert "| x job 1 |" in markdown and "x AdamW" not in markdown
+    from effitrain.compare.load import load_jobs
+
+    assert sorted(job.label for job in load_jobs([folder])) == [
+        "ga1 | no recompute | mb32", "ga1 | recompute | mb32", "ga4 | no recompute | mb8", "ga4 | recompute | mb8"
+    ]  # fmt: skip
 
 
 def test_estimate_with_gradient_checkpointing_predicts_one_layer_of_activations():

@@ -38,11 +38,21 @@ class JobResult:
 
     @property
     def label(self) -> str:
-        return " ".join(f"{key}={value}" for key, value in self.choices.items() if value) or self.folder.name
+        """The choices that set this job apart, short (``adafactor | ga4 | recompute``)."""
+        return choices_label(self.choices) or self.folder.name
 
     @property
     def ok(self) -> bool:
         return self.summary.get("status") == "ok"
+
+
+def choices_label(choices: dict[str, str]) -> str:
+    """``adafactor | ga4 | recompute``: the job names' short forms (:func:`effitrain.overrides.short_part`)."""
+    from effitrain.config import group_names
+    from effitrain.overrides import short_part
+
+    groups = set(group_names()) | {"sweep"}
+    return " | ".join(short_part(key, value, groups) for key, value in choices.items() if value)
 
 
 def _overrides(summary: dict) -> dict[str, str]:
@@ -130,11 +140,12 @@ def choice_headers(jobs: list[JobResult]) -> list[str]:
 
 
 def baseline(jobs: list[JobResult]) -> tuple[str, dict]:
-    """The job ratios are taken against: the first finished AdamW job (the usual reference), else
-    the first finished job. Returns its name for the header and its summary."""
+    """The job ratios are taken against: the first finished AdamW job (the usual reference) where
+    the optimizer varies, else the first finished job. Returns its name for the header and its
+    summary."""
     finished = [job for job in jobs if job.ok] or jobs
     adamw = [job for job in finished if job.summary.get("cfg/optimizer") == "adamw"]
-    if adamw:
+    if adamw and len({job.summary.get("cfg/optimizer") for job in finished}) > 1:
         return "AdamW", adamw[0].summary
     return f"job {jobs.index(finished[0]) + 1}", finished[0].summary
 
@@ -151,9 +162,7 @@ def seed_groups(jobs: list[JobResult]) -> dict[str, list[JobResult]]:
     groups: dict[str, list[JobResult]] = {}
     for job in jobs:
         if job.ok:
-            label = " ".join(
-                f"{k}={v}" for k, v in job.choices.items() if k not in ("seed", "cfg/seed") and v
-            )
+            label = choices_label({k: v for k, v in job.choices.items() if k not in ("seed", "cfg/seed")})
             groups.setdefault(label or "defaults", []).append(job)
     return groups if any(len(group) > 1 for group in groups.values()) else {}
 
