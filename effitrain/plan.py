@@ -88,9 +88,8 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                     if recompute and not chosen:
                         choice.append("gradient_checkpointing=true")
                     cfg = compose_known(list(overrides) + choice)
-                    apply_effective_batch_size(
-                        cfg
-                    )  # micro_batch_size from the effective batch, as a run does
+                    # micro_batch_size from the effective batch, as a run derives it
+                    apply_effective_batch_size(cfg)
                     [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}).values()
                     fits = row["step_peak_bytes"] <= budget
                     rows.append({

@@ -233,7 +233,8 @@ def test_named_studies_are_multiruns_over_their_choices():
 
 def test_unknown_study_is_one_line():
     with pytest.raises(
-        ConfigError, match="sweep='typo' is not an option: choose one of accumulation, checkpointing, compile, grid"
+        ConfigError,
+        match="sweep='typo' is not an option: choose one of accumulation, checkpointing, compile, grid",
     ):
         check_group_overrides(["sweep=typo"])
 
