@@ -37,7 +37,8 @@ class ConfigError(ValueError):
 
 
 def invalid(key: str, value, allowed: str) -> ConfigError:
-    return ConfigError(f"{key}={value!r} is invalid: {allowed}")
+    shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as typed: true, not True
+    return ConfigError(f"{key}={shown} is invalid: {allowed}")
 
 
 def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:

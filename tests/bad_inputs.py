@@ -76,7 +76,7 @@ VALUES = [
     (["task=causal_lm", "model=distilbert_base_cased"],
      "model='distilbert-base-cased' is invalid: task=causal_lm needs a model type that AutoModelForCausalLM builds; distilbert is not one"),
     (["model=tiny", "model.architecture.model_type=mpnet", "gradient_checkpointing=true"],
-     "gradient_checkpointing=True is invalid: MPNetForSequenceClassification cannot recompute activations: give false"),
+     "gradient_checkpointing=true is invalid: MPNetForSequenceClassification cannot recompute activations: give false"),
     (["task=causal_lm", "model=llama_tiny", "max_length=300"],
      "max_length=300 is invalid: the model has 256 positions: give at most 256"),
     (["task=causal_lm", *HUB, files(), "data.text_column=body"],
