@@ -361,11 +361,7 @@ def task_class(cfg: DictConfig):
 def _task_model(cfg: DictConfig) -> None:
     """The model type has the head the task builds (a decoder for causal_lm), from its config alone;
     with ``gradient_checkpointing=true``, a model class that can recompute its layers."""
-    from transformers.models.auto import modeling_auto
-
-    task = task_class(cfg)
-    model_type = model_architecture(cfg.model).get("model_type")
-    mapping = getattr(modeling_auto, getattr(task, "model_mapping", ""), None)
+    task, model_type, mapping = _task_mapping(cfg)
     if model_type and mapping is not None and model_type not in mapping:
         raise invalid(
             "model", cfg.model.get("name_or_path"),
@@ -376,15 +372,24 @@ def _task_model(cfg: DictConfig) -> None:
         raise invalid("gradient_checkpointing", True, f"{unable} cannot recompute activations: give false")
 
 
+def _task_mapping(cfg: DictConfig):
+    """(task class, the model's type from its config, transformers' mapping of the model types that
+    have the task's head to their class names, or None for a task without one)."""
+    from transformers.models.auto import modeling_auto
+
+    task = task_class(cfg)
+    mapping = getattr(modeling_auto, getattr(task, "model_mapping", ""), None)
+    return task, model_architecture(cfg.model).get("model_type"), mapping
+
+
 def no_checkpointing(cfg: DictConfig) -> str | None:
     """The name of the model class the task builds when it does not support gradient checkpointing
     (transformers' ``supports_gradient_checkpointing``), from the model's config alone; None when
     it does or the class is not known before loading (remote code: the build then says so)."""
     import transformers
-    from transformers.models.auto import modeling_auto
 
-    mapping = getattr(modeling_auto, getattr(task_class(cfg), "model_mapping", ""), None) or {}
-    name = mapping.get(model_architecture(cfg.model).get("model_type"))
+    _, model_type, mapping = _task_mapping(cfg)
+    name = (mapping or {}).get(model_type)
     cls = getattr(transformers, name, None) if isinstance(name, str) else None
     return name if cls is not None and not cls.supports_gradient_checkpointing else None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 
 import torch
@@ -35,10 +36,15 @@ def step_tracker():
     """A ``MemTracker`` that keeps only the whole step's peak. MemTracker also keeps every module's
     own peak, at the cost of a pass over all modules on each operator; nothing here reads those,
     and skipping them is what brings a tracked step near a plain one's time."""
+    return _step_tracker_class()()
+
+
+@functools.cache
+def _step_tracker_class():
     from torch.distributed._tools import mem_tracker
 
     if not (hasattr(mem_tracker.MemTracker, "_update_peak_stats") and hasattr(mem_tracker, "_TOTAL_KEY")):
-        return mem_tracker.MemTracker()  # another torch's internals: the full tracker, slower, same peak
+        return mem_tracker.MemTracker  # another torch's internals: the full tracker, slower, same peak
 
     class StepPeakTracker(mem_tracker.MemTracker):
         def _update_peak_stats(self, peak_state) -> None:
@@ -47,7 +53,7 @@ def step_tracker():
                     self._peak_mem[device] = snapshot[mem_tracker._TOTAL_KEY]
                     self._peak_mem_snap[device] = dict(snapshot)  # flat: {category: bytes}
 
-    return StepPeakTracker()
+    return StepPeakTracker
 
 
 def breakdown(snapshot: dict) -> dict[str, int]:

@@ -7,6 +7,7 @@ Only what each job wrote about itself is read (``job/overrides``, ``cfg/*``); ne
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -48,11 +49,17 @@ class JobResult:
 
 def choices_label(choices: dict[str, str]) -> str:
     """``adafactor | ga4 | recompute``: the job names' short forms (:func:`effitrain.overrides.short_part`)."""
-    from effitrain.config import group_names
     from effitrain.overrides import short_part
 
-    groups = set(group_names()) | {"sweep"}
-    return " | ".join(short_part(key, value, groups) for key, value in choices.items() if value)
+    return " | ".join(short_part(key, value, _label_groups()) for key, value in choices.items() if value)
+
+
+@functools.cache
+def _label_groups() -> frozenset[str]:
+    """The keys a label shows by their value alone: the config groups, and the sweep folder."""
+    from effitrain.config import group_names
+
+    return frozenset(group_names()) | {"sweep"}
 
 
 def _overrides(summary: dict) -> dict[str, str]:

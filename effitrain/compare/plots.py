@@ -35,8 +35,13 @@ COLORS = {
 
 
 def _plain_axes(ax) -> None:
-    """Plain numbers on both axes: no offset notation (``1e-5+1.097``) a reader has to decode."""
+    """Plain numbers on both axes: no offset notation (``1e-5+1.097``) a reader has to decode, and
+    at most six ticks, so that long plain numbers do not run into each other."""
+    from matplotlib.ticker import MaxNLocator
+
     for axis in (ax.xaxis, ax.yaxis):
+        if type(axis.get_major_locator()).__name__ == "AutoLocator":  # not categorical or set ticks
+            axis.set_major_locator(MaxNLocator(nbins=6))
         formatter = axis.get_major_formatter()
         if hasattr(formatter, "set_useOffset"):
             formatter.set_useOffset(False)
@@ -221,6 +226,7 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
     ax.set_title("Throughput vs memory (upper left is better)")
     for ax in axes:
         ax.margins(0.2)
+        _at_least_a_thousandth(ax)
         _plain_axes(ax)
     key = "\n".join(f"{n}. {_short(j)}" for n, j in numbered)
     fig.text(0.01, 0.01, key, fontsize=7, va="bottom", family="monospace")
@@ -230,14 +236,22 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
 
 def _numbered_points(ax, placed, points) -> None:
     """One marker per job with its number beside it; coinciding points share one label (``1=2``)."""
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[tuple, list[tuple]] = {}
     for (n, _), point in zip(placed, points):
-        groups.setdefault((round(point[0], 3), round(point[1], 5)), []).append(n)
+        groups.setdefault((round(point[0], 3), round(point[1], 5)), []).append((n, point))
     ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
-    for (x, y), numbers in groups.items():
-        ax.annotate(
-            "=".join(map(str, numbers)), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8
-        )
+    for members in groups.values():  # the label at the first member's own point, not the rounded key
+        ax.annotate("=".join(str(n) for n, _ in members), members[0][1], textcoords="offset points",
+                    xytext=(5, 4), fontsize=8)  # fmt: skip
+
+
+def _at_least_a_thousandth(ax) -> None:
+    """A y range of at least 0.1% of the values: differences in the seventh digit (float noise
+    between runs that compute the same thing) stay flat instead of filling the plot."""
+    low, high = ax.get_ylim()
+    middle, span = (low + high) / 2, 1e-3 * max(abs(low), abs(high))
+    if high - low < span:
+        ax.set_ylim(middle - span / 2, middle + span / 2)
 
 
 def _short(job: JobResult) -> str:
