@@ -9,6 +9,15 @@ from pathlib import Path
 
 from effitrain.config import ConfigError, compose, compose_known
 from effitrain.hydra_task import fail, preflight, train
+from effitrain.plan import DEFAULT_MARGIN
+from effitrain.schema import DEVICES
+
+
+def default_device() -> str:
+    """Where a run with these settings would train: CUDA when it is available."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _check(args) -> None:
@@ -48,16 +57,18 @@ def _estimate(args) -> None:
         name: compose(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
         for name in group_options("optimizer")
     }
-    rows = estimate_memory(cfg, optimizers)
+    device = args.device or default_device()
+    rows = estimate_memory(cfg, optimizers, device=device)
     if args.json:
-        print(json.dumps({"chosen": chosen, "optimizers": rows}, indent=2))
+        print(json.dumps({"chosen": chosen, "device": device, "optimizers": rows}, indent=2))
         return
     first = next(iter(rows.values()))
     print(
         f"effitrain estimate: {first['params']:,} parameters (vocabulary {first['vocab_size']:,}); one step of "
         f"{cfg.gradient_accumulation_steps} x {cfg.micro_batch_size} samples x {cfg.max_length} tokens "
         f"(the worst case), precision={cfg.hydra.runtime.choices.precision}, "
-        f"gradient_checkpointing={str(bool(cfg.gradient_checkpointing)).lower()}; MiB at the step peak"
+        f"gradient_checkpointing={str(bool(cfg.gradient_checkpointing)).lower()}; as {device.upper()} holds it "
+        "(--device); MiB at the step peak"
     )
     columns = ["weights", "gradients", "optimizer_state", "activations", "temporaries"]
     titles = [
@@ -77,6 +88,15 @@ def _estimate(args) -> None:
         mark = "*" if name == chosen else " "
         print(f"{mark}{name:<11}" + "".join(f"{c:>{w}.1f}" for c, w in zip(cells + [per_param], widths)))
     print("* the chosen optimizer; opt. state at the peak includes the step's own optimizer temporaries")
+    print(
+        f"\nthe run's peak by phase, MiB (evaluation at eval_batch_size={cfg.eval_batch_size} x {cfg.max_length} tokens)"
+    )
+    phases = list(first["run_peak"])
+    print(f"{'optimizer':<12}" + "".join(f"{p:>14}" for p in phases) + f"{'run peak':>14}")
+    for name, row in rows.items():
+        mark = "*" if name == chosen else " "
+        cells = [row["run_peak"][p] / MIB for p in phases] + [row["run_peak_bytes"] / MIB]
+        print(f"{mark}{name:<11}" + "".join(f"{c:>14.1f}" for c in cells))
 
 
 def _plan(args) -> None:
@@ -94,31 +114,36 @@ def _plan(args) -> None:
             "steps and the memory-tracked one are not timed)"
         )
     optimizers = args.optimizers.split(",") if args.optimizers else None
-    rows = plan(args.overrides, budget, args.effective_batch_size, optimizers)
+    device = args.device or default_device()
+    rows = plan(
+        args.overrides, budget, args.effective_batch_size, optimizers, device=device, margin=args.margin
+    )
     if not any(row["fits"] for row in rows):
-        smallest = min(rows, key=lambda r: r["step_peak_bytes_predicted"])
+        smallest = min(rows, key=lambda r: r["run_peak_bytes_predicted"])
         raise ConfigError(
-            f"--memory-budget={args.memory_budget!r}: nothing fits; the smallest predicted step peak is "
-            f"{smallest['step_peak_bytes_predicted'] / MIB:.1f} MiB ({smallest['command']})"
+            f"--memory-budget={args.memory_budget!r}: nothing fits; the smallest predicted run peak is "
+            f"{smallest['run_peak_bytes_predicted'] / MIB:.1f} MiB with a {args.margin:.0%} margin to add "
+            f"({smallest['command']})"
         )
     if args.probe_steps:
         rows = probe(rows, args.overrides, args.probe_steps)
     if args.json:
         print(json.dumps({"memory_budget_bytes": budget, "candidates": rows}, indent=2))
         return
-    print(f"effitrain plan: budget {budget / MIB:.0f} MiB; best first (step peak predicted at max_length)")
     print(
-        f"{'fits':<5}{'optimizer':<11}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'peak MiB':>10}"
-        + (f"{'step s':>8}" if args.probe_steps else "")
+        f"effitrain plan: budget {budget / MIB:.0f} MiB on {device.upper()}; a candidate fits when its run's peak "
+        f"(the largest phase, predicted at max_length) plus a {args.margin:.0%} margin for the allocator's "
+        "fragmentation (--margin) is within it; best first"
+    )
+    print(
+        f"{'fits':<5}{'optimizer':<11}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'step MiB':>10}"
+        f"{'run MiB':>10}" + (f"{'step s':>8}" if args.probe_steps else "")
     )
     # over budget, only each optimizer and precision's smallest peak: the JSON has every candidate
     smallest = {}
     for row in rows:
         key = (row["optimizer"], row["precision"])
-        if (
-            key not in smallest
-            or row["step_peak_bytes_predicted"] < smallest[key]["step_peak_bytes_predicted"]
-        ):
+        if key not in smallest or row["run_peak_bytes_predicted"] < smallest[key]["run_peak_bytes_predicted"]:
             smallest[key] = row
     shown = [r for r in rows if r["fits"] or r is smallest[(r["optimizer"], r["precision"])]]
     for row in shown:
@@ -127,7 +152,8 @@ def _plan(args) -> None:
             f"{'yes' if row['fits'] else 'no':<5}{row['optimizer']:<11}{row['precision']:<10}"
             f"{row['micro_batch_size']:>6}{row['gradient_accumulation_steps']:>6}"
             f"{'yes' if row['gradient_checkpointing'] else 'no':>10}"
-            f"{row['step_peak_bytes_predicted'] / MIB:>10.1f}" + (f"{step_s:>8}" if args.probe_steps else "")
+            f"{row['step_peak_bytes_predicted'] / MIB:>10.1f}{row['run_peak_bytes_predicted'] / MIB:>10.1f}"
+            + (f"{step_s:>8}" if args.probe_steps else "")
         )
     if len(shown) < len(rows):
         print(f"({len(rows) - len(shown)} more over budget; --json lists them)")
@@ -171,6 +197,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     estimate.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     estimate.add_argument("--json", action="store_true", help="exact bytes as JSON, for scripts")
+    estimate.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="whose kernels to predict for (default: cuda where available, else cpu)",
+    )
     estimate.set_defaults(handler=_estimate)
     planning = commands.add_parser(
         "plan", help="the fastest optimizer x micro batch x precision whose predicted step peak fits a budget"
@@ -184,6 +215,17 @@ def main(argv: list[str] | None = None) -> None:
         "--probe-steps", type=int, default=0, help="run K real steps of the top 3, rank by time"
     )
     planning.add_argument("--json", action="store_true", help="every candidate as JSON, for scripts")
+    planning.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="whose kernels to predict for (default: cuda where available, else cpu)",
+    )
+    planning.add_argument(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help=f"share of the budget kept free for the allocator's fragmentation (default {DEFAULT_MARGIN})",
+    )
     planning.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     planning.set_defaults(handler=_plan)
     args = parser.parse_args(argv)

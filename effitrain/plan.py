@@ -21,6 +21,10 @@ import tempfile
 
 from effitrain.config import ConfigError, apply_effective_batch_size, group_options, no_checkpointing
 
+# The share of the budget kept free: the allocator rounds every block up (512 bytes on CUDA) and
+# cannot always reuse a freed block for a larger one, so what it reserves exceeds what tensors hold.
+DEFAULT_MARGIN = 0.10
+
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -42,15 +46,16 @@ def micro_batches(effective: int) -> list[int]:
 
 
 def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None,
-         checkpointing=(False, True)):  # fmt: skip
+         checkpointing=(False, True), device: str = "cpu", margin: float = DEFAULT_MARGIN):  # fmt: skip
     """Every traced candidate (dicts with the keys below), best first; those over budget last.
+
+    A candidate fits when its run's peak (the largest of its first step, a later step and
+    evaluation), predicted for ``device``'s kernels, is at most ``budget * (1 - margin)``.
 
     ``checkpointing``: the gradient checkpointing settings to try. With it on, only micro batches
     larger than the largest that fits without it are tried: recomputation only pays where it
     saves accumulation steps.
     """
-    import torch
-
     from effitrain.config import compose_known
     from effitrain.memory import estimate_memory
     from effitrain.overrides import names, parse
@@ -68,7 +73,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         or base.micro_batch_size * base.gradient_accumulation_steps
     )
     optimizers = optimizers or group_options("optimizer")
-    cuda = torch.cuda.is_available()
+    cuda = device == "cuda"
     precisions = precisions or (["bf16", "fp16", "fp32"] if cuda else ["fp32", "bf16"])
     rows = []
     for precision in precisions:
@@ -90,12 +95,14 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                     cfg = compose_known(list(overrides) + choice)
                     # micro_batch_size from the effective batch, as a run derives it
                     apply_effective_batch_size(cfg)
-                    [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}).values()
-                    fits = row["step_peak_bytes"] <= budget
+                    [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device).values()
+                    fits = row["run_peak_bytes"] <= budget * (1 - margin)
                     rows.append({
                         "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
                         "gradient_accumulation_steps": accumulation, "gradient_checkpointing": recompute,
-                        "step_peak_bytes_predicted": row["step_peak_bytes"], "fits": fits,
+                        "step_peak_bytes_predicted": row["step_peak_bytes"],
+                        "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
+                        "fits": fits,
                         "command": "python train.py " + " ".join(list(overrides) + choice),
                     })  # fmt: skip
                     if fits:  # smaller micro batches fit too, and rank lower: no need to trace them
@@ -109,17 +116,25 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
 
 
 def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> list[dict]:
-    """Run ``steps`` real optimizer steps of the ``top`` fitting candidates; rank them by the
-    measured median step time (the others keep their order after them)."""
-    from effitrain.config import compose_known
-    from effitrain.run import run
+    """Run ``steps`` real optimizer steps of the ``top`` fitting candidates, each in a process of its
+    own (an allocator's peaks must not carry from one probe into the next); rank them by the
+    measured median step time (the others keep their order after them). A probe that fails (an
+    out-of-memory one included) is recorded in its row's ``probe_status`` and the plan goes on."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
 
     fitting = [r for r in rows if r["fits"]][:top]
     for row in fitting:
         choice = row["command"].split()[2:]
-        cfg = compose_known([*choice, f"max_steps={steps}", "logger=none", "progress_bar=false"])
         with tempfile.TemporaryDirectory() as folder:
-            summary = run(cfg, folder)
+            command = [sys.executable, "-m", "effitrain.cli", "train", *choice, f"max_steps={steps}",
+                       "logger=none", "progress_bar=false", f"hydra.run.dir={folder}"]  # fmt: skip
+            subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            summary_file = Path(folder) / "summary.json"
+            summary = json.loads(summary_file.read_text()) if summary_file.exists() else {"status": "failed"}
+        row["probe_status"] = summary["status"]
         row["step_s_measured"] = summary.get("speed/step_s_median") if summary["status"] == "ok" else None
         row["step_peak_bytes_measured"] = summary.get("mem/step_peak_bytes")
     measured = sorted((r for r in fitting if r.get("step_s_measured")), key=lambda r: r["step_s_measured"])

@@ -35,7 +35,7 @@ from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
 from effitrain.modeling import build_tokenizer, enable_activation_checkpointing
 from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
-from effitrain.step_memory import StepMemory, predicted_keys, trace_step
+from effitrain.step_memory import StepMemory, predicted_keys, run_peak_keys, trace_run
 from effitrain.tasks import Task, build_task
 from effitrain.training import StepMeter, TrainingDiverged, epoch_batches
 
@@ -204,18 +204,24 @@ def evaluate_job(job: Job) -> dict:
 
 
 def predict_step_peak(job: Job) -> dict:
-    """The tracked step replayed on fake tensors: ``mem/step_peak_bytes_predicted`` and FLOPs."""
+    """The tracked step replayed on fake tensors, with the CUDA kernels where the run trains on
+    CUDA: ``mem/step_peak_bytes_predicted`` and FLOPs; and the run's peak per phase (the first
+    step, a later step, evaluation at ``eval_batch_size`` x ``max_length``, the worst case)."""
     memory = job.step_memory
     if memory is None or not memory.batches:
         return {}
+    device = "cuda" if next(job.model.parameters()).device.type == "cuda" else "cpu"
+    shapes = {key: value for key, value in memory.batches[0].items() if key != "padded"}
+    evaluation = {
+        key: ((job.cfg.eval_batch_size, *(job.cfg.max_length for _ in shape[1:])), dtype)
+        for key, (shape, dtype) in shapes.items()
+    }
     try:
-        peak, flops = trace_step(
-            job.model.config, job.cfg.optimizer, job.cfg, memory.batches, memory.step > 1
-        )
+        trace = trace_run(job.model.config, job.cfg.optimizer, job.cfg, memory.batches, device, evaluation)
     except Exception as error:  # a model fake tensors cannot run: the run's own figures stand
         log.warning("the step peak could not be predicted (%s: %s)", type(error).__name__, error)
         return {"mem/step_peak_predicted_error": _one_line(error)}
-    return predicted_keys(peak, flops)
+    return {**predicted_keys(trace.step_peak(memory.step > 1), trace.flops), **run_peak_keys(trace)}
 
 
 def compile_seconds() -> float:

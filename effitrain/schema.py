@@ -17,6 +17,9 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+# The devices whose kernels a memory prediction replays (effitrain estimate --device, plan --device).
+DEVICES = ("cpu", "cuda")
+
 
 class Choice(str, Enum):
     """A closed set of strings: compares, hashes, formats and serializes as its plain value."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import math
 
@@ -147,6 +148,15 @@ def predicted_keys(peak: dict[str, int], flops: int) -> dict:
     return {**peak_keys(peak, "_predicted"), "speed/flops_per_step": flops}
 
 
+def run_peak_keys(trace: Trace) -> dict:
+    """``mem/run_peak_bytes_predicted`` (the largest phase) and ``mem/run_peak_predicted/<phase>_bytes``."""
+    keys = {"mem/run_peak_bytes_predicted": trace.run_peak["total"]}
+    keys.update(
+        {f"mem/run_peak_predicted/{phase}_bytes": peak["total"] for phase, peak in trace.phases.items()}
+    )
+    return keys
+
+
 def fake_batch(shapes: dict) -> dict:
     """Zeros of the recorded shapes and dtypes (an attention mask of ones): made under fake mode."""
     batch = {}
@@ -157,17 +167,55 @@ def fake_batch(shapes: dict) -> dict:
     return batch
 
 
-def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -> tuple[dict, int]:
-    """Run one optimizer step of ``batches`` (micro-batch shapes) on fake tensors, as the accelerate
-    backend runs it (:func:`effitrain.training.window_step`), under the step tracker; nothing is
-    allocated and no weights are read. Returns (peak by category, FLOPs of one step).
+# The phases of a run whose peaks are predicted: the first optimizer step (its state is created in
+# it), a later step (the state exists throughout) and evaluation (a forward of eval_batch_size rows
+# with no gradients, while the weights and the optimizer state are still held).
+PHASES = ("first_step", "later_step", "eval")
 
-    A first, untracked step counts the FLOPs. ``warm_up``: that step uses the run's optimizer, so
-    its state exists in the tracked step as in a run's later steps; else it is a stateless SGD step
-    and the tracked step creates the state, as a run's first step does.
-    ``cfg.gradient_checkpointing``: the tracked step recomputes each layer in backward.
+
+@dataclasses.dataclass
+class Trace:
+    """What one replay found: the peak by category of each phase, and the FLOPs of one step."""
+
+    phases: dict[str, dict[str, int]]
+    flops: int
+
+    def step_peak(self, warm_up: bool) -> dict[str, int]:
+        """The step a run tracks: a later one (``warm_up``), or the first when it has only one."""
+        return self.phases["later_step" if warm_up else "first_step"]
+
+    @property
+    def run_peak(self) -> dict[str, int]:
+        """The phase with the highest total."""
+        return max(self.phases.values(), key=lambda peak: peak["total"])
+
+
+def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool, device: str = "cpu",
+               eval_shapes: dict | None = None) -> tuple[dict, int]:  # fmt: skip
+    """The step peak (by category) and FLOPs of one optimizer step of ``batches``, replayed on fake
+    tensors: a later step with ``warm_up`` (the optimizer state exists), else the first."""
+    trace = trace_run(config, optimizer_cfg, cfg, batches, device, eval_shapes)
+    return trace.step_peak(warm_up), trace.flops
+
+
+def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cpu",
+              eval_shapes: dict | None = None) -> Trace:  # fmt: skip
+    """Run a run's phases on fake tensors, as the accelerate backend runs them
+    (:func:`effitrain.training.window_step` for a step of ``batches``, micro-batch shapes), each
+    under the step tracker; nothing is allocated and no weights are read.
+
+    ``device``: the kernels whose saved tensors and temporaries are replayed: ``cpu`` runs the CPU's
+    own (a CPU run's measurement, to the byte); ``cuda`` those a CUDA GPU runs
+    (:mod:`effitrain.memory.cuda`). ``eval_shapes``: the shapes of an eval batch (the ``eval``
+    phase); without it the eval phase is left out.
+
+    A first, untracked step counts the FLOPs, with a stateless SGD at lr 0 and before checkpointing
+    is enabled: model FLOPs (the work recomputation repeats does not count, as MFU is defined), and
+    ``FlopCounterMode``'s module hooks would keep recomputed activations alive while it runs.
+    ``cfg.gradient_checkpointing``: the tracked steps recompute each layer in backward.
     Optimizers fake tensors cannot run (bitsandbytes' kernels) are traced as plain SGD, whose step
-    keeps no state, and their state is added from the analytic estimate at every moment of the step.
+    keeps no state, and their state is added from the analytic estimate at every moment of every
+    phase (the first step's peak is then an upper bound).
     """
     import warnings
 
@@ -176,11 +224,16 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
     from torch.utils.flop_counter import FlopCounterMode
 
     from effitrain.memory import estimate_optimizer_state
+    from effitrain.memory.cuda import autocast_like, cuda_kernels, foreach_by_default
     from effitrain.modeling import enable_activation_checkpointing
     from effitrain.optim import build_optimizer
+    from effitrain.schema import DEVICES
     from effitrain.tasks import build_task
     from effitrain.training import StepMeter, window_step
 
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r}: expected one of {', '.join(DEVICES)}")
+    cuda = device == "cuda"
     task = build_task(cfg)
     auto = getattr(transformers, task.auto_class)
     config = copy.deepcopy(config)  # checkpointing switches its use_cache off: not the caller's
@@ -192,6 +245,7 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
             shapes_only = auto.from_config(config)
         state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
         analytic_state = state.bytes if state is not None else 0
+    phases = {}
     with FakeTensorMode():
         with torch.device("cpu"):
             model = auto.from_config(config)
@@ -202,47 +256,60 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool) -
 
             from accelerate.utils import convert_outputs_to_fp32
 
-            autocast = torch.autocast(device_type="cpu", dtype=dtype)
+            autocast = autocast_like(device, dtype)
             model.forward = MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
         if _runs_on_fake(optimizer_cfg):
             optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
         else:
             optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        if cuda:
+            foreach_by_default(optimizer)
         meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
         window = [fake_batch(shapes) for shapes in batches]
+        evaluation = fake_batch(eval_shapes) if eval_shapes is not None else None
         items = sum(len(b["labels"]) for b in window)
         unpadded = {
             id(b["attention_mask"])
-            for b, s in zip(window, batches)
-            if "attention_mask" in b and not s.get("padded", True)
+            for b, s in [*zip(window, batches), (evaluation, eval_shapes)]
+            if b is not None and "attention_mask" in b and not s.get("padded", True)
         }
 
         def step(optimizer, before_forward=None):
             return window_step(
                 task, model, optimizer, window, items, 1, meter, lambda loss: loss.backward(),
-                contextlib.nullcontext, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm),
+                contextlib.nullcontext,
+                lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=cuda or None),
                 before_forward,
             )  # fmt: skip
 
-        with _mask_skipping_as_recorded(model, unpadded):
-            # FLOPs on a step of their own, before checkpointing is enabled: model FLOPs (the work
-            # recomputation repeats does not count, as MFU is defined), and FlopCounterMode's module
-            # hooks would keep recomputed activations alive while it runs. With ``warm_up`` it is
-            # the warm-up step; else a stateless SGD step at lr 0, so the tracked step is still the first.
-            with FlopCounterMode(display=False) as flops:
-                step(optimizer if warm_up else torch.optim.SGD(model.parameters(), lr=0.0))
-            if cfg.get("gradient_checkpointing"):
-                enable_activation_checkpointing(model)
+        def tracked(phase, run):
             tracker = step_tracker()
             tracker.track_external(model, optimizer)
             with tracker:
-                step(optimizer, lambda batch: tracker.reset_mod_stats())  # as StepMemory.saw does
-        peak = breakdown(tracker.get_tracker_snapshot("peak"))
-    if analytic_state:
+                run(tracker)
+            phases[phase] = breakdown(tracker.get_tracker_snapshot("peak"))
+
+        def evaluate(tracker):
+            model.eval()
+            with torch.no_grad():
+                task.loss_sum(model, evaluation)
+            model.train()
+
+        kernels = cuda_kernels() if cuda else contextlib.nullcontext()
+        with _mask_skipping_as_recorded(model, unpadded), kernels:
+            with FlopCounterMode(display=False) as flops:
+                step(torch.optim.SGD(model.parameters(), lr=0.0))
+            if cfg.get("gradient_checkpointing"):
+                enable_activation_checkpointing(model)
+            for phase in ("first_step", "later_step"):  # reset_mod_stats per micro-batch, as StepMemory.saw
+                tracked(phase, lambda tracker: step(optimizer, lambda batch: tracker.reset_mod_stats()))
+            if evaluation is not None:
+                tracked("eval", evaluate)
+    for peak in phases.values():
         peak["optimizer_state"] += analytic_state
         peak["total"] += analytic_state
-    return peak, flops.get_total_flops()
+    return Trace(phases, flops.get_total_flops())
 
 
 @contextlib.contextmanager

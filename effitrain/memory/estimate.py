@@ -126,7 +126,7 @@ def grads_estimate(optimizer) -> Footprint:
     return footprint(optimizer_params(optimizer))
 
 
-def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True) -> dict:
+def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu") -> dict:
     """Memory of ``cfg``'s run before running it, in bytes, one row per optimizer.
 
     The static part (weights, gradients, optimizer state) comes from a ``meta`` model: nothing is
@@ -135,10 +135,13 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True) -> d
     and no weights are read: the model's own architecture config (its vocabulary included) decides.
 
     ``optimizers`` maps names to optimizer config nodes (default: ``{"chosen": cfg.optimizer}``).
+    ``device``: whose kernels the trace replays (``cpu`` or ``cuda``, see
+    :func:`effitrain.step_memory.trace_run`). Each row also holds the run's peak per phase (the
+    first step, a later step, evaluation at ``eval_batch_size``): ``run_peak`` and ``run_peak_bytes``.
     """
     from effitrain.modeling import build_model
     from effitrain.optim import build_optimizer
-    from effitrain.step_memory import CATEGORIES, trace_step
+    from effitrain.step_memory import CATEGORIES, trace_run
     from effitrain.tasks import build_task
 
     task = build_task(cfg)
@@ -155,7 +158,8 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True) -> d
         "labels": (task.labels_shape(*tokens), torch.int64),
     }
     if getattr(model.config, "type_vocab_size", 0):  # BERT-like tokenizers return segment ids too
-        batch["token_type_ids"] = ((cfg.micro_batch_size, cfg.max_length), torch.int64)
+        batch["token_type_ids"] = (tokens, torch.int64)
+    evaluation = {key: ((cfg.eval_batch_size, *shape[1:]), dtype) for key, (shape, dtype) in batch.items()}
     rows = {}
     for name, optimizer_cfg in (optimizers or {"chosen": cfg.optimizer}).items():
         optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
@@ -173,10 +177,13 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True) -> d
             "total_bytes": weights.bytes + grads.bytes + state.bytes if state else None,
         }
         if step:
-            peak, flops = trace_step(
-                model.config, optimizer_cfg, cfg, [batch] * cfg.gradient_accumulation_steps, True
+            trace = trace_run(
+                model.config, optimizer_cfg, cfg, [batch] * cfg.gradient_accumulation_steps, device, evaluation
             )
+            peak = trace.step_peak(warm_up=True)
             rows[name]["step_peak_bytes"] = peak["total"]
             rows[name]["step_peak"] = {f"{c}_bytes": peak[c] for c in CATEGORIES}
-            rows[name]["flops_per_step"] = flops
+            rows[name]["run_peak_bytes"] = trace.run_peak["total"]
+            rows[name]["run_peak"] = {f"{phase}_bytes": p["total"] for phase, p in trace.phases.items()}
+            rows[name]["flops_per_step"] = trace.flops
     return rows
