@@ -4,8 +4,9 @@ an estimate takes.
     python benchmarks/memory_prediction.py                         # tiny and minilm, CPU here
     python benchmarks/memory_prediction.py --models distilbert_base_cased --micro 16 32   # on a GPU
 
-Each combination is one real run of two optimizer steps (logger=none, synthetic data padded to a
-fixed length, so the tracked step is the worst case the estimate assumes). Printed: the measured
+Each combination is one real run of two optimizer steps in a process of its own (logger=none,
+synthetic data padded to a fixed length, so the tracked step is the worst case the estimate
+assumes): an allocator's peaks never carry from one row into the next. Printed: the measured
 step peak by category (MemTracker on the real step), the prediction (the same step replayed on
 fake tensors), their ratio, and on CUDA the allocator's max_memory_allocated for the same run,
 against which the prediction's ratio is printed too. Then the seconds `effitrain estimate` takes
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -28,20 +28,19 @@ from effitrain.config import (
     compose_known,  # noqa: E402
     group_options,  # noqa: E402
 )
+from effitrain.isolated import run_isolated  # noqa: E402
 from effitrain.memory import MIB, estimate_memory  # noqa: E402
-from effitrain.run import run  # noqa: E402
 from effitrain.step_memory import CATEGORIES  # noqa: E402
 
 MODEL = {"distilbert_base_cased": ["model.init=random"]}
 
 
 def run_once(model: str, micro: int, max_length: int, steps: int, *overrides: str) -> dict:
-    """One real run on synthetic texts longer than ``max_length`` (every micro-batch the worst case)."""
-    overrides = [f"model={model}", *MODEL.get(model, []), "data=synthetic", f"max_length={max_length}",
-                 f"data.words_per_text={max_length * 2}", f"micro_batch_size={micro}", f"max_steps={steps}",
-                 "logger=none", "progress_bar=false", *overrides]  # fmt: skip
-    with tempfile.TemporaryDirectory() as folder:
-        return run(compose_known(overrides), folder)
+    """One real run, in its own process, on synthetic texts longer than ``max_length`` (every
+    micro-batch the worst case)."""
+    return run_isolated([f"model={model}", *MODEL.get(model, []), "data=synthetic", f"max_length={max_length}",
+                         f"data.words_per_text={max_length * 2}", f"micro_batch_size={micro}",
+                         f"max_steps={steps}", *overrides])  # fmt: skip
 
 
 def main() -> None:

@@ -17,7 +17,6 @@ step time instead.
 from __future__ import annotations
 
 import re
-import tempfile
 
 from effitrain.config import ConfigError, apply_effective_batch_size, group_options, no_checkpointing
 
@@ -117,23 +116,14 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
 
 def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> list[dict]:
     """Run ``steps`` real optimizer steps of the ``top`` fitting candidates, each in a process of its
-    own (an allocator's peaks must not carry from one probe into the next); rank them by the
-    measured median step time (the others keep their order after them). A probe that fails (an
-    out-of-memory one included) is recorded in its row's ``probe_status`` and the plan goes on."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
+    own (:func:`effitrain.isolated.run_isolated`); rank them by the measured median step time (the
+    others keep their order after them). A probe that fails (out of memory included) is recorded in
+    its row's ``probe_status`` and the plan goes on."""
+    from effitrain.isolated import run_isolated
 
     fitting = [r for r in rows if r["fits"]][:top]
     for row in fitting:
-        choice = row["command"].split()[2:]
-        with tempfile.TemporaryDirectory() as folder:
-            command = [sys.executable, "-m", "effitrain.cli", "train", *choice, f"max_steps={steps}",
-                       "logger=none", "progress_bar=false", f"hydra.run.dir={folder}"]  # fmt: skip
-            subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-            summary_file = Path(folder) / "summary.json"
-            summary = json.loads(summary_file.read_text()) if summary_file.exists() else {"status": "failed"}
+        summary = run_isolated([*row["command"].split()[2:], f"max_steps={steps}"])
         row["probe_status"] = summary["status"]
         row["step_s_measured"] = summary.get("speed/step_s_median") if summary["status"] == "ok" else None
         row["step_peak_bytes_measured"] = summary.get("mem/step_peak_bytes")
