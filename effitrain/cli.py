@@ -92,7 +92,7 @@ def _estimate(args) -> None:
         f"\nthe run's peak by phase, MiB (evaluation at eval_batch_size={cfg.eval_batch_size} x {cfg.max_length} tokens)"
     )
     phases = list(first["run_peak"])
-    print(f"{'optimizer':<12}" + "".join(f"{p:>14}" for p in phases) + f"{'run peak':>14}")
+    print(f"{'optimizer':<12}" + "".join(f"{p.removesuffix('_bytes'):>14}" for p in phases) + f"{'run peak':>14}")
     for name, row in rows.items():
         mark = "*" if name == chosen else " "
         cells = [row["run_peak"][p] / MIB for p in phases] + [row["run_peak_bytes"] / MIB]

@@ -258,6 +258,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
 
             autocast = autocast_like(device, dtype)
             model.forward = MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
+
         if _runs_on_fake(optimizer_cfg):
             optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
         else:
@@ -302,6 +303,8 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
                 step(torch.optim.SGD(model.parameters(), lr=0.0))
             if cfg.get("gradient_checkpointing"):
                 enable_activation_checkpointing(model)
+                if cuda and dtype is not None:
+                    _recompute_under(model, autocast_like(device, dtype))
             for phase in ("first_step", "later_step"):  # reset_mod_stats per micro-batch, as StepMemory.saw
                 tracked(phase, lambda tracker: step(optimizer, lambda batch: tracker.reset_mod_stats()))
             if evaluation is not None:
@@ -310,6 +313,18 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
         peak["optimizer_state"] += analytic_state
         peak["total"] += analytic_state
     return Trace(phases, flops.get_total_flops())
+
+
+def _recompute_under(model, autocast) -> None:
+    """Checkpointing recomputes a layer under the autocast its forward ran in (torch.utils.checkpoint
+    saves and restores it): the emulated CUDA autocast, a mode and not autocast state, is opened
+    around the checkpointed function itself, so the recomputation casts as the forward did."""
+    for module in model.modules():
+        checkpoint = getattr(module, "_gradient_checkpointing_func", None)
+        if checkpoint is not None:
+            module._gradient_checkpointing_func = functools.partial(
+                lambda original, fn, *args, **kwargs: original(autocast(fn), *args, **kwargs), checkpoint
+            )
 
 
 @contextlib.contextmanager

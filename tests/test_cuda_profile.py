@@ -204,3 +204,32 @@ def test_gpu_report_reads_what_isolated_runs_write():
     page = gpu.markdown(result)
     assert f"| tiny | adamw | false | fp32 | {adamw['mem/step_peak_predicted/weights_bytes'] / MIB:.1f} / " in page
     assert f"| {saving['measured_bytes_per_param']:.2f} | {saving['predicted_bytes_per_param']:.2f} |" in page
+
+
+def test_cuda_autocast_casts_by_cudas_lists_and_casts_a_weight_once_per_region():
+    from effitrain.memory.cuda import CudaAutocast
+
+    with FakeTensorMode():
+        linear = torch.nn.Linear(8, 8)
+        x = torch.empty(2, 8, requires_grad=True)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            with CudaAutocast(torch.bfloat16):
+                y, z = linear(x), linear(x)  # the same weight twice: one bf16 copy
+                normed = F.layer_norm(y, (8,))  # on CUDA's fp32 list (on CPU's it is not)
+                probs = torch.softmax(z, -1)
+    assert (y.dtype, z.dtype, normed.dtype, probs.dtype) == (torch.bfloat16, torch.bfloat16, torch.float32, torch.float32)
+    weights = [t if t._base is None else t._base for t in saved if t.shape == (8, 8)]  # mm keeps weight.t()
+    assert len(weights) == 2 and weights[0] is weights[1] and weights[0].dtype == torch.bfloat16
+
+
+def test_bf16_with_checkpointing_recomputes_under_the_cuda_autocast():
+    from effitrain.memory import estimate_memory
+
+    base = ("task=causal_lm", "model=llama_tiny", "max_length=32", "micro_batch_size=4", "precision=bf16")
+    peaks = {}
+    for checkpointing in (False, True):
+        cfg = compose(*base, f"gradient_checkpointing={checkpointing}", tiny=False)
+        [row] = estimate_memory(cfg, device="cuda").values()  # recomputing in fp32 would raise CheckpointError
+        peaks[checkpointing] = row["step_peak"]["activations_bytes"]
+    assert 0 < peaks[True] < peaks[False]

@@ -165,7 +165,7 @@ def foreach_by_default(optimizer) -> None:
 # pointwise fp32 ops run in whatever dtype they are given.
 _LOWER = {"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm", "addmm", "addbmm", "addmv",
           "mv", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-          "prelu", "einsum", "chain_matmul", "multi_head_attention_forward"}  # fmt: skip
+          "prelu", "einsum", "chain_matmul", "multi_head_attention_forward", "scaled_dot_product_attention"}  # fmt: skip
 _FP32 = {"layer_norm", "group_norm", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
          "smooth_l1_loss", "huber_loss", "kl_div", "binary_cross_entropy_with_logits", "exp", "expm1", "log",
          "log2", "log10", "log1p", "reciprocal", "rsqrt", "pow", "softplus", "cumsum", "cumprod", "prod", "sum",
