@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from effitrain.config import invalid
 from effitrain.distributed import barrier, rank, world_size
+from effitrain.errors import invalid
 
 log = logging.getLogger(__name__)
 

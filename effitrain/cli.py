@@ -7,8 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from effitrain.config import ConfigError, compose, compose_known
-from effitrain.hydra_task import fail, preflight, train
+from effitrain.config import compose, compose_known
+from effitrain.errors import ConfigError, fail
+from effitrain.hydra_task import preflight, train
 
 
 def _check(args) -> None:
@@ -33,7 +34,8 @@ def _estimate(args) -> None:
     import json
 
     from effitrain.config import group_options
-    from effitrain.memory import MIB, estimate_memory
+    from effitrain.estimate import estimate_memory
+    from effitrain.memory import MIB
 
     # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
     # the other optimizers may have no such key.

@@ -23,7 +23,7 @@ import torch
 from datasets import ClassLabel, Dataset, DatasetDict, load_from_disk
 from torch.utils.data import DataLoader, Sampler
 
-from effitrain.config import invalid
+from effitrain.errors import invalid
 
 log = logging.getLogger(__name__)
 
@@ -187,19 +187,15 @@ def check_raw(raw: RawData, num_labels: int) -> None:
 
 
 def tokenize_cached(
-    raw: RawData, tokenizer, max_length: int, cache_dir: str | None, source_key: dict, task=None
+    raw: RawData, tokenizer, max_length: int, cache_dir: str | None, source_key: dict, task
 ) -> DatasetDict:
-    """Tokenize both splits once, as ``task`` does (default: classification); later runs with the
-    same data, tokenizer, length and task load the cache.
+    """Tokenize both splits once, as ``task`` (:class:`effitrain.tasks.Task`) does; later runs with
+    the same data, tokenizer, length and task load the cache.
 
     The cache key is a hash of the data config, the data read, the tokenizer's files, ``max_length``
     and the task's own keys (packing); a cache entry is written to a temporary folder and renamed,
     so an interrupted run never leaves half a cache.
     """
-    if task is None:
-        from effitrain.tasks import Classification
-
-        task = Classification()
     key_material = json.dumps(
         {
             "format": CACHE_FORMAT,

@@ -11,18 +11,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from effitrain.config import (
-    ConfigError,
     check_group_overrides,
     check_output_folder,
     check_output_overrides,
 )
-
-
-def fail(message: str, code: int = 2):
-    for line in str(message).splitlines() or [""]:
-        print(f"effitrain: error: {line}", file=sys.stderr)
-    sys.exit(code)
-
+from effitrain.errors import ConfigError, fail
 
 # Hydra's command-line flags that are not overrides; any other flag (--cfg, --info, --help...) is
 # left to Hydra with the overrides unchecked.

@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 import tempfile
 
-from effitrain.config import ConfigError, apply_effective_batch_size, group_options, no_checkpointing
+from effitrain.config import apply_effective_batch_size, group_options, no_checkpointing
+from effitrain.errors import ConfigError
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -52,7 +53,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     import torch
 
     from effitrain.config import compose_known
-    from effitrain.memory import estimate_memory
+    from effitrain.estimate import estimate_memory
     from effitrain.overrides import names, parse
 
     base = compose_known(overrides)

@@ -126,7 +126,7 @@ def finished_run(cfg, folder: Path) -> str | None:
     Raises:
         ConfigError: the folder holds an ok run and this is no resume: running would overwrite it.
     """
-    from effitrain.config import ConfigError
+    from effitrain.errors import ConfigError
 
     previous = read_summary(folder)
     if previous is None or previous.get("status") != "ok":

@@ -22,15 +22,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from effitrain import checkpoint, results
 from effitrain.config import (
-    ConfigError,
     apply_effective_batch_size,
     check_output_dir,
-    summary_config_keys,
     validate,
 )
 from effitrain.data import build_dataloaders, tokenize_cached
 from effitrain.distributed import process_state, world_size
+from effitrain.errors import ConfigError
 from effitrain.flops import mfu_keys
+from effitrain.identity import summary_config_keys
 from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
 from effitrain.modeling import build_tokenizer, enable_activation_checkpointing
@@ -120,18 +120,6 @@ class Job:
         self.meter.log({"step": step, **metrics}, step)
         if self.best_eval is None or metrics["eval/loss"] < self.best_eval[0]:
             self.best_eval = (metrics["eval/loss"], step)
-
-
-def instantiate_node(node):
-    """``hydra.utils.instantiate``, letting a ConfigError raised by the target through unwrapped."""
-    from hydra.errors import InstantiationException
-
-    try:
-        return instantiate(node)
-    except InstantiationException as error:
-        if isinstance(error.__cause__, ConfigError):
-            raise error.__cause__ from None
-        raise
 
 
 def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,

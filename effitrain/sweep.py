@@ -33,7 +33,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain import results
-from effitrain.config import ConfigError, invalid
+from effitrain.errors import ConfigError, fail, invalid
 
 # The launcher's bookkeeping and the shared caches live in dot-folders of the sweep.
 INDUCTOR_CACHE = ".cache/inductor"
@@ -256,8 +256,6 @@ class LocalSweep:
         try:
             self.settings = launcher_settings(launcher.params)
         except ConfigError as error:
-            from effitrain.hydra_task import fail
-
             fail(str(error))
         self.sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -549,7 +547,7 @@ class LocalSweep:
         if summary is None:
             summary = {}
             try:
-                from effitrain.config import summary_config_keys
+                from effitrain.identity import summary_config_keys
 
                 summary.update(summary_config_keys(job.config, job.folder, 1))
             except Exception:  # the keys are context; the status must be written regardless
