@@ -254,10 +254,10 @@ def _precision(cfg: DictConfig) -> None:
 def _compile(cfg: DictConfig) -> None:
     # compile.mode is an enum of the schema: composition has checked it
     if cfg.compile.enabled:
-        import torch._dynamo
+        import torch
 
-        if cfg.compile.backend not in torch._dynamo.list_backends(exclude_tags=()):
-            usual = torch._dynamo.list_backends()  # without the debugging and experimental ones
+        if cfg.compile.backend not in torch.compiler.list_backends(exclude_tags=()):
+            usual = torch.compiler.list_backends()  # without the debugging and experimental ones
             raise invalid("compile.backend", cfg.compile.backend, f"choose one of {', '.join(usual)}")
 
 

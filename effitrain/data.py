@@ -23,6 +23,7 @@ import torch
 from datasets import ClassLabel, Dataset, DatasetDict, load_from_disk
 from torch.utils.data import DataLoader, Sampler
 
+from effitrain.compat import dataset_fingerprint
 from effitrain.errors import invalid
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,7 @@ def tokenize_cached(
             "format": CACHE_FORMAT,
             "source": source_key,
             # what was read, not where from: files rewritten at the same path give another key
-            "data": [raw.train._fingerprint, raw.eval._fingerprint],
+            "data": [dataset_fingerprint(raw.train), dataset_fingerprint(raw.eval)],
             "tokenizer": tokenizer.name_or_path,
             "tokenizer_class": type(tokenizer).__name__,
             "tokenizer_files": _tokenizer_digest(tokenizer),

@@ -21,6 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain import checkpoint, results
+from effitrain.compat import compile_seconds, reset_accelerator_state
 from effitrain.config import (
     apply_effective_batch_size,
     check_output_dir,
@@ -206,13 +207,6 @@ def predict_step_peak(job: Job) -> dict:
     return predicted_keys(peak, flops)
 
 
-def compile_seconds() -> float:
-    """Seconds torch.compile has spent compiling in this process so far (dynamo's own timing)."""
-    from torch._dynamo.utils import compilation_time_metrics
-
-    return float(sum(compilation_time_metrics.get("_compile.compile_inner", [])))
-
-
 def train(job: Job) -> dict:
     """Restore the resume point, then hand the job to its backend's ``fit`` (the measured region);
     the train metrics.
@@ -220,12 +214,11 @@ def train(job: Job) -> dict:
     A backend whose ``fit`` has ``loads_checkpoint = True`` (the Trainer) loads weights, optimizer,
     scheduler and generators itself; the shared restore then sets only effitrain's counts.
     """
-    from accelerate.state import AcceleratorState
     from transformers import set_seed
 
     # accelerate keeps precision and compile settings in a process-wide singleton: a job must
     # not inherit the previous job's (Hydra's basic launcher runs a multirun in one process).
-    AcceleratorState._reset_state(reset_partial_state=False)
+    reset_accelerator_state()
     set_seed(job.cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
     backend = instantiate(job.cfg.backend)
     loads_itself = getattr(getattr(backend, "func", backend), "loads_checkpoint", False)

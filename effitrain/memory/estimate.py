@@ -19,15 +19,13 @@ def _tensor(numel: int, dtype: torch.dtype) -> Footprint:
 
 def _adam_state(optimizer) -> Footprint:
     """torch Adam/AdamW: exp_avg and exp_avg_sq like the parameter, one scalar step tensor each."""
-    from torch.optim.optimizer import _get_scalar_dtype
+    from effitrain.compat import adam_step_dtype
 
     total = Footprint()
     for group in optimizer.param_groups:
         moments = 3 if group.get("amsgrad") else 2
         fused_or_capturable = group.get("fused") or group.get("capturable")
-        step_dtype = (
-            _get_scalar_dtype(is_fused=group.get("fused")) if fused_or_capturable else _get_scalar_dtype()
-        )
+        step_dtype = adam_step_dtype(group.get("fused")) if fused_or_capturable else adam_step_dtype()
         for param in group["params"]:
             for _ in range(moments):
                 total += _tensor(param.numel(), param.dtype)
