@@ -14,7 +14,6 @@ import logging
 import random
 import shutil
 import sys
-import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from datasets import ClassLabel, Dataset, DatasetDict, load_from_disk
 from torch.utils.data import DataLoader, Sampler
 
+from effitrain.atomic import atomic_path
 from effitrain.compat import dataset_fingerprint
 from effitrain.errors import invalid
 
@@ -224,12 +224,10 @@ def tokenize_cached(
     tokenized = task.tokenize(raw, tokenizer, max_length)
     if target is None:
         return tokenized
-    partial = target.with_name(f".{key}.{uuid.uuid4().hex}.partial")
     try:
-        tokenized.save_to_disk(str(partial))
-        partial.rename(target)
+        with atomic_path(target) as partial:  # removed if anything fails; never replaces another's entry
+            tokenized.save_to_disk(str(partial))
     except OSError as error:
-        shutil.rmtree(partial, ignore_errors=True)
         if not target.exists():  # not written (a full disk): train from memory, say so once
             print(
                 f"effitrain: warning: the tokenized data could not be cached in {target.parent} "
