@@ -165,7 +165,7 @@ def train_job(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()  # the task is the one place that reads it: the run reads cfg.hydra
     cfg = task_config(cfg, hydra_cfg, int(os.environ.get("WORLD_SIZE", "1")))
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        from effitrain.sweep import start_job
+        from effitrain.sweep_job import start_job
 
         done = start_job(cfg, hydra_cfg)
         if done is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from effitrain import results
 from effitrain.errors import ConfigError
-from effitrain.sweep import job_folders
+from effitrain.sweep_report import job_folders
 
 MIB = 2**20
 
