@@ -115,7 +115,11 @@ def fmt(value, scale=1.0, digits=1):
 
 def eight_bit_savings(rows: list[dict]) -> list[dict]:
     """AdamW's step peak minus 8-bit Adam's, per trainable parameter, measured and predicted."""
-    by_key = {(r["model"], r["optimizer"], r["checkpointing"], r["precision"]): r for r in rows if r["status"] == "ok"}
+    by_key = {
+        (r["model"], r["optimizer"], r["checkpointing"], r["precision"]): r
+        for r in rows
+        if r["status"] == "ok"
+    }
     savings = []
     for (model, optimizer, checkpointing, precision), adamw in by_key.items():
         eight = by_key.get((model, "adam8bit", checkpointing, precision))
@@ -142,7 +146,10 @@ def markdown(result: dict) -> str:
         if row["status"] != "ok":
             lines.append(f"{head} {row['status']}: {row.get('error')} |")
             continue
-        cells = [f"{fmt(row['step_peak_predicted'][c], MIB)} / {fmt(row['step_peak_measured'][c], MIB)}" for c in CATEGORIES]
+        cells = [
+            f"{fmt(row['step_peak_predicted'][c], MIB)} / {fmt(row['step_peak_measured'][c], MIB)}"
+            for c in CATEGORIES
+        ]
         peak = f"{fmt(row['step_peak_predicted_bytes'], MIB)} / {fmt(row['step_peak_measured_bytes'], MIB)}"
         lines.append(
             f"{head} {' | '.join(cells)} | {peak} | "

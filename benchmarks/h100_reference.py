@@ -21,7 +21,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from effitrain.config import compose_known  # noqa: E402
-from effitrain.memory import MIB, estimate_memory  # noqa: E402
+from effitrain.estimate import estimate_memory  # noqa: E402
+from effitrain.memory import MIB  # noqa: E402
 from effitrain.modeling import build_model  # noqa: E402
 from effitrain.step_memory import CATEGORIES, trace_step  # noqa: E402
 from effitrain.tasks import build_task  # noqa: E402
@@ -49,8 +50,15 @@ def main() -> None:
         task = build_task(cfg)
         model = build_model(cfg.model, 3, None, device="meta", auto_class=task.auto_class)
         tokens = ((16, 128), torch.int64)
-        batch = {"input_ids": tokens, "attention_mask": tokens, "labels": ((16,), torch.int64), "padded": False}
-        optimizers = {o: compose_known([f"optimizer={o}"]).optimizer for o in ("adafactor", "adam8bit", "adamw")}
+        batch = {
+            "input_ids": tokens,
+            "attention_mask": tokens,
+            "labels": ((16,), torch.int64),
+            "padded": False,
+        }
+        optimizers = {
+            o: compose_known([f"optimizer={o}"]).optimizer for o in ("adafactor", "adam8bit", "adamw")
+        }
         worst = estimate_memory(cfg, optimizers, device="cuda")
         for name, optimizer_cfg in optimizers.items():
             peak, _ = trace_step(model.config, optimizer_cfg, cfg, [batch], True, device="cuda")

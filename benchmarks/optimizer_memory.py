@@ -3,7 +3,7 @@
     python benchmarks/optimizer_memory.py                       # minilm and distilbert_base_cased
     python benchmarks/optimizer_memory.py model=tiny            # any one model (Hydra overrides)
 
-For each model: the estimate comes from a ``meta`` model (``effitrain.memory.estimate_memory``, what
+For each model: the estimate comes from a ``meta`` model (``effitrain.estimate.estimate_memory``, what
 ``effitrain estimate`` prints); the measurement builds the real model on this machine's device, runs
 one forward/backward/optimizer step on a 4 x 16-token batch, and counts the distinct storages in
 ``optimizer.state`` (``effitrain.memory.optimizer_state_footprint``). Bytes are exact integers.
@@ -20,6 +20,7 @@ import torch
 
 from effitrain import memory
 from effitrain.config import compose, group_options
+from effitrain.estimate import estimate_memory
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer
 
@@ -39,7 +40,7 @@ def measure(overrides: list[str]) -> dict:
     cfg = compose(overrides)
     names = group_options("optimizer")
     optimizer_cfgs = {name: compose(overrides + [f"optimizer={name}"]).optimizer for name in names}
-    estimates = memory.estimate_memory(cfg, optimizer_cfgs, step=False)
+    estimates = estimate_memory(cfg, optimizer_cfgs, step=False)
     tokenizer = build_tokenizer(cfg.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)

@@ -34,8 +34,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from effitrain.config import invalid
+from effitrain.atomic import publish
 from effitrain.distributed import barrier, rank, world_size
+from effitrain.errors import invalid
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +122,6 @@ def set_rng_state(state: dict) -> None:
             torch.cuda.random.set_rng_state_all(state["cuda"])
         else:
             torch.cuda.random.set_rng_state(state["cuda"])
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: Path) -> str:
@@ -337,13 +330,8 @@ class Checkpointer:
                 json.dump(meta, handle, indent=2, sort_keys=True, default=str)
                 handle.flush()
                 os.fsync(handle.fileno())
-            for path in tmp.iterdir():
-                _fsync(path)
-            _fsync(tmp)
-            if target.exists():  # a checkpoint of the same step from an earlier attempt
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-            _fsync(self.root)
+            # a checkpoint of the same step from an earlier attempt is replaced
+            publish(tmp, target, replace_folder=True)
             self.prune()
         barrier()
         return target

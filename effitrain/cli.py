@@ -7,8 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from effitrain.config import ConfigError, compose, compose_known
-from effitrain.hydra_task import fail, preflight, train
+from effitrain.config import compose, compose_known
+from effitrain.errors import ConfigError, fail
+from effitrain.hydra_task import preflight, train
 from effitrain.plan import DEFAULT_MARGIN
 from effitrain.schema import DEVICES
 
@@ -42,7 +43,8 @@ def _estimate(args) -> None:
     import json
 
     from effitrain.config import group_options
-    from effitrain.memory import MIB, estimate_memory
+    from effitrain.estimate import estimate_memory
+    from effitrain.memory import MIB
 
     # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
     # the other optimizers may have no such key.
@@ -92,7 +94,11 @@ def _estimate(args) -> None:
         f"\nthe run's peak by phase, MiB (evaluation at eval_batch_size={cfg.eval_batch_size} x {cfg.max_length} tokens)"
     )
     phases = list(first["run_peak"])
-    print(f"{'optimizer':<12}" + "".join(f"{p.removesuffix('_bytes'):>14}" for p in phases) + f"{'run peak':>14}")
+    print(
+        f"{'optimizer':<12}"
+        + "".join(f"{p.removesuffix('_bytes'):>14}" for p in phases)
+        + f"{'run peak':>14}"
+    )
     for name, row in rows.items():
         mark = "*" if name == chosen else " "
         cells = [row["run_peak"][p] / MIB for p in phases] + [row["run_peak_bytes"] / MIB]

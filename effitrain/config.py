@@ -13,6 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from effitrain.errors import ConfigError, invalid
+
 # conf/ at the top of the checkout is the package effitrain.conf (pyproject.toml maps it, into the
 # wheel too): Hydra reads it through this search path wherever effitrain is installed.
 CONF_MODULE = "effitrain.conf"
@@ -30,15 +32,6 @@ CONF_DIR = _conf_dir()
 # Nodes whose keys are passed on as keyword arguments, so ``+node.key=...`` adds something a target
 # reads (the optimizer's and logger's arguments are checked against their signatures).
 OPEN_NODES = ("data.load_args", "model.config_overrides", "model.architecture", "optimizer", "logger")
-
-
-class ConfigError(ValueError):
-    """A configuration a run cannot start with; the message is one line for the user."""
-
-
-def invalid(key: str, value, allowed: str) -> ConfigError:
-    shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as typed: true, not True
-    return ConfigError(f"{key}={shown} is invalid: {allowed}")
 
 
 def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
@@ -261,10 +254,10 @@ def _precision(cfg: DictConfig) -> None:
 def _compile(cfg: DictConfig) -> None:
     # compile.mode is an enum of the schema: composition has checked it
     if cfg.compile.enabled:
-        import torch._dynamo
+        import torch
 
-        if cfg.compile.backend not in torch._dynamo.list_backends(exclude_tags=()):
-            usual = torch._dynamo.list_backends()  # without the debugging and experimental ones
+        if cfg.compile.backend not in torch.compiler.list_backends(exclude_tags=()):
+            usual = torch.compiler.list_backends()  # without the debugging and experimental ones
             raise invalid("compile.backend", cfg.compile.backend, f"choose one of {', '.join(usual)}")
 
 
@@ -503,70 +496,6 @@ def with_hydra_node(cfg: DictConfig, hydra_node: DictConfig) -> DictConfig:
         with open_dict(cfg):
             cfg.hydra = hydra_node
     return cfg
-
-
-def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
-    """The keys that make ``summary.json`` self-describing: ``cfg/<group>`` for every config group's
-    choice, the run-shaping scalars, the job's identity (its result-changing overrides, a short
-    name, its sweep folder) and where its W&B run goes. Compare and W&B read these, never Hydra's
-    files. The job's Hydra record is ``cfg.hydra`` (see :func:`with_hydra_node`); without one (a
-    config built by hand) there are no choices or overrides."""
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-
-    from effitrain.overrides import job_overrides, short_name
-
-    hydra = cfg.get("hydra")
-    choices = {k: v for k, v in (hydra.runtime.choices if hydra else {}).items() if not k.startswith("hydra")}
-    invariant = set(cfg.get("run_invariant_keys") or [])
-    # as typed: resolving ${oc.env:...} here would copy secrets into the summary
-    task_overrides = OmegaConf.to_container(hydra.overrides.task, resolve=False) if hydra else []
-    multirun = hydra is not None and hydra.mode == RunMode.MULTIRUN
-    sweep_dir = str(Path(hydra.sweep.dir).absolute()) if multirun else None
-    accumulation, micro = cfg.gradient_accumulation_steps, cfg.micro_batch_size
-    effective = (
-        micro * accumulation * world if isinstance(micro, int) and isinstance(accumulation, int) else None
-    )
-    keys = {f"cfg/{group}": option for group, option in choices.items()}
-    keys.update(
-        {
-            "cfg/seed": cfg.seed,
-            "cfg/gradient_accumulation_steps": accumulation,
-            "cfg/micro_batch_size": micro,
-            "cfg/effective_batch_size": effective,
-            "cfg/world_size": world,
-            "cfg/lr": cfg.optimizer.get("lr"),
-            "cfg/model_name_or_path": cfg.model.name_or_path,
-            "job/overrides": job_overrides(task_overrides, invariant),
-            "job/name": short_name(task_overrides, invariant, set(choices)),
-            "job/sweep_dir": sweep_dir,
-            "job/dir": str(Path(output_dir).absolute()),
-            **wandb_keys(cfg.get("logger"), sweep_dir),
-        }
-    )
-    return keys
-
-
-def wandb_keys(logger: DictConfig | None, sweep_dir: str | None) -> dict:
-    """Where the job's W&B run goes, from the logger config (the W&B logger replaces them with what
-    ``wandb.init`` gave once it started, ``wandb/run_id`` included); mode ``disabled`` without W&B."""
-    from effitrain.loggers import resolve_mode
-
-    target = str((logger or {}).get("_target_") or "")
-    if not target.endswith("WandbLogger"):
-        return {"wandb/project": None, "wandb/entity": None, "wandb/group": None, "wandb/mode": "disabled",
-                "wandb/run_id": None}  # fmt: skip
-    try:
-        mode = resolve_mode(logger.get("mode"))
-    except ConfigError:  # the run reports it when it starts the logger
-        mode = None
-    return {
-        "wandb/project": logger.get("project"),
-        "wandb/entity": logger.get("entity"),
-        "wandb/group": logger.get("group") or sweep_dir,
-        "wandb/mode": mode,
-        "wandb/run_id": None,
-    }
 
 
 # --- composition: the one way a run config is made from overrides -------------------------------

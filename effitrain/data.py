@@ -14,7 +14,6 @@ import logging
 import random
 import shutil
 import sys
-import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,9 @@ import torch
 from datasets import ClassLabel, Dataset, DatasetDict, load_from_disk
 from torch.utils.data import DataLoader, Sampler
 
-from effitrain.config import invalid
+from effitrain.atomic import atomic_path
+from effitrain.compat import dataset_fingerprint
+from effitrain.errors import invalid
 
 log = logging.getLogger(__name__)
 
@@ -187,25 +188,21 @@ def check_raw(raw: RawData, num_labels: int) -> None:
 
 
 def tokenize_cached(
-    raw: RawData, tokenizer, max_length: int, cache_dir: str | None, source_key: dict, task=None
+    raw: RawData, tokenizer, max_length: int, cache_dir: str | None, source_key: dict, task
 ) -> DatasetDict:
-    """Tokenize both splits once, as ``task`` does (default: classification); later runs with the
-    same data, tokenizer, length and task load the cache.
+    """Tokenize both splits once, as ``task`` (:class:`effitrain.tasks.Task`) does; later runs with
+    the same data, tokenizer, length and task load the cache.
 
     The cache key is a hash of the data config, the data read, the tokenizer's files, ``max_length``
     and the task's own keys (packing); a cache entry is written to a temporary folder and renamed,
     so an interrupted run never leaves half a cache.
     """
-    if task is None:
-        from effitrain.tasks import Classification
-
-        task = Classification()
     key_material = json.dumps(
         {
             "format": CACHE_FORMAT,
             "source": source_key,
             # what was read, not where from: files rewritten at the same path give another key
-            "data": [raw.train._fingerprint, raw.eval._fingerprint],
+            "data": [dataset_fingerprint(raw.train), dataset_fingerprint(raw.eval)],
             "tokenizer": tokenizer.name_or_path,
             "tokenizer_class": type(tokenizer).__name__,
             "tokenizer_files": _tokenizer_digest(tokenizer),
@@ -227,12 +224,10 @@ def tokenize_cached(
     tokenized = task.tokenize(raw, tokenizer, max_length)
     if target is None:
         return tokenized
-    partial = target.with_name(f".{key}.{uuid.uuid4().hex}.partial")
     try:
-        tokenized.save_to_disk(str(partial))
-        partial.rename(target)
+        with atomic_path(target) as partial:  # removed if anything fails; never replaces another's entry
+            tokenized.save_to_disk(str(partial))
     except OSError as error:
-        shutil.rmtree(partial, ignore_errors=True)
         if not target.exists():  # not written (a full disk): train from memory, say so once
             print(
                 f"effitrain: warning: the tokenized data could not be cached in {target.parent} "

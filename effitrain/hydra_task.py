@@ -11,18 +11,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from effitrain.config import (
-    ConfigError,
     check_group_overrides,
     check_output_folder,
     check_output_overrides,
 )
-
-
-def fail(message: str, code: int = 2):
-    for line in str(message).splitlines() or [""]:
-        print(f"effitrain: error: {line}", file=sys.stderr)
-    sys.exit(code)
-
+from effitrain.errors import ConfigError, fail
 
 # Hydra's command-line flags that are not overrides; any other flag (--cfg, --info, --help...) is
 # left to Hydra with the overrides unchecked.
@@ -172,7 +165,7 @@ def train_job(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()  # the task is the one place that reads it: the run reads cfg.hydra
     cfg = task_config(cfg, hydra_cfg, int(os.environ.get("WORLD_SIZE", "1")))
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        from effitrain.sweep import start_job
+        from effitrain.sweep_job import start_job
 
         done = start_job(cfg, hydra_cfg)
         if done is not None:

@@ -69,10 +69,9 @@ def main(spec_path: str) -> int:
     except Exception:  # a return value that cannot cross processes: the sweep gets its text
         result["return_value"] = repr(result["return_value"])
         payload = pickle.dumps(result)
-    tmp = spec["result"] + ".tmp"
-    with open(tmp, "wb") as handle:
-        handle.write(payload)
-    os.replace(tmp, spec["result"])
+    from effitrain.atomic import write_atomic
+
+    write_atomic(spec["result"], payload)
     sys.stdout.flush()
     return 0
 

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from effitrain.config import invalid
+from effitrain.errors import invalid
 from effitrain.results import plain
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def _without(value, secret: str | None):
 
 def job_identity(output_dir: Path, cfg_keys: dict) -> dict:
     """Group, name, job type, tags and W&B folder of this job, from the summary's own ``cfg/*`` and
-    ``job/*`` keys (see :func:`effitrain.config.summary_config_keys`).
+    ``job/*`` keys (see :func:`effitrain.identity.summary_config_keys`).
 
     In a multirun the group is the sweep folder and every job's W&B run lives in
     ``<sweep folder>/wandb``: one folder that ``wandb leet`` and ``wandb sync`` take whole. A single

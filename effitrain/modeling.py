@@ -9,7 +9,7 @@ import os
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from effitrain.config import invalid
+from effitrain.errors import invalid
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, ValueType
 from hydra.errors import OverrideParseException
 
-from effitrain.config import ConfigError
+from effitrain.errors import ConfigError
 
 _PARSER = None
 # A job folder name is one path component; longer names are cut and made unique with a hash.

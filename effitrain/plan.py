@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 
-from effitrain.config import ConfigError, apply_effective_batch_size, group_options, no_checkpointing
+from effitrain.config import apply_effective_batch_size, group_options, no_checkpointing
+from effitrain.errors import ConfigError
 
 # The share of the budget kept free: the allocator rounds every block up (512 bytes on CUDA) and
 # cannot always reuse a freed block for a larger one, so what it reserves exceeds what tensors hold.
@@ -56,7 +57,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     saves accumulation steps.
     """
     from effitrain.config import compose_known
-    from effitrain.memory import estimate_memory
+    from effitrain.estimate import estimate_memory
     from effitrain.overrides import names, parse
 
     base = compose_known(overrides)

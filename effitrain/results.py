@@ -7,9 +7,10 @@ import json
 import math
 import os
 import subprocess
-import tempfile
 from importlib import metadata
 from pathlib import Path
+
+from effitrain.atomic import write_atomic
 
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
@@ -22,30 +23,9 @@ def plain(value):
     return value
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, flush, fsync, rename: never half a file.
-
-    The file gets the mode any other new file gets (0666 less the umask): ``mkstemp`` makes 0600,
-    which would hide results from colleagues on shared storage.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Never half a file (:func:`effitrain.atomic.write_atomic`), readable by colleagues."""
+    write_atomic(path, text)
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -126,7 +106,7 @@ def finished_run(cfg, folder: Path) -> str | None:
     Raises:
         ConfigError: the folder holds an ok run and this is no resume: running would overwrite it.
     """
-    from effitrain.config import ConfigError
+    from effitrain.errors import ConfigError
 
     previous = read_summary(folder)
     if previous is None or previous.get("status") != "ok":

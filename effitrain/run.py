@@ -21,16 +21,17 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain import checkpoint, results
+from effitrain.compat import compile_seconds, reset_accelerator_state
 from effitrain.config import (
-    ConfigError,
     apply_effective_batch_size,
     check_output_dir,
-    summary_config_keys,
     validate,
 )
 from effitrain.data import build_dataloaders, tokenize_cached
 from effitrain.distributed import process_state, world_size
+from effitrain.errors import ConfigError
 from effitrain.flops import mfu_keys
+from effitrain.identity import summary_config_keys
 from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
 from effitrain.modeling import build_tokenizer, enable_activation_checkpointing
@@ -120,18 +121,6 @@ class Job:
         self.meter.log({"step": step, **metrics}, step)
         if self.best_eval is None or metrics["eval/loss"] < self.best_eval[0]:
             self.best_eval = (metrics["eval/loss"], step)
-
-
-def instantiate_node(node):
-    """``hydra.utils.instantiate``, letting a ConfigError raised by the target through unwrapped."""
-    from hydra.errors import InstantiationException
-
-    try:
-        return instantiate(node)
-    except InstantiationException as error:
-        if isinstance(error.__cause__, ConfigError):
-            raise error.__cause__ from None
-        raise
 
 
 def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,
@@ -224,13 +213,6 @@ def predict_step_peak(job: Job) -> dict:
     return {**predicted_keys(trace.step_peak(memory.step > 1), trace.flops), **run_peak_keys(trace)}
 
 
-def compile_seconds() -> float:
-    """Seconds torch.compile has spent compiling in this process so far (dynamo's own timing)."""
-    from torch._dynamo.utils import compilation_time_metrics
-
-    return float(sum(compilation_time_metrics.get("_compile.compile_inner", [])))
-
-
 def train(job: Job) -> dict:
     """Restore the resume point, then hand the job to its backend's ``fit`` (the measured region);
     the train metrics.
@@ -238,12 +220,11 @@ def train(job: Job) -> dict:
     A backend whose ``fit`` has ``loads_checkpoint = True`` (the Trainer) loads weights, optimizer,
     scheduler and generators itself; the shared restore then sets only effitrain's counts.
     """
-    from accelerate.state import AcceleratorState
     from transformers import set_seed
 
     # accelerate keeps precision and compile settings in a process-wide singleton: a job must
     # not inherit the previous job's (Hydra's basic launcher runs a multirun in one process).
-    AcceleratorState._reset_state(reset_partial_state=False)
+    reset_accelerator_state()
     set_seed(job.cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
     backend = instantiate(job.cfg.backend)
     loads_itself = getattr(getattr(backend, "func", backend), "loads_checkpoint", False)

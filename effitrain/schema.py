@@ -44,7 +44,7 @@ MixedPrecision = _choice("MixedPrecision", ("no", "fp16", "bf16"))
 @dataclass
 class CompileConfig:
     enabled: bool = False
-    backend: str = "inductor"  # checked against torch._dynamo.list_backends() by validate
+    backend: str = "inductor"  # checked against torch.compiler.list_backends() by validate
     mode: CompileMode = CompileMode["default"]
 
 

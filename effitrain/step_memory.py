@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from effitrain.compat import fake_tensor_mode, mask_skipping_replaced, step_peak_tracker_class
+
 # MemTracker's categories -> effitrain's (the summary's keys); buffers are model state like weights.
 CATEGORY_OF = {
     "Parameter": "weights",
@@ -37,24 +39,7 @@ def step_tracker():
     """A ``MemTracker`` that keeps only the whole step's peak. MemTracker also keeps every module's
     own peak, at the cost of a pass over all modules on each operator; nothing here reads those,
     and skipping them is what brings a tracked step near a plain one's time."""
-    return _step_tracker_class()()
-
-
-@functools.cache
-def _step_tracker_class():
-    from torch.distributed._tools import mem_tracker
-
-    if not (hasattr(mem_tracker.MemTracker, "_update_peak_stats") and hasattr(mem_tracker, "_TOTAL_KEY")):
-        return mem_tracker.MemTracker  # another torch's internals: the full tracker, slower, same peak
-
-    class StepPeakTracker(mem_tracker.MemTracker):
-        def _update_peak_stats(self, peak_state) -> None:
-            for device, snapshot in self._curr_mem_snap.items():
-                if self._peak_mem.get(device, 0) < snapshot[mem_tracker._TOTAL_KEY]:
-                    self._peak_mem[device] = snapshot[mem_tracker._TOTAL_KEY]
-                    self._peak_mem_snap[device] = dict(snapshot)  # flat: {category: bytes}
-
-    return StepPeakTracker
+    return step_peak_tracker_class()()
 
 
 def breakdown(snapshot: dict) -> dict[str, int]:
@@ -220,7 +205,6 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     import warnings
 
     import transformers
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
     from effitrain.memory import estimate_optimizer_state
@@ -246,7 +230,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
         state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
         analytic_state = state.bytes if state is not None else 0
     phases = {}
-    with FakeTensorMode():
+    with fake_tensor_mode():
         with torch.device("cpu"):
             model = auto.from_config(config)
         model.train()
@@ -332,10 +316,6 @@ def _mask_skipping_as_recorded(model, unpadded: set[int]):
     """transformers skips building an attention mask for a batch without padding, a decision it
     cannot take on fake tensors (it assumes padding). Take it as the recorded micro-batch did: a
     hook on the model's forward notes which micro-batch is running."""
-    from transformers import masking_utils
-
-    names = ("_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa")
-    originals = {name: getattr(masking_utils, name, None) for name in names}
     current = {"unpadded": False}
 
     def note(module, args, kwargs):
@@ -348,16 +328,11 @@ def _mask_skipping_as_recorded(model, unpadded: set[int]):
         return decide
 
     hook = model.register_forward_pre_hook(note, with_kwargs=True)
-    for name, original in originals.items():
-        if original is not None:
-            setattr(masking_utils, name, follow(original))
     try:
-        yield
+        with mask_skipping_replaced(follow):
+            yield
     finally:
         hook.remove()
-        for name, original in originals.items():
-            if original is not None:
-                setattr(masking_utils, name, original)
 
 
 def _runs_on_fake(optimizer_cfg) -> bool:

@@ -1,4 +1,5 @@
-"""Multiruns: effitrain's launcher, the job-side preparation and the closing report.
+"""Multiruns: effitrain's launcher (the job-side preparation is :mod:`effitrain.sweep_job`, the
+closing report :mod:`effitrain.sweep_report`).
 
     python train.py sweep=optimizers max_steps=20      # a named study from multirun_sweeps/
     python train.py -m optimizer=adamw,adafactor       # a plain Hydra multirun gets the same
@@ -10,8 +11,8 @@ effitrain``, the default) starts one process per job (``python -m effitrain.laun
 ``max_parallel`` at once, each with its own GPUs (``CUDA_VISIBLE_DEVICES``) or CPU cores, its
 output in ``<job>/job.log``; it decides skips without starting a process, locks each job folder
 while its job runs, records a job killed outright as ``killed``/``timeout`` and forwards Ctrl-C and
-SIGTERM to every running job; :class:`SweepReport` then says how each job ended. In each job's
-process: :func:`start_job` (also under ``submitit_slurm``).
+SIGTERM to every running job; :class:`effitrain.sweep_report.SweepReport` then says how each job
+ended. In each job's process: :func:`effitrain.sweep_job.start_job` (also under ``submitit_slurm``).
 """
 
 from __future__ import annotations
@@ -20,23 +21,21 @@ import contextlib
 import glob
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain import results
-from effitrain.config import ConfigError, invalid
+from effitrain.errors import ConfigError, fail, invalid
+from effitrain.sweep_report import RECORD, JobOutcome, signal_name
 
-# The launcher's bookkeeping and the shared caches live in dot-folders of the sweep.
-INDUCTOR_CACHE = ".cache/inductor"
+# The launcher's bookkeeping lives in a dot-folder of the sweep.
 LAUNCHER_DIR = ".effitrain"  # <sweep>/.effitrain: launches.jsonl, each running job's spec
 LAUNCHES = "launches.jsonl"  # one line per job: folder, pid, devices, start and end, how it ended
 JOB_LOG = "job.log"  # a job's stdout and stderr, in its own folder
@@ -53,82 +52,6 @@ LAUNCHER_DEFAULTS = {
     "timeout_min": 1440,
     "kill_grace_s": 30,
 }
-
-
-def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
-    """Prepare one job of a multirun; return its earlier ok summary when it is to be skipped."""
-    # Inductor's cache defaults to /tmp of each machine; under the sweep folder it is shared by all
-    # jobs of the sweep, on one box or across cluster nodes, so later compile=on jobs start faster.
-    cache = Path(hydra_cfg.sweep.dir).resolve() / INDUCTOR_CACHE
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
-    if not cfg.get("skip_ok_jobs", True):
-        return None
-    previous = results.read_summary(Path(hydra_cfg.runtime.output_dir))
-    if previous is None or previous.get("status") != "ok":
-        return None
-    print(
-        f"effitrain: skip: {hydra_cfg.runtime.output_dir} already holds an ok summary.json (skip_ok_jobs=true)"
-    )
-    return previous
-
-
-def job_folders(root: Path) -> list[Path]:
-    """Folders under ``root`` (itself included) that hold a job: its summary.json or Hydra's record.
-
-    Dot-folders (.effitrain, .submitit, .cache with thousands of Inductor files, .hydra) are not searched.
-    """
-    found = []
-    for folder, subfolders, files in os.walk(root):
-        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
-        if results.SUMMARY in files or os.path.exists(os.path.join(folder, ".hydra", "overrides.yaml")):
-            found.append(Path(folder))
-    return found
-
-
-@dataclass
-class JobOutcome:
-    folder: Path
-    # ok | failed | oom | diverged | interrupted | killed | timeout | busy (another process has the
-    # folder) | not started (the sweep was stopped first) | missing (no summary.json)
-    status: str
-    skipped: bool
-    error: str | None
-    log: Path | None = None
-
-
-@dataclass
-class SweepRecord:
-    """What effitrain's launcher did in this process, for :class:`SweepReport`: every job Hydra
-    handed it, in order, and the signal that stopped the sweep, if one did."""
-
-    launched: bool = False
-    jobs: list[JobOutcome] = field(default_factory=list)
-    signal: int | None = None
-
-
-RECORD = SweepRecord()
-
-
-def sweep_outcomes(sweep_dir: Path, since: float) -> list[JobOutcome]:
-    """The jobs started in ``sweep_dir`` at or after ``since`` (a ``time.time()``), found on disk:
-    the report of a launcher other than effitrain's (submitit_slurm), which keeps no record here.
-
-    Hydra writes each job's ``.hydra/overrides.yaml`` before the job runs, also for a job that then
-    skips itself, so its time tells this sweep's jobs from older ones in the same folder.
-    """
-    outcomes = []
-    started = [(folder / ".hydra" / "overrides.yaml", folder) for folder in job_folders(Path(sweep_dir))]
-    started = sorted((path.stat().st_mtime, folder) for path, folder in started if path.exists())
-    for mtime, folder in started:  # in launch order
-        if mtime < since:
-            continue
-        summary = results.read_summary(folder)
-        if summary is None:
-            outcomes.append(JobOutcome(folder, "missing", False, "no summary.json (the job's process died)"))
-            continue
-        skipped = (folder / results.SUMMARY).stat().st_mtime < since
-        outcomes.append(JobOutcome(folder, summary.get("status", "missing"), skipped, summary.get("error")))
-    return outcomes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,13 +138,6 @@ def _file_id(path: Path):
     return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 @dataclass
 class _Job:
     idx: int
@@ -256,8 +172,6 @@ class LocalSweep:
         try:
             self.settings = launcher_settings(launcher.params)
         except ConfigError as error:
-            from effitrain.hydra_task import fail
-
             fail(str(error))
         self.sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -394,7 +308,7 @@ class LocalSweep:
             if self.stop_signal is None:
                 self.stop_signal = signum
                 print(
-                    f"\neffitrain: {_signal_name(signum)}: stopping {len(self.running)} running job(s), "
+                    f"\neffitrain: {signal_name(signum)}: stopping {len(self.running)} running job(s), "
                     "which record status interrupted; no new job starts (again to kill them at once)",
                     file=sys.stderr,
                     flush=True,
@@ -509,7 +423,7 @@ class LocalSweep:
             return JobOutcome(job.folder, "ok", False, None, log)
         signum = -code if code < 0 else None
         if job.timed_out:
-            how = _signal_name(signum or job.stop_signal)
+            how = signal_name(signum or job.stop_signal)
             error = (
                 f"ran longer than hydra.launcher.timeout_min={self.settings['timeout_min']}: stopped by {how}"
             )
@@ -519,17 +433,17 @@ class LocalSweep:
             return JobOutcome(job.folder, "timeout", False, error, log)
         if job.stop_signal is not None and signum != signal.SIGKILL and not written:
             # the sweep stopped it (Ctrl-C, SIGTERM) before it could say so itself (still starting)
-            error = f"interrupted by {_signal_name(job.stop_signal)} (the sweep was stopped)"
+            error = f"interrupted by {signal_name(job.stop_signal)} (the sweep was stopped)"
             self._write_stopped(job, "interrupted", job.stop_signal, error, None)
             return JobOutcome(job.folder, "interrupted", False, error, log)
         if signum is not None and not (
             written and summary is not None and summary.get("status") == "interrupted"
         ):
-            error = f"killed by {_signal_name(signum)}"
+            error = f"killed by {signal_name(signum)}"
             if signum == signal.SIGKILL and job.stop_signal is None:
                 error += " (from outside: the kernel's OOM killer sends it when memory runs out)"
             elif signum == signal.SIGKILL:
-                error += f" after {_signal_name(job.stop_signal)}: it did not stop within hydra.launcher.kill_grace_s"
+                error += f" after {signal_name(job.stop_signal)}: it did not stop within hydra.launcher.kill_grace_s"
             self._write_stopped(job, "killed", signum, error, summary if written else None)
             return JobOutcome(job.folder, "killed", False, error, log)
         if written and summary is not None:
@@ -549,7 +463,7 @@ class LocalSweep:
         if summary is None:
             summary = {}
             try:
-                from effitrain.config import summary_config_keys
+                from effitrain.identity import summary_config_keys
 
                 summary.update(summary_config_keys(job.config, job.folder, 1))
             except Exception:  # the keys are context; the status must be written regardless
@@ -624,69 +538,3 @@ def expose_launcher_plugin() -> None:
 def launch_local(launcher, job_overrides, initial_job_idx: int) -> list:
     """``EffitrainLauncher.launch``: run the batch, return one JobReturn per job, in order."""
     return LocalSweep(launcher, job_overrides, initial_job_idx).run()
-
-
-# ---------------------------------------------------------------------------------------------
-# The closing report (runs in the sweep's process)
-
-
-class SweepReport(Callback):
-    """Hydra callback (``hydra.callbacks.sweep_report``): after a multirun, report every job and
-    exit with status 1 when any is not ok (128 + the signal when the sweep was stopped), so
-    scripts and CI see it."""
-
-    def __init__(self) -> None:
-        self.started = time.time()
-
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        self.started = time.time()
-        RECORD.launched, RECORD.jobs, RECORD.signal = False, [], None
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        if RECORD.launched:  # effitrain's launcher: the jobs Hydra handed it, whatever is on disk
-            outcomes = [_recheck(job) for job in RECORD.jobs]
-        else:
-            outcomes = sweep_outcomes(sweep_dir, self.started)
-        for job in outcomes:
-            how = "ok (skipped: ok before)" if job.skipped else job.status
-            line = f"effitrain: {how}: {os.path.relpath(job.folder, sweep_dir)}"
-            if job.status != "ok":
-                line += f": {job.error}"
-            if job.log is not None and job.log.exists():
-                line += f" (log: {job.log})"
-            print(line)
-        busy = sum(job.status == "busy" for job in outcomes)
-        not_started = sum(job.status == "not started" for job in outcomes)
-        failed = sum(job.status not in ("ok", "busy", "not started") for job in outcomes)
-        skipped = sum(job.skipped for job in outcomes)
-        notes = [f"{skipped} skipped: ok before"]
-        if busy:
-            notes.append(f"{busy} in use by another sweep, not run")
-        if not_started:
-            notes.append(f"{not_started} not started")
-        print(f"effitrain: {failed} of {len(outcomes)} jobs failed ({', '.join(notes)}) in {sweep_dir}")
-        print(f"effitrain: compare: effitrain compare {shlex.quote(str(sweep_dir))}")
-        failed += busy + not_started  # not done by this sweep either: the exit status says so
-        if failed:
-            args = [arg for arg in sys.argv if not arg.startswith("hydra.sweep.dir=")]
-            resume = shlex.join(["python", *args, f"hydra.sweep.dir={sweep_dir}"])
-            print(f"effitrain: rerun the jobs that are not ok: {resume}")
-        sys.stdout.flush()
-        if RECORD.signal is not None:
-            print(
-                f"effitrain: error: the sweep was stopped by {_signal_name(RECORD.signal)}", file=sys.stderr
-            )
-            sys.exit(128 + RECORD.signal)
-        if failed:
-            sys.exit(1)
-
-
-def _recheck(job: JobOutcome) -> JobOutcome:
-    """A job left to another sweep is reported as that sweep left it, if it has finished."""
-    if job.status != "busy":
-        return job
-    summary = results.read_summary(job.folder)
-    if summary is not None and summary.get("status") == "ok":
-        return JobOutcome(job.folder, "ok", False, None)
-    return job

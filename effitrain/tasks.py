@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from effitrain.config import invalid
+from effitrain.errors import instantiate_node, invalid
 
 IGNORE_INDEX = -100  # the label cross-entropy skips: padding, and no target after a sequence's end
 
@@ -47,8 +47,6 @@ class Task:
 
     def load(self, data_cfg: DictConfig):
         """The raw data (:class:`effitrain.data.RawData`) from the ``data`` node; ConfigError for bad data."""
-        from effitrain.run import instantiate_node
-
         return instantiate_node(data_node(data_cfg))
 
     def cache_key(self) -> dict:
@@ -167,8 +165,6 @@ class CausalLM(Task):
         self.packing = packing
 
     def load(self, data_cfg):
-        from effitrain.run import instantiate_node
-
         raw = instantiate_node(data_node(data_cfg, label_column=None))  # texts only: labels unread
         for split, part in (("train", raw.train), ("eval", raw.eval)):
             if len(part) == 0:

@@ -111,10 +111,8 @@ class StepMeter:
     one line to every logger and raises :class:`TrainingDiverged` on a non-finite loss.
     """
 
-    def __init__(self, num_steps: int, loggers: list, device, progress_bar: bool, is_main: bool, task=None):
-        from effitrain.tasks import Classification
-
-        self.task = task or Classification()  # what normalizes the loss and what counts as a token
+    def __init__(self, num_steps: int, loggers: list, device, progress_bar: bool, is_main: bool, task):
+        self.task = task  # what normalizes the loss and what counts as a token
         self.loggers = loggers if is_main else []
         self.device = device
         self.read_memory = functools.partial(current_bytes, device)  # the run's PeakMemory.read_current

@@ -37,7 +37,9 @@ DISTILBERT = ["model=distilbert_base_cased", "model.init=random", "model.archite
 @pytest.mark.skipif(not REFERENCE.exists(), reason="the reference lives in the steering repo's shared/")
 def test_the_pinned_rows_are_the_published_ones():
     rows = re.findall(r"^\| (\w+) \| (\d+) \| (true|false) \|", REFERENCE.read_text(), re.M)
-    values = [float(v) for v in re.findall(r"\| \*{0,2}([\d.]+)\*{0,2} \| [\d.]+ \|$", REFERENCE.read_text(), re.M)]
+    values = [
+        float(v) for v in re.findall(r"\| \*{0,2}([\d.]+)\*{0,2} \| [\d.]+ \|$", REFERENCE.read_text(), re.M)
+    ]
     published = {(o, c == "true"): values[i * 6 : i * 6 + 6] for i, (o, _, c) in enumerate(rows)}
     assert published == H100
 
@@ -93,7 +95,8 @@ def test_cuda_attention_keeps_no_probabilities():
     assert any(shape == (b, h, n, n) for _, shape in cpu)  # math: scores/probabilities (b, h, n, n)
     # the memory-efficient kernel: q, k, v, the output, a logsumexp padded to 32 rows, seed and offset
     assert sorted(cuda, key=str) == sorted(
-        [(torch.float32, (b, h, n, d))] * 4 + [(torch.float32, (b, h, 32)), (torch.int64, ()), (torch.int64, ())],
+        [(torch.float32, (b, h, n, d))] * 4
+        + [(torch.float32, (b, h, 32)), (torch.int64, ()), (torch.int64, ())],
         key=str,
     )
 
@@ -108,7 +111,7 @@ def test_a_cpu_run_whose_tracked_step_is_its_first_measures_the_first_step_phase
 
 
 def test_a_causal_lm_evaluation_at_many_rows_sets_the_run_peak():
-    from effitrain.memory import estimate_memory
+    from effitrain.estimate import estimate_memory
 
     cfg = compose("task=causal_lm", "model=llama_tiny", "micro_batch_size=2", "eval_batch_size=32",
                   "max_length=64", tiny=False)  # fmt: skip
@@ -129,7 +132,9 @@ def test_estimate_on_cuda_lands_within_2_percent_of_every_h100_category():
     rows = json.loads(done.stdout)["optimizers"]
     for optimizer in ("adafactor", "adam8bit", "adamw"):
         row, measured = rows[optimizer], H100[(optimizer, False)]
-        predicted = [row["step_peak"][f"{c}_bytes"] / MIB for c in CATEGORIES] + [row["step_peak_bytes"] / MIB]
+        predicted = [row["step_peak"][f"{c}_bytes"] / MIB for c in CATEGORIES] + [
+            row["step_peak_bytes"] / MIB
+        ]
         for name, p, m in zip([*CATEGORIES, "total"], predicted, measured):
             assert p == pytest.approx(m, rel=0.02, abs=0.05), (optimizer, name)
 
@@ -202,7 +207,10 @@ def test_gpu_report_reads_what_isolated_runs_write():
     result = {"device": "cpu", "torch": torch.__version__, "command": "test", "seconds": 0.0, "memory": rows,
               "adam8bit_saving": [saving], "timing": []}  # fmt: skip
     page = gpu.markdown(result)
-    assert f"| tiny | adamw | false | fp32 | {adamw['mem/step_peak_predicted/weights_bytes'] / MIB:.1f} / " in page
+    assert (
+        f"| tiny | adamw | false | fp32 | {adamw['mem/step_peak_predicted/weights_bytes'] / MIB:.1f} / "
+        in page
+    )
     assert f"| {saving['measured_bytes_per_param']:.2f} | {saving['predicted_bytes_per_param']:.2f} |" in page
 
 
@@ -218,18 +226,25 @@ def test_cuda_autocast_casts_by_cudas_lists_and_casts_a_weight_once_per_region()
                 y, z = linear(x), linear(x)  # the same weight twice: one bf16 copy
                 normed = F.layer_norm(y, (8,))  # on CUDA's fp32 list (on CPU's it is not)
                 probs = torch.softmax(z, -1)
-    assert (y.dtype, z.dtype, normed.dtype, probs.dtype) == (torch.bfloat16, torch.bfloat16, torch.float32, torch.float32)
+    assert (y.dtype, z.dtype, normed.dtype, probs.dtype) == (
+        torch.bfloat16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+    )
     weights = [t if t._base is None else t._base for t in saved if t.shape == (8, 8)]  # mm keeps weight.t()
     assert len(weights) == 2 and weights[0] is weights[1] and weights[0].dtype == torch.bfloat16
 
 
 def test_bf16_with_checkpointing_recomputes_under_the_cuda_autocast():
-    from effitrain.memory import estimate_memory
+    from effitrain.estimate import estimate_memory
 
     base = ("task=causal_lm", "model=llama_tiny", "max_length=32", "micro_batch_size=4", "precision=bf16")
     peaks = {}
     for checkpointing in (False, True):
         cfg = compose(*base, f"gradient_checkpointing={checkpointing}", tiny=False)
-        [row] = estimate_memory(cfg, device="cuda").values()  # recomputing in fp32 would raise CheckpointError
+        [row] = estimate_memory(
+            cfg, device="cuda"
+        ).values()  # recomputing in fp32 would raise CheckpointError
         peaks[checkpointing] = row["step_peak"]["activations_bytes"]
     assert 0 < peaks[True] < peaks[False]

@@ -10,9 +10,9 @@ from hydra.utils import instantiate
 
 from effitrain.config import ConfigError
 from effitrain.data import tokenize_cached
+from effitrain.errors import instantiate_node
 from effitrain.modeling import build_tokenizer
-from effitrain.run import instantiate_node
-from effitrain.tasks import macro_f1
+from effitrain.tasks import Classification, macro_f1
 from tests.conftest import compose, run_job
 
 
@@ -42,7 +42,9 @@ def test_files_rewritten_at_the_same_path_are_tokenized_anew(tmp_path):
 
 def _tokenize(tmp_path, cache):
     cfg = compose()
-    return tokenize_cached(instantiate(cfg.data), build_tokenizer(cfg.model), 16, str(cache), {"k": 1})
+    return tokenize_cached(
+        instantiate(cfg.data), build_tokenizer(cfg.model), 16, str(cache), {"k": 1}, Classification()
+    )
 
 
 def test_the_cache_is_reused_and_a_damaged_entry_rebuilt(tmp_path):

@@ -14,6 +14,7 @@ import torch
 
 from effitrain import memory
 from effitrain.config import group_options
+from effitrain.estimate import estimate_memory
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer
 from tests.conftest import REPO, compose, read_metrics, run_job, train_py
@@ -140,7 +141,7 @@ def test_python_numbers_are_not_tensor_memory():
 
 def _minilm_meta_estimates():
     cfg = compose("model=minilm", tiny=False)
-    rows = memory.estimate_memory(cfg, {name: compose(f"optimizer={name}").optimizer for name in OPTIMIZERS})
+    rows = estimate_memory(cfg, {name: compose(f"optimizer={name}").optimizer for name in OPTIMIZERS})
     return {name: row["optimizer_state_bytes"] for name, row in rows.items()}
 
 
@@ -343,7 +344,7 @@ def test_estimate_with_gradient_checkpointing_predicts_one_layer_of_activations(
     for checkpointing in ("false", "true"):
         cfg = compose("model.architecture.num_hidden_layers=4", "micro_batch_size=16", "max_length=128",
                       "optimizer=adafactor", f"gradient_checkpointing={checkpointing}")  # fmt: skip
-        [rows[checkpointing]] = memory.estimate_memory(cfg).values()
+        [rows[checkpointing]] = estimate_memory(cfg).values()
     plain, checkpointed = rows["false"], rows["true"]
     # four layers' activations kept for backward, against the layer boundaries and one recomputed layer
     assert checkpointed["step_peak"]["activations_bytes"] < plain["step_peak"]["activations_bytes"] / 2
@@ -355,7 +356,7 @@ def test_estimate_with_gradient_checkpointing_predicts_one_layer_of_activations(
 @pytest.mark.slow
 def test_estimate_of_distilbert_works_offline_with_its_own_vocabulary():
     cfg = compose("model=distilbert_base_cased", "max_length=32", "micro_batch_size=2", tiny=False)
-    [row] = memory.estimate_memory(cfg).values()
+    [row] = estimate_memory(cfg).values()
     # distilbert-base-cased: 65,190,912 parameters and a vocabulary of 28,996 (its published
     # config), plus a 3-class head (768 x 768 + 768, 768 x 3 + 3)
     assert row["vocab_size"] == 28_996
@@ -409,7 +410,7 @@ def test_estimate_of_distilbert_agrees_with_real_runs(tmp_path):
     # model (by default the estimate uses distilbert's own 28,996, see the test above)
     sized = [*overrides, "model.architecture.vocab_size=30522"]
     cfg = compose(*sized, tiny=False)
-    estimates = memory.estimate_memory(
+    estimates = estimate_memory(
         cfg,
         {name: compose(*sized, f"optimizer={name}", tiny=False).optimizer for name in OPTIMIZERS},
         step=False,

@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from effitrain.tasks import Classification
 from effitrain.training import WARMUP_STEPS, StepMeter
 from tests.conftest import run_job
 
@@ -20,7 +21,9 @@ def _batch(samples: int, tokens_per_sample: int, padding: int):
 
 
 def test_meter_throughput_is_work_over_time_with_a_known_sleep():
-    meter = StepMeter(num_steps=8, loggers=[], device="cpu", progress_bar=False, is_main=True)
+    meter = StepMeter(
+        num_steps=8, loggers=[], device="cpu", progress_bar=False, is_main=True, task=Classification()
+    )
     meter.start()
     started = time.perf_counter()
     for step in range(1, 9):

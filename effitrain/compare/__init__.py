@@ -30,7 +30,7 @@ from effitrain.compare.report import (
     write_markdown,
     write_seeds_csv,
 )
-from effitrain.config import ConfigError
+from effitrain.errors import ConfigError
 
 __all__ = ["CSV_KEYS", "JobResult", "compare", "load_jobs", "pareto_front"]
 

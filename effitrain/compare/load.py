@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from effitrain import results
-from effitrain.config import ConfigError
-from effitrain.sweep import job_folders
+from effitrain.errors import ConfigError
+from effitrain.sweep_report import job_folders
 
 MIB = 2**20
 

@@ -1,0 +1,38 @@
+"""The errors a user can cause, and how they reach the user: the bottom of effitrain's layers.
+
+Every module may import this one; it imports no other effitrain module. A configuration a run
+cannot start with is a :class:`ConfigError` whose message is one line naming the key, the bad value
+and what is allowed (:func:`invalid`); a command that cannot go on says so with :func:`fail`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+class ConfigError(ValueError):
+    """A configuration a run cannot start with; the message is one line for the user."""
+
+
+def invalid(key: str, value, allowed: str) -> ConfigError:
+    shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as typed: true, not True
+    return ConfigError(f"{key}={shown} is invalid: {allowed}")
+
+
+def fail(message: str, code: int = 2):
+    for line in str(message).splitlines() or [""]:
+        print(f"effitrain: error: {line}", file=sys.stderr)
+    sys.exit(code)
+
+
+def instantiate_node(node):
+    """``hydra.utils.instantiate``, letting a ConfigError raised by the target through unwrapped."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(node)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, ConfigError):
+            raise error.__cause__ from None
+        raise
