@@ -156,6 +156,26 @@ def mask_skipping_replaced(follow):
                 setattr(masking_utils, name, original)
 
 
+def checkpointing_wrapped(model, wrap) -> int:
+    """Each of the model's checkpointed layers runs ``wrap(fn)`` where it ran ``fn`` under
+    ``torch.utils.checkpoint``, in the forward and in the recomputation alike: transformers'
+    ``_gradient_checkpointing_func`` (set by ``gradient_checkpointing_enable``) is wrapped. Returns
+    how many layers were; fallback: none (0), which the caller reports."""
+    from transformers import PreTrainedModel
+
+    wrapped = 0
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):  # it holds the function too, for its layers to take
+            continue
+        original = private("transformers", module, "_gradient_checkpointing_func")
+        if original is not None:
+            module._gradient_checkpointing_func = functools.partial(
+                lambda checkpoint, fn, *args, **kwargs: checkpoint(wrap(fn), *args, **kwargs), original
+            )
+            wrapped += 1
+    return wrapped
+
+
 # --- accelerate --------------------------------------------------------------------------------
 
 

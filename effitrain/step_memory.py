@@ -20,7 +20,12 @@ import math
 
 import torch
 
-from effitrain.compat import fake_tensor_mode, mask_skipping_replaced, step_peak_tracker_class
+from effitrain.compat import (
+    checkpointing_wrapped,
+    fake_tensor_mode,
+    mask_skipping_replaced,
+    step_peak_tracker_class,
+)
 
 # MemTracker's categories -> effitrain's (the summary's keys); buffers are model state like weights.
 CATEGORY_OF = {
@@ -287,8 +292,19 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
                 step(torch.optim.SGD(model.parameters(), lr=0.0))
             if cfg.get("gradient_checkpointing"):
                 enable_activation_checkpointing(model)
-                if cuda and dtype is not None:
-                    _recompute_under(model, autocast_like(device, dtype))
+                # checkpointing recomputes a layer under the autocast its forward ran in (it saves and
+                # restores autocast state); the emulated CUDA autocast is a mode, not that state, so it
+                # is opened around the checkpointed function itself, in forward and recomputation alike
+                if (
+                    cuda
+                    and dtype is not None
+                    and not checkpointing_wrapped(model, autocast_like(device, dtype))
+                ):
+                    raise NotImplementedError(
+                        "the CUDA replay cannot recompute this model's layers under CUDA's autocast "
+                        "(no transformers _gradient_checkpointing_func): gradient checkpointing with "
+                        f"precision={cfg.precision.mixed_precision} is not modeled"
+                    )
             for phase in ("first_step", "later_step"):  # reset_mod_stats per micro-batch, as StepMemory.saw
                 tracked(phase, lambda tracker: step(optimizer, lambda batch: tracker.reset_mod_stats()))
             if evaluation is not None:
@@ -297,18 +313,6 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
         peak["optimizer_state"] += analytic_state
         peak["total"] += analytic_state
     return Trace(phases, flops.get_total_flops())
-
-
-def _recompute_under(model, autocast) -> None:
-    """Checkpointing recomputes a layer under the autocast its forward ran in (torch.utils.checkpoint
-    saves and restores it): the emulated CUDA autocast, a mode and not autocast state, is opened
-    around the checkpointed function itself, so the recomputation casts as the forward did."""
-    for module in model.modules():
-        checkpoint = getattr(module, "_gradient_checkpointing_func", None)
-        if checkpoint is not None:
-            module._gradient_checkpointing_func = functools.partial(
-                lambda original, fn, *args, **kwargs: original(autocast(fn), *args, **kwargs), checkpoint
-            )
 
 
 @contextlib.contextmanager

@@ -94,6 +94,31 @@ def test_transformers_mask_skipping_deciders_say_skip_for_an_unpadded_batch():
     assert masking_utils._ignore_bidirectional_mask_sdpa is bidirectional
 
 
+def test_transformers_checkpointing_function_is_what_recomputation_calls():
+    """Every checkpointed layer of a model calls its _gradient_checkpointing_func with the function
+    it recomputes: wrapping it sees the forward once and the recomputation once per layer."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    calls = []
+
+    def wrap(fn):
+        def counted(*args, **kwargs):
+            calls.append(torch.is_grad_enabled())
+            return fn(*args, **kwargs)
+
+        return counted
+
+    assert compat.checkpointing_wrapped(model, wrap) == 2
+    ids = torch.randint(0, 64, (2, 8))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert len(calls) == 4  # two layers: each forward, then each recomputation in backward
+
+
 def test_accelerate_state_reset_forgets_the_precision_and_keeps_the_process():
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
