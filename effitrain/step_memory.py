@@ -25,6 +25,7 @@ from effitrain.compat import (
     mask_skipping_replaced,
     step_peak_tracker_class,
 )
+from effitrain.errors import ConfigError
 
 # MemTracker's categories -> effitrain's (the summary's keys); buffers are model state like weights.
 CATEGORY_OF = {
@@ -237,6 +238,12 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     with fake_tensor_mode():
         with torch.device("cpu"):
             model = auto.from_config(config)
+        attention = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        if cuda and attention not in ("sdpa", "eager"):
+            raise ConfigError(
+                f"the CUDA replay models the sdpa and eager attention of transformers, not {attention!r}: "
+                "its kernel's saved tensors are not predicted"
+            )
         model.train()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision.mixed_precision)
         if dtype is not None:  # as accelerate prepares a model for mixed precision
@@ -299,7 +306,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
                     and dtype is not None
                     and not checkpointing_wrapped(model, autocast_like(device, dtype))
                 ):
-                    raise NotImplementedError(
+                    raise ConfigError(
                         "the CUDA replay cannot recompute this model's layers under CUDA's autocast "
                         "(no transformers _gradient_checkpointing_func): gradient checkpointing with "
                         f"precision={cfg.precision.mixed_precision} is not modeled"

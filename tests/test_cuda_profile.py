@@ -248,3 +248,16 @@ def test_bf16_with_checkpointing_recomputes_under_the_cuda_autocast():
         ).values()  # recomputing in fp32 would raise CheckpointError
         peaks[checkpointing] = row["step_peak"]["activations_bytes"]
     assert 0 < peaks[True] < peaks[False]
+
+
+def test_an_attention_the_cuda_replay_does_not_model_is_named_in_one_line():
+    done = subprocess.run(
+        [sys.executable, "-m", "effitrain.cli", "estimate", "model=tiny",
+         "+model.config_overrides.attn_implementation=flex_attention", "--device", "cuda"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "effitrain: error: the CUDA replay models the sdpa and eager attention of transformers, not "
+        "'flex_attention': its kernel's saved tensors are not predicted"
+    ]
