@@ -261,3 +261,58 @@ def test_an_attention_the_cuda_replay_does_not_model_is_named_in_one_line():
         "effitrain: error: the CUDA replay models the sdpa and eager attention of transformers, not "
         "'flex_attention': its kernel's saved tensors are not predicted"
     ]
+
+
+@pytest.mark.parametrize("task", ["classification", "causal_lm"])
+def test_the_eval_phase_predicted_on_cpu_equals_a_real_evaluation_under_the_tracker(task):
+    """The eval phase's prediction against MemTracker on a real CPU evaluation forward (padded rows,
+    the worst case), after a real training step, so weights and optimizer state are held."""
+    import transformers
+
+    from effitrain.modeling import build_model
+    from effitrain.optim import build_optimizer
+    from effitrain.step_memory import breakdown, step_tracker, trace_run
+    from effitrain.tasks import build_task
+
+    model_name = "llama_tiny" if task == "causal_lm" else "tiny"
+    cfg = compose(f"task={task}", f"model={model_name}", "max_length=32", "micro_batch_size=4", "eval_batch_size=8",
+                  tiny=False)  # fmt: skip
+    task_ = build_task(cfg)
+    config = build_model(cfg.model, None if task == "causal_lm" else 3, None, device="meta",
+                         auto_class=task_.auto_class).config  # fmt: skip
+
+    def shapes(rows):
+        labels = task_.labels_shape(rows, 32)
+        return {"input_ids": ((rows, 32), torch.int64), "attention_mask": ((rows, 32), torch.int64),
+                "labels": (labels, torch.int64)}  # fmt: skip
+
+    predicted = trace_run(config, cfg.optimizer, cfg, [shapes(4)], "cpu", shapes(8)).phases["eval"]
+
+    torch.manual_seed(0)
+    model = getattr(transformers, task_.auto_class).from_config(config)
+    optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
+
+    def batch(rows):
+        mask = torch.ones(rows, 32, dtype=torch.int64)
+        mask[0, 20:] = 0  # one padded row: the model builds its attention mask, as the replay assumes
+        labels = torch.zeros(task_.labels_shape(rows, 32), dtype=torch.int64)
+        return {
+            "input_ids": torch.zeros(rows, 32, dtype=torch.int64),
+            "attention_mask": mask,
+            "labels": labels,
+        }
+
+    model.train()
+    (task_.loss_sum(model, batch(4)) / 4).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    evaluation = batch(8)
+    tracker = step_tracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        model.eval()
+        with torch.no_grad():
+            task_.loss_sum(model, evaluation)
+    measured = breakdown(tracker.get_tracker_snapshot("peak"))
+    assert measured == predicted
+    assert measured["optimizer_state"] > 0 and measured["gradients"] == 0
