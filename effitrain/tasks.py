@@ -316,7 +316,11 @@ def macro_f1(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) 
 
     return float(
         f1_score(
-            labels.numpy(), predictions.numpy(), labels=list(range(num_classes)), average="macro", zero_division=0
+            labels.numpy(),
+            predictions.numpy(),
+            labels=list(range(num_classes)),
+            average="macro",
+            zero_division=0,
         )
     )
 

@@ -190,7 +190,9 @@ def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, mo
     from effitrain.sweep import start_job
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # start_job sets it otherwise
-    hydra_cfg = OmegaConf.create({"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(tmp_path / "j")}})
+    hydra_cfg = OmegaConf.create(
+        {"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(tmp_path / "j")}}
+    )
     (tmp_path / "j").mkdir()
     cfg = OmegaConf.create({"skip_ok_jobs": True})
     assert start_job(cfg, hydra_cfg) is None  # no summary yet

@@ -1,8 +1,7 @@
-"""``effitrain plan`` and MFU: the plan picks what its own predictions say fits; MFU is a fraction."""
+"""``effitrain plan`` and MFU: the plan picks what its own predictions say fits; MFU is FLOPs counted by hand over the step time and the peak."""
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 

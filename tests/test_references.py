@@ -144,7 +144,10 @@ def test_eval_metrics_count_a_predicted_but_absent_class():
     predicted = [0, 2, 1, 1, 0, 0]  # class 2 is predicted once and never the label
     logits = torch.full((6, 3), -1.0)
     logits[torch.arange(6), torch.tensor(predicted)] = 2.0
-    batches = [{"row": torch.tensor(rows), "labels": torch.tensor([labels[i] for i in rows])} for rows in ([0, 1, 2, 3], [4, 5])]
+    batches = [
+        {"row": torch.tensor(rows), "labels": torch.tensor([labels[i] for i in rows])}
+        for rows in ([0, 1, 2, 3], [4, 5])
+    ]
     metrics = Classification().evaluate(_FixedLogits(logits), batches, _OneProcess())
 
     # by hand: class 0: 2 hits of 3 predicted, 3 real -> 2/3; class 1: 2 of 2, 3 real -> 4/5;
@@ -152,8 +155,9 @@ def test_eval_metrics_count_a_predicted_but_absent_class():
     assert metrics["eval/f1"] == pytest.approx((2 / 3 + 4 / 5 + 0) / 3, abs=1e-12)
     assert metrics["eval/f1"] == pytest.approx(f1_score(labels, predicted, average="macro"), abs=1e-12)
     assert metrics["eval/accuracy"] == pytest.approx(4 / 6, abs=1e-7)
-    hit, miss = -math.log(math.exp(2) / (math.exp(2) + 2 * math.exp(-1))), -math.log(
-        math.exp(-1) / (math.exp(2) + 2 * math.exp(-1))
+    hit, miss = (
+        -math.log(math.exp(2) / (math.exp(2) + 2 * math.exp(-1))),
+        -math.log(math.exp(-1) / (math.exp(2) + 2 * math.exp(-1))),
     )
     assert metrics["eval/loss"] == pytest.approx((4 * hit + 2 * miss) / 6, rel=1e-6)
     assert metrics["eval/samples"] == 6
@@ -200,7 +204,9 @@ def test_compare_ratio_cells_on_known_summaries(jobs, title, state_ratios, peak_
     assert [row[peak] for row in rows] == peak_ratios
 
 
-MODELS = sorted(p.stem for p in (__import__("tests.conftest").conftest.REPO / "conf" / "model").glob("*.yaml"))
+MODELS = sorted(
+    p.stem for p in (__import__("tests.conftest").conftest.REPO / "conf" / "model").glob("*.yaml")
+)
 
 
 @pytest.mark.parametrize("model", MODELS)
