@@ -1,4 +1,5 @@
-"""``effitrain plan`` and MFU: the plan picks what its own predictions say fits; MFU is FLOPs counted by hand over the step time and the peak."""
+"""``effitrain plan`` and MFU: the plan picks what its own predictions say fits; MFU is the FLOPs of a
+step (equal to a hand count) over the step time and the device peak."""
 
 from __future__ import annotations
 
