@@ -183,24 +183,30 @@ def test_a_rerun_skips_only_the_ok_jobs(tmp_path):
     assert [summary(tmp_path, seed)["status"] for seed in (1, 2, 3, 4)] == ["ok"] * 4
 
 
-def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, monkeypatch):
+def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, monkeypatch, capsys):
     """The same decision where Hydra's own launchers (submitit) start the job: start_job."""
     from omegaconf import OmegaConf
 
-    from effitrain.sweep import start_job
+    from effitrain.sweep import INDUCTOR_CACHE, start_job
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # start_job sets it otherwise
-    hydra_cfg = OmegaConf.create(
-        {"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(tmp_path / "j")}}
-    )
-    (tmp_path / "j").mkdir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored after the test")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    job = tmp_path / "j"
+    hydra_cfg = OmegaConf.create({"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(job)}})
+    job.mkdir()
     cfg = OmegaConf.create({"skip_ok_jobs": True})
     assert start_job(cfg, hydra_cfg) is None  # no summary yet
+    # the sweep's jobs share one Inductor cache under the sweep folder
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path.resolve() / INDUCTOR_CACHE)
     for status in ("failed", "oom", "killed"):
-        (tmp_path / "j" / "summary.json").write_text(json.dumps({"status": status}))
+        (job / "summary.json").write_text(json.dumps({"status": status}))
         assert start_job(cfg, hydra_cfg) is None, status
-    (tmp_path / "j" / "summary.json").write_text(json.dumps({"status": "ok", "eval/loss": 0.5}))
+    assert capsys.readouterr().out == ""
+    (job / "summary.json").write_text(json.dumps({"status": "ok", "eval/loss": 0.5}))
     assert start_job(cfg, hydra_cfg) == {"status": "ok", "eval/loss": 0.5}
+    assert capsys.readouterr().out == (
+        f"effitrain: skip: {job} already holds an ok summary.json (skip_ok_jobs=true)\n"
+    )
     assert start_job(OmegaConf.create({"skip_ok_jobs": False}), hydra_cfg) is None
 
 

@@ -163,45 +163,58 @@ def test_eval_metrics_count_a_predicted_but_absent_class():
     assert metrics["eval/samples"] == 6
 
 
-def _job(index: int, optimizer: str, state_bytes: int, peak_bytes: int, status: str = "ok"):
+def _job(index: int, optimizer: str, state_mib: int, peak_mib: int | None, status: str = "ok"):
     from pathlib import Path
 
     from effitrain.compare.load import JobResult
 
-    summary = {"status": status, "cfg/optimizer": optimizer, "mem/optimizer_state_bytes": state_bytes,
-               "mem/step_peak_bytes": peak_bytes}  # fmt: skip
+    summary = {"status": status, "cfg/optimizer": optimizer, "mem/optimizer_state_bytes": state_mib * 2**20}
+    if peak_mib is not None:
+        summary["mem/step_peak_bytes"] = peak_mib * 2**20
     return JobResult(Path("s"), Path("s", f"job{index}"), summary, {}, choices={"optimizer": optimizer})
 
 
 @pytest.mark.parametrize(
-    "jobs, title, state_ratios, peak_ratios",
+    "jobs, title, rows",
     [
         # AdamW is not first: the ratios are against it, not against the first job
         (
             [("adafactor", 100, 1000), ("adamw", 800, 4000), ("adam8bit", 200, 2000)],
-            "x AdamW", ["0.125", "1.000", "0.250"], ["0.250", "1.000", "0.500"],
+            "x AdamW",
+            [["adafactor", "ok", "100.00", "0.125", "1000.0", "0.250"],
+             ["adamw", "ok", "800.00", "1.000", "4000.0", "1.000"],
+             ["adam8bit", "ok", "200.00", "0.250", "2000.0", "0.500"]],
         ),
         # a failed AdamW is no baseline: the first finished job is
         (
             [("adamw", 800, 4000, "oom"), ("adafactor", 100, 1000), ("adam8bit", 300, 1500)],
-            "x job 2", ["8.000", "1.000", "3.000"], ["4.000", "1.000", "1.500"],
+            "x job 2",
+            [["adamw", "oom", "800.00", "8.000", "4000.0", "4.000"],
+             ["adafactor", "ok", "100.00", "1.000", "1000.0", "1.000"],
+             ["adam8bit", "ok", "300.00", "3.000", "1500.0", "1.500"]],
         ),
-        # no AdamW at all: against job 1
+        # no AdamW at all: against job 1; a baseline without the figure has no ratios of it, and a
+        # column that no job has a value in is left out
         (
-            [("adafactor", 400, 1000), ("adam8bit", 100, 3000)],
-            "x job 1", ["1.000", "0.250"], ["1.000", "3.000"],
+            [("adafactor", 400, None), ("adam8bit", 100, 3000)],
+            "x job 1",
+            [["adafactor", "ok", "400.00", "1.000", ""], ["adam8bit", "ok", "100.00", "0.250", "3000.0"]],
+        ),
+        # only AdamW (the optimizer does not vary): against job 1, not "AdamW"
+        (
+            [("adamw", 800, 4000), ("adamw", 400, 1000)],
+            "x job 1",
+            [["adamw", "ok", "800.00", "1.000", "4000.0", "1.000"], ["adamw", "ok", "400.00", "0.500", "1000.0", "0.250"]],
         ),
     ],
 )  # fmt: skip
-def test_compare_ratio_cells_on_known_summaries(jobs, title, state_ratios, peak_ratios):
+def test_compare_table_on_known_summaries(jobs, title, rows):
     from effitrain.compare.report import table_rows
 
-    headers, rows = table_rows([_job(i, *values) for i, values in enumerate(jobs)])
-    state = headers.index("opt state MiB") + 1  # each ratio column follows its figure
-    peak = headers.index("step peak MiB") + 1
-    assert headers[state] == headers[peak] == title
-    assert [row[state] for row in rows] == state_ratios
-    assert [row[peak] for row in rows] == peak_ratios
+    headers, table = table_rows([_job(i, *values) for i, values in enumerate(jobs)])
+    columns = ["optimizer", "status", "opt state MiB", title, "step peak MiB", title]
+    assert headers == columns[: len(rows[0])]
+    assert table == rows
 
 
 MODELS = sorted(
