@@ -207,6 +207,7 @@ def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, mo
     assert capsys.readouterr().out == (
         f"effitrain: skip: {job} already holds an ok summary.json (skip_ok_jobs=true)\n"
     )
+    assert start_job(OmegaConf.create({}), hydra_cfg) == {"status": "ok", "eval/loss": 0.5}  # on by default
     assert start_job(OmegaConf.create({"skip_ok_jobs": False}), hydra_cfg) is None
 
 

@@ -163,7 +163,8 @@ def test_eval_metrics_count_a_predicted_but_absent_class():
     assert metrics["eval/samples"] == 6
 
 
-def _job(index: int, optimizer: str, state_mib: int, peak_mib: int | None, status: str = "ok"):
+def _job(index: int, optimizer: str, state_mib: int, peak_mib: int | None, status: str | None = "ok",
+         choices: dict | None = None):  # fmt: skip
     from pathlib import Path
 
     from effitrain.compare.load import JobResult
@@ -171,7 +172,10 @@ def _job(index: int, optimizer: str, state_mib: int, peak_mib: int | None, statu
     summary = {"status": status, "cfg/optimizer": optimizer, "mem/optimizer_state_bytes": state_mib * 2**20}
     if peak_mib is not None:
         summary["mem/step_peak_bytes"] = peak_mib * 2**20
-    return JobResult(Path("s"), Path("s", f"job{index}"), summary, {}, choices={"optimizer": optimizer})
+    if status is None:  # a job that wrote no summary
+        del summary["status"]
+    choices = {"optimizer": optimizer} if choices is None else choices
+    return JobResult(Path("s"), Path("s", f"job{index}"), summary, {}, choices=choices)
 
 
 @pytest.mark.parametrize(
@@ -185,13 +189,28 @@ def _job(index: int, optimizer: str, state_mib: int, peak_mib: int | None, statu
              ["adamw", "ok", "800.00", "1.000", "4000.0", "1.000"],
              ["adam8bit", "ok", "200.00", "0.250", "2000.0", "0.500"]],
         ),
-        # a failed AdamW is no baseline: the first finished job is
+        # a failed AdamW is no baseline: the first finished job is; a job without a status is "missing"
         (
-            [("adamw", 800, 4000, "oom"), ("adafactor", 100, 1000), ("adam8bit", 300, 1500)],
+            [("adamw", 800, 4000, "oom"), ("adafactor", 100, 1000), ("adam8bit", 300, 1500),
+             ("sgd", 0, 500, None)],
             "x job 2",
             [["adamw", "oom", "800.00", "8.000", "4000.0", "4.000"],
              ["adafactor", "ok", "100.00", "1.000", "1000.0", "1.000"],
-             ["adam8bit", "ok", "300.00", "3.000", "1500.0", "1.500"]],
+             ["adam8bit", "ok", "300.00", "3.000", "1500.0", "1.500"],
+             ["sgd", "missing", "0.00", "0.000", "500.0", "0.500"]],
+        ),
+        # two optimizers, one of them AdamW (second)
+        (
+            [("adafactor", 100, 1000), ("adamw", 800, 4000)],
+            "x AdamW",
+            [["adafactor", "ok", "100.00", "0.125", "1000.0", "0.250"],
+             ["adamw", "ok", "800.00", "1.000", "4000.0", "1.000"]],
+        ),
+        # a baseline of 0 bytes (plain SGD keeps no state) gives no ratio, not a division by zero
+        (
+            [("sgd", 0, 1000), ("adafactor", 100, 2000)],
+            "x job 1",
+            [["sgd", "ok", "0.00", "1000.0", "1.000"], ["adafactor", "ok", "100.00", "2000.0", "2.000"]],
         ),
         # no AdamW at all: against job 1; a baseline without the figure has no ratios of it, and a
         # column that no job has a value in is left out
@@ -213,8 +232,27 @@ def test_compare_table_on_known_summaries(jobs, title, rows):
 
     headers, table = table_rows([_job(i, *values) for i, values in enumerate(jobs)])
     columns = ["optimizer", "status", "opt state MiB", title, "step peak MiB", title]
+    if jobs[0][:2] == ("sgd", 0):  # no job has a ratio of the optimizer state: that column is left out
+        columns.remove(title)
     assert headers == columns[: len(rows[0])]
     assert table == rows
+
+
+def test_compare_table_names_jobs_by_their_choices_or_their_folder():
+    from effitrain.compare.report import table_rows
+
+    jobs = [
+        _job(0, "adamw", 800, 4000, choices={"optimizer": "adamw"}),
+        _job(1, "adamw", 800, 2000, choices={"optimizer": "adamw", "gradient_accumulation_steps": "4"}),
+    ]
+    headers, rows = table_rows(jobs)
+    assert headers[:3] == ["optimizer", "gradient_accumulation_steps", "status"]
+    assert [row[:3] for row in rows] == [["adamw", "", "ok"], ["adamw", "4", "ok"]]
+    headers, rows = table_rows(
+        [_job(0, "adamw", 800, 4000, choices={}), _job(1, "adamw", 400, 4000, choices={})]
+    )
+    assert headers[:2] == ["job", "status"]
+    assert [row[:2] for row in rows] == [["job0", "ok"], ["job1", "ok"]]
 
 
 MODELS = sorted(
