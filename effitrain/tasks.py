@@ -129,6 +129,7 @@ class Classification(Task):
         losses, predictions, labels = [], [], []
         for batch in dataloader:
             logits = model(**model_inputs(batch)).logits.float()
+            num_classes = logits.shape[-1]
             per_sample = F.cross_entropy(logits, batch["labels"], reduction="none")
             gathered = accelerator.gather_for_metrics((per_sample, logits.argmax(-1), batch["labels"]))
             for store, value in zip((losses, predictions, labels), gathered):
@@ -138,7 +139,7 @@ class Classification(Task):
         return {
             "eval/loss": losses.mean().item(),
             "eval/accuracy": (predictions == labels).float().mean().item(),
-            "eval/f1": macro_f1(predictions, labels),
+            "eval/f1": macro_f1(predictions, labels, num_classes),
             "eval/samples": len(labels),
         }
 
@@ -303,15 +304,21 @@ class CausalCollator:
         return batch
 
 
-def macro_f1(predictions: torch.Tensor, labels: torch.Tensor) -> float:
-    """Macro F1 over the classes present in labels or predictions (scikit-learn's default)."""
-    scores = []
-    for cls in torch.unique(torch.cat([predictions, labels])):
-        true_pos = ((predictions == cls) & (labels == cls)).sum().item()
-        pred_pos = (predictions == cls).sum().item()
-        real_pos = (labels == cls).sum().item()
-        scores.append(2 * true_pos / (pred_pos + real_pos) if pred_pos + real_pos else 0.0)
-    return sum(scores) / len(scores)
+def macro_f1(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) -> float:
+    """Macro F1 over every class of the head (scikit-learn's ``f1_score`` given all ``num_classes``
+    labels): a class that is predicted but absent from the labels counts, with F1 0, and so does a
+    class neither predicted nor present (its F1 is undefined; 0, not left out of the mean)."""
+    from sklearn.metrics import f1_score
+
+    return float(
+        f1_score(
+            labels.numpy(),
+            predictions.numpy(),
+            labels=list(range(num_classes)),
+            average="macro",
+            zero_division=0,
+        )
+    )
 
 
 def build_task(cfg: DictConfig) -> Task:

@@ -97,4 +97,4 @@ def test_macro_f1_equals_scikit_learn():
     labels = torch.randint(0, 4, (200,), generator=generator)
     predictions = torch.where(torch.rand(200, generator=generator) < 0.6, labels, torch.randint(0, 3, (200,)))
     expected = f1_score(labels.numpy(), predictions.numpy(), average="macro")
-    assert macro_f1(predictions, labels) == pytest.approx(expected, abs=1e-12)
+    assert macro_f1(predictions, labels, 4) == pytest.approx(expected, abs=1e-12)

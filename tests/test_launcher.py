@@ -162,6 +162,55 @@ def test_killed_job_is_recorded_the_others_finish_and_a_rerun_repeats_only_it(tm
     assert summary(sweep, 2)["status"] == "ok"
 
 
+def test_a_rerun_skips_only_the_ok_jobs(tmp_path):
+    """The skip decision, fast: of a finished sweep, a job whose summary says failed, oom or is
+    missing runs again; only an ok one is settled without a process."""
+    args = ["seed=1,2,3,4"]
+    first = run_app(tmp_path, *args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    for seed, status in ((2, "failed"), (3, "oom")):
+        (folder,) = [p for p in tmp_path.iterdir() if p.name.endswith(f"seed={seed}")]
+        (folder / "summary.json").write_text(json.dumps({"status": status, "error": "planted"}))
+    (folder,) = [p for p in tmp_path.iterdir() if p.name.endswith("seed=4")]
+    (folder / "summary.json").unlink()
+    before = len(launches(tmp_path))
+
+    second = run_app(tmp_path, *args)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "effitrain: 0 of 4 jobs failed (1 skipped: ok before)" in second.stdout
+    rerun = launches(tmp_path)[before:]
+    assert [line.get("pid") is not None for line in rerun] == [False, True, True, True]
+    assert [summary(tmp_path, seed)["status"] for seed in (1, 2, 3, 4)] == ["ok"] * 4
+
+
+def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, monkeypatch, capsys):
+    """The same decision where Hydra's own launchers (submitit) start the job: start_job."""
+    from omegaconf import OmegaConf
+
+    from effitrain.sweep import INDUCTOR_CACHE, start_job
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored after the test")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    job = tmp_path / "j"
+    hydra_cfg = OmegaConf.create({"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(job)}})
+    job.mkdir()
+    cfg = OmegaConf.create({"skip_ok_jobs": True})
+    assert start_job(cfg, hydra_cfg) is None  # no summary yet
+    # the sweep's jobs share one Inductor cache under the sweep folder
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path.resolve() / INDUCTOR_CACHE)
+    for status in ("failed", "oom", "killed"):
+        (job / "summary.json").write_text(json.dumps({"status": status}))
+        assert start_job(cfg, hydra_cfg) is None, status
+    assert capsys.readouterr().out == ""
+    (job / "summary.json").write_text(json.dumps({"status": "ok", "eval/loss": 0.5}))
+    assert start_job(cfg, hydra_cfg) == {"status": "ok", "eval/loss": 0.5}
+    assert capsys.readouterr().out == (
+        f"effitrain: skip: {job} already holds an ok summary.json (skip_ok_jobs=true)\n"
+    )
+    assert start_job(OmegaConf.create({}), hydra_cfg) == {"status": "ok", "eval/loss": 0.5}  # on by default
+    assert start_job(OmegaConf.create({"skip_ok_jobs": False}), hydra_cfg) is None
+
+
 def test_a_job_past_its_time_limit_is_stopped_and_recorded_as_timeout(tmp_path):
     done = run_app(tmp_path, "seed=1", "+sleep_s=60", "hydra.launcher.timeout_min=0.02", timeout=60)
     assert done.returncode == 1, done.stdout + done.stderr

@@ -1,12 +1,13 @@
-"""``effitrain plan`` and MFU: the plan picks what its own predictions say fits; MFU is a fraction."""
+"""``effitrain plan`` and MFU: the plan picks what its own predictions say fits; MFU is the FLOPs of a
+step (equal to a hand count) over the step time and the device peak."""
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from effitrain.config import ConfigError
 from effitrain.estimate import estimate_memory
@@ -113,12 +114,26 @@ def test_budget_sizes_parse_and_bad_ones_are_refused():
         parse_bytes("lots")
 
 
-def test_mfu_is_a_finite_fraction_on_cpu(tmp_path):
-    summary = run_job(tmp_path, "max_steps=4")
+def test_flops_per_step_match_a_hand_count_and_mfu_is_their_rate_over_the_peak(tmp_path):
+    """The tiny BERT (2 layers, hidden 32, 2 heads, intermediate 64, 3 labels) on rows all truncated to
+    8 tokens, 8 rows a step: every matrix product counted here, 2 FLOPs per multiply-add, and the
+    backward pass twice the forward (the input's and the weight's gradient of every product)."""
+    from effitrain.flops import device_peak
+
+    summary = run_job(tmp_path, "max_steps=4", "max_length=8", "micro_batch_size=8")
     assert summary["status"] == "ok", summary["error"]
-    assert summary["speed/flops_per_step"] > 0
-    assert math.isfinite(summary["speed/mfu"]) and 0 < summary["speed/mfu"] < 1
-    assert summary["speed/achieved_flops_per_s"] == pytest.approx(
-        summary["speed/flops_per_step"] / summary["speed/step_s_median"]
+    assert summary["train/tokens"] == 4 * 8 * 8  # every row really is 8 tokens long
+    rows, seq, hidden, heads, inner, layers, labels = 8, 8, 32, 2, 64, 2, 3
+    tokens = rows * seq
+    per_layer = (
+        4 * 2 * tokens * hidden * hidden  # query, key, value, output projections
+        + 2 * 2 * tokens * hidden * inner  # feed-forward in and out
+        + 2 * 2 * rows * heads * seq * seq * (hidden // heads)  # scores and the weighted sum
     )
-    assert summary["speed/mfu_note"] == "this CPU's float32 matmul, measured"
+    forward = layers * per_layer + 2 * rows * hidden * hidden + 2 * rows * hidden * labels  # pooler, head
+    assert summary["speed/flops_per_step"] == 3 * forward == 6_738_432
+    peak, source = device_peak(torch.device("cpu"), "no")
+    assert summary["speed/mfu_note"] == source == "this CPU's float32 matmul, measured"
+    achieved = 3 * forward / summary["speed/step_s_median"]
+    assert summary["speed/achieved_flops_per_s"] == pytest.approx(achieved, rel=1e-12)
+    assert summary["speed/mfu"] == pytest.approx(achieved / peak, rel=1e-12)

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import torch
 from hydra.utils import instantiate
 
 from tests.conftest import REPO, compose, read_metrics, run_job
@@ -28,10 +29,39 @@ STEP_KEYS = {"step", "train/loss", "lr", "grad_norm", "train/samples", "train/to
 FEW_STEPS = ["max_steps=3", "data.num_train=48", "data.num_eval=16"]
 
 
+def eval_reference(run_dir, *overrides: str) -> dict:
+    """eval/loss, accuracy and macro F1 of the run's saved final weights on its eval split, computed
+    here: the split tokenized as one batch, transformers' own loss, scikit-learn's F1."""
+    from safetensors.torch import load_model
+    from sklearn.metrics import f1_score
+
+    from effitrain.checkpoint import list_checkpoints
+    from effitrain.modeling import build_model, build_tokenizer
+
+    cfg = compose(*overrides)
+    raw = instantiate(cfg.data)
+    tokenizer = build_tokenizer(cfg.model)
+    model = build_model(cfg.model, len(raw.label_names), tokenizer).eval()
+    load_model(model, str(list_checkpoints(run_dir)[-1][1] / "model.safetensors"))
+    batch = tokenizer(
+        list(raw.eval["text"]), truncation=True, max_length=cfg.max_length, padding=True, return_tensors="pt"
+    )
+    labels = torch.tensor(list(raw.eval["label"]))
+    with torch.no_grad():
+        out = model(**batch, labels=labels)
+    predicted = out.logits.argmax(-1)
+    return {
+        "eval/loss": out.loss.item(),
+        "eval/accuracy": (predicted == labels).double().mean().item(),
+        "eval/f1": f1_score(labels, predicted, labels=range(len(raw.label_names)), average="macro"),
+    }
+
+
 @pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adam8bit"])
 def test_few_steps_write_every_required_key(tmp_path, optimizer, backend):
-    summary = run_job(tmp_path, f"optimizer={optimizer}", f"backend={backend}", *FEW_STEPS)
+    overrides = [f"optimizer={optimizer}", f"backend={backend}", *FEW_STEPS]
+    summary = run_job(tmp_path, *overrides, "checkpoint_every=3")  # the final weights, for the reference
     assert summary["status"] == "ok", summary["error"]
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert REQUIRED_KEYS <= set(on_disk)
@@ -43,10 +73,15 @@ def test_few_steps_write_every_required_key(tmp_path, optimizer, backend):
     assert all(STEP_KEYS <= set(line) for line in lines)
     assert on_disk["train/loss"] == lines[-1]["train/loss"]
     assert on_disk["train/tokens"] == lines[-1]["train/tokens"] > 0
-    assert (
-        0 < on_disk["eval/loss"] < 5 and 0 <= on_disk["eval/accuracy"] <= 1 and 0 <= on_disk["eval/f1"] <= 1
+    reference = eval_reference(tmp_path, *overrides)
+    assert on_disk["eval/loss"] == pytest.approx(reference["eval/loss"], rel=1e-5)
+    assert on_disk["eval/accuracy"] == pytest.approx(reference["eval/accuracy"], abs=1e-7)
+    assert on_disk["eval/f1"] == pytest.approx(reference["eval/f1"], abs=1e-12)
+    assert on_disk["eval/samples"] == 16
+    assert on_disk["speed/samples_per_s"] == pytest.approx(
+        on_disk["train/samples"] / on_disk["speed/train_s"]
     )
-    assert on_disk["speed/samples_per_s"] > 0 and on_disk["speed/wall_s"] > 0
+    assert on_disk["speed/wall_s"] > on_disk["speed/train_s"] > 0
 
 
 @pytest.mark.slow
