@@ -187,7 +187,7 @@ def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, mo
     """The same decision where Hydra's own launchers (submitit) start the job: start_job."""
     from omegaconf import OmegaConf
 
-    from effitrain.sweep import INDUCTOR_CACHE, start_job
+    from effitrain.sweep_job import INDUCTOR_CACHE, start_job
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored after the test")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
