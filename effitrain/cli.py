@@ -32,7 +32,7 @@ def _estimate(args) -> None:
     """Static memory of the run these overrides describe, for every option of the optimizer group."""
     import json
 
-    from effitrain.config import group_options
+    from effitrain.config import group_options, installed_optimizers
     from effitrain.memory import MIB, estimate_memory
 
     # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
@@ -46,7 +46,7 @@ def _estimate(args) -> None:
     chosen = cfg.hydra.runtime.choices.optimizer
     optimizers = {
         name: compose(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
-        for name in group_options("optimizer")
+        for name in installed_optimizers(group_options("optimizer"))
     }
     rows = estimate_memory(cfg, optimizers)
     if args.json:

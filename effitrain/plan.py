@@ -19,7 +19,13 @@ from __future__ import annotations
 import re
 import tempfile
 
-from effitrain.config import ConfigError, apply_effective_batch_size, group_options, no_checkpointing
+from effitrain.config import (
+    ConfigError,
+    apply_effective_batch_size,
+    group_options,
+    installed_optimizers,
+    no_checkpointing,
+)
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -67,7 +73,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         or base.get("effective_batch_size")
         or base.micro_batch_size * base.gradient_accumulation_steps
     )
-    optimizers = optimizers or group_options("optimizer")
+    optimizers = optimizers or installed_optimizers(group_options("optimizer"))
     cuda = torch.cuda.is_available()
     precisions = precisions or (["bf16", "fp16", "fp32"] if cuda else ["fp32", "bf16"])
     rows = []
