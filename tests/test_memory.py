@@ -204,6 +204,12 @@ def test_8bit_and_adafactor_against_adamw_on_minilm_shapes():
     state = _minilm_meta_estimates()
     assert state["adam8bit"] < 0.27 * state["adamw"]
     assert state["adafactor"] < 0.05 * state["adamw"]
+    params = 22_714_371
+    assert state["adamw"] == state["adamw_fused"] == 8 * params + 4 * 105  # 105 tensors, a step each
+    assert state["lion"] == 4 * params
+    assert state["apollo"] < 0.1 * state["adamw"]  # rank 32 of 384: 0.76 bytes per parameter
+    if "adamw4bit" in state:
+        assert state["adamw4bit"] < 0.14 * state["adamw"]  # 1.07 bytes per parameter
 
 
 def test_cpu_peak_rises_by_a_known_allocation_and_starts_fresh():
