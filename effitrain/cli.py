@@ -42,7 +42,7 @@ def _estimate(args) -> None:
     """Static memory of the run these overrides describe, for every option of the optimizer group."""
     import json
 
-    from effitrain.config import group_options
+    from effitrain.config import group_options, installed_optimizers
     from effitrain.estimate import estimate_memory
     from effitrain.memory import MIB
 
@@ -57,7 +57,7 @@ def _estimate(args) -> None:
     chosen = cfg.hydra.runtime.choices.optimizer
     optimizers = {
         name: compose(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
-        for name in group_options("optimizer")
+        for name in installed_optimizers(group_options("optimizer"))
     }
     device = args.device or default_device()
     rows = estimate_memory(cfg, optimizers, device=device)

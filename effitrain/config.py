@@ -269,6 +269,56 @@ def _model(cfg: DictConfig) -> None:
             raise invalid(f"model.{key}", value, "no such folder (give an existing path or a hub id)")
 
 
+def missing_module(optimizer_cfg) -> str | None:
+    """The top-level module an optimizer node's ``_target_`` needs that is not installed, or None."""
+    import importlib.util
+
+    module = str(optimizer_cfg.get("_target_", "")).split(".")[0]
+    return module if module and importlib.util.find_spec(module) is None else None
+
+
+def installed_optimizers(names: list[str]) -> list[str]:
+    """``names`` (options of conf/optimizer) less those whose package is missing, each said on
+    stderr in one line: ``estimate`` and ``plan`` cover every option that can be built here."""
+    import sys
+
+    from omegaconf import OmegaConf
+
+    kept = []
+    for name in names:
+        node = OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml")
+        missing = missing_module(node)
+        if missing is None:
+            kept.append(name)
+            continue
+        print(f"effitrain: optimizer={name} left out: {missing} is not installed ({install_hint(missing)})",
+              file=sys.stderr)  # fmt: skip
+    return kept
+
+
+def install_hint(module: str) -> str:
+    extra = optional_extra(module.split(".")[0])
+    return f"pip install 'effitrain[{extra}]'" if extra else f"install the package that provides {module}"
+
+
+def optional_extra(module: str) -> str | None:
+    """The extra of effitrain's metadata (``pip install 'effitrain[X]'``) that installs ``module``."""
+    import re
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        requirements = requires("effitrain") or []
+    except PackageNotFoundError:
+        return None
+    for requirement in requirements:
+        name, _, marker = requirement.partition(";")
+        extra = re.search(r"""extra\s*==\s*['"]([^'"]+)['"]""", marker)
+        distribution = re.split(r"[\s<>=!~\[(]", name.strip(), maxsplit=1)[0]
+        if extra and distribution.replace("-", "_").lower() == module.lower():
+            return extra.group(1)
+    return None
+
+
 def _optimizer(cfg: DictConfig) -> None:
     """Arguments against the target's signature, then the optimizer built on one dummy parameter,
     so a value the class rejects (``betas=[0.9]``) fails here rather than after the model loaded."""
@@ -281,6 +331,13 @@ def _optimizer(cfg: DictConfig) -> None:
     try:
         cls = get_class(target)
     except Exception:
+        missing = missing_module(cfg.optimizer)
+        if missing:  # an optional optimizer's package
+            raise invalid(
+                "optimizer._target_",
+                target,
+                f"needs {missing}, which is not installed: {install_hint(missing)}",
+            ) from None
         raise invalid(
             "optimizer._target_", target, "no such class: give an importable optimizer class"
         ) from None

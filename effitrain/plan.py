@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from effitrain.config import apply_effective_batch_size, group_options, no_checkpointing
+from effitrain.config import apply_effective_batch_size, group_options, installed_optimizers, no_checkpointing
 from effitrain.errors import ConfigError
 
 # The share of the budget kept free: the allocator rounds every block up (512 bytes on CUDA) and
@@ -72,7 +72,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         or base.get("effective_batch_size")
         or base.micro_batch_size * base.gradient_accumulation_steps
     )
-    optimizers = optimizers or group_options("optimizer")
+    optimizers = optimizers or installed_optimizers(group_options("optimizer"))
     cuda = device == "cuda"
     precisions = precisions or (["bf16", "fp16", "fp32"] if cuda else ["fp32", "bf16"])
     rows = []

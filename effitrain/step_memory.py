@@ -94,6 +94,11 @@ class StepMemory:
             return
         tracker = step_tracker()
         tracker.track_external(self.model, self.optimizer)
+        # torch.compile cannot run under the tracker's dispatch mode: the tracked step runs eagerly
+        # (a compiled model falls back to eager there anyway; torchao's optimizers compile their
+        # update with fullgraph=True, which would fail instead)
+        self._eager = contextlib.ExitStack()
+        self._eager.enter_context(torch.compiler.set_stance("force_eager"))
         tracker.__enter__()
         self._tracker = tracker
         if self.meter is not None:
@@ -117,6 +122,7 @@ class StepMemory:
         if tracker is None:
             return
         tracker.__exit__(None, None, None)
+        self._eager.close()
         self.peak = breakdown(tracker.get_tracker_snapshot("peak"))
         tracker.reset_mod_stats()
 
@@ -345,5 +351,10 @@ def _mask_skipping_as_recorded(model, unpadded: set[int]):
         hook.remove()
 
 
+# Optimizers whose step fake tensors cannot run: bitsandbytes' kernels; torchao's torch.compile'd
+# update; APOLLO's norm-growth limiter (Python's max() over a tensor needs its value).
+NOT_ON_FAKE = ("bitsandbytes.", "torchao.", "effitrain.apollo.")
+
+
 def _runs_on_fake(optimizer_cfg) -> bool:
-    return not str(optimizer_cfg.get("_target_", "")).startswith("bitsandbytes.")
+    return not str(optimizer_cfg.get("_target_", "")).startswith(NOT_ON_FAKE)

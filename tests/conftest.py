@@ -135,3 +135,15 @@ def fit_with_snapshots(tmp_path: Path, *overrides: str):
     snapshots.model = job.model
     metrics = fit(job)
     return snapshots, metrics, job
+
+
+def optimizer_option(name: str):
+    """An option of conf/optimizer as a test parameter, skipped where its optional package (an
+    extra such as torchao) is not installed."""
+    from omegaconf import OmegaConf
+
+    from effitrain.config import CONF_DIR, install_hint, missing_module
+
+    missing = missing_module(OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml"))
+    reason = f"{missing} is not installed ({install_hint(missing)})" if missing else ""
+    return pytest.param(name, marks=pytest.mark.skipif(missing is not None, reason=reason))

@@ -9,16 +9,16 @@ from hydra.utils import instantiate
 from effitrain.config import CONF_DIR, ConfigError, ConfigErrors, group_options, validate
 from effitrain.hydra_task import preflight
 from effitrain.modeling import build_model, build_tokenizer
-from effitrain.optim import build_optimizer
+from effitrain.optim import build_optimizer, param_groups
 from tests.bad_inputs import PREFLIGHT, fill
-from tests.conftest import TINY, compose
+from tests.conftest import TINY, compose, optimizer_option
 
 GROUPS = ["optimizer", "backend", "compile", "precision", "model", "data", "logger"]
 
 
 def test_groups_hold_the_options_of_the_contract():
     expected = {
-        "optimizer": {"adamw", "adafactor", "adam8bit"},
+        "optimizer": {"adamw", "adafactor", "adam8bit", "adamw_fused", "lion", "apollo", "adamw4bit"},
         "backend": {"accelerator", "trainer"},
         "compile": {"off", "on"},
         "precision": {"fp32", "bf16", "fp16"},
@@ -30,16 +30,49 @@ def test_groups_hold_the_options_of_the_contract():
         assert options <= set(group_options(group)), group
 
 
-@pytest.mark.parametrize("option", group_options("optimizer"))
+@pytest.mark.parametrize("option", [optimizer_option(name) for name in group_options("optimizer")])
 def test_every_optimizer_builds_the_real_class_with_its_lr(option):
     cfg = compose(f"optimizer={option}")
     model = build_model(cfg.model, 3, build_tokenizer(cfg.model))
     optimizer = build_optimizer(cfg.optimizer, model, weight_decay=0.01)
     module, _, name = cfg.optimizer._target_.rpartition(".")
     assert type(optimizer).__name__ == name and type(optimizer).__module__.startswith(module.split(".")[0])
-    assert [g["lr"] for g in optimizer.param_groups] == [cfg.optimizer.lr, cfg.optimizer.lr]
-    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0]
-    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+    # every parameter once, with the configured lr (torchao keeps it as a float32 tensor), and
+    # weight decay as effitrain's two groups decide (APOLLO splits them further, keeping that)
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    assert (
+        sum(len(g["params"]) for g in optimizer.param_groups) == len(groups) == len(list(model.parameters()))
+    )
+    assert [float(g["lr"]) for g in groups.values()] == pytest.approx(
+        [cfg.optimizer.lr] * len(groups), rel=1e-6
+    )
+    for group in param_groups(model, 0.01):
+        assert {groups[id(p)]["weight_decay"] for p in group["params"]} == {group["weight_decay"]}
+
+
+def test_an_optimizer_whose_package_is_missing_is_refused_in_one_line(monkeypatch, capsys):
+    import importlib.util
+    import sys
+
+    from effitrain.config import installed_optimizers
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else find_spec(name, *a)
+    )
+    monkeypatch.setitem(sys.modules, "torchao", None)  # `import torchao` fails, as when not installed
+    monkeypatch.delitem(sys.modules, "torchao.optim", raising=False)
+    with pytest.raises(ConfigError) as error:
+        validate(compose("optimizer=adamw4bit"))
+    assert str(error.value) == (
+        "optimizer._target_='torchao.optim.AdamW4bit' is invalid: needs torchao, which is not installed: "
+        "pip install 'effitrain[torchao]'"
+    )
+    # estimate and plan cover the options that can be built here, and say which they left out
+    assert installed_optimizers(["adamw", "adamw4bit", "lion"]) == ["adamw", "lion"]
+    assert capsys.readouterr().err == (
+        "effitrain: optimizer=adamw4bit left out: torchao is not installed (pip install 'effitrain[torchao]')\n"
+    )
 
 
 @pytest.mark.parametrize("option", group_options("backend"))

@@ -13,13 +13,16 @@ import pytest
 import torch
 
 from effitrain import memory
-from effitrain.config import group_options
+from effitrain.config import group_options, installed_optimizers
 from effitrain.estimate import estimate_memory
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer
-from tests.conftest import REPO, compose, read_metrics, run_job, train_py
+from tests.conftest import REPO, compose, optimizer_option, read_metrics, run_job, train_py
 
-OPTIMIZERS = group_options("optimizer")  # every option of conf/optimizer, no list kept here
+# every option of conf/optimizer, no list kept here; those whose optional package is missing are
+# skipped as test parameters and left out of the lists
+OPTIONS = [optimizer_option(name) for name in group_options("optimizer")]
+OPTIMIZERS = installed_optimizers(group_options("optimizer"))
 MIB = 2**20
 
 
@@ -58,7 +61,7 @@ def _one_step(model, batch, optimizer_name):
     return optimizer, estimated, memory.optimizer_state_footprint(optimizer), grads.footprint()
 
 
-@pytest.mark.parametrize("optimizer_name", OPTIMIZERS)
+@pytest.mark.parametrize("optimizer_name", OPTIONS)
 @pytest.mark.parametrize("make_model", [_tiny_classifier, _tied_lm], ids=["tiny", "tied"])
 def test_measured_state_equals_estimate_exactly(optimizer_name, make_model):
     torch.manual_seed(0)
@@ -126,6 +129,58 @@ def test_8bit_adam_counts_quantization_maps_and_absmax_once():
     assert memory.optimizer_state_footprint(optimizer).bytes == 2 * expected - 2 * 256 * 4
 
 
+def _state_after_one_step(model, optimizer_cfg, weight_decay=0.0):
+    optimizer = build_optimizer(optimizer_cfg, model, weight_decay)
+    model(torch.randn(4, model[0].in_features)).sum().backward()
+    optimizer.step()
+    return optimizer
+
+
+def test_lion_keeps_one_fp32_moment_and_fused_adamw_the_same_state_as_adamw():
+    model = torch.nn.Sequential(torch.nn.Linear(100, 100), torch.nn.Linear(100, 10))
+    params = sum(p.numel() for p in model.parameters())
+    lion = _state_after_one_step(model, compose("optimizer=lion").optimizer)
+    assert memory.optimizer_state_footprint(lion) == memory.Footprint(4 * params, params, 4, 0)
+    fused = _state_after_one_step(model, compose("optimizer=adamw_fused").optimizer)
+    assert all(group["fused"] for group in fused.param_groups)
+    plain = _state_after_one_step(model, compose("optimizer=adamw").optimizer)
+    assert memory.optimizer_state_footprint(fused) == memory.optimizer_state_footprint(plain)
+    assert memory.optimizer_state_footprint(fused).bytes == 8 * params + 4 * 4  # one fp32 step each
+
+
+@pytest.mark.parametrize("scale_type", ["channel", "tensor"])
+def test_apollo_projects_the_matrices_and_counts_the_projector_it_holds(scale_type):
+    model = torch.nn.Sequential(torch.nn.Linear(100, 40), torch.nn.Linear(40, 3))
+    cfg = compose("optimizer=apollo", "optimizer.rank=8", f"optimizer.scale_type={scale_type}").optimizer
+    optimizer = build_optimizer(cfg, model, weight_decay=0.01)
+    estimated = memory.estimate_optimizer_state(optimizer)
+    model(torch.randn(4, 100)).sum().backward()
+    optimizer.step()
+    wide = optimizer.state[model[0].weight]  # 40 x 100: a left projection (40 x 8), moments 8 x 100
+    assert wide["projector"].ortho_matrix.shape == (40, 8)
+    assert wide["exp_avg"].shape == wide["exp_avg_sq"].shape == (8, 100)
+    assert optimizer.state[model[1].weight]["exp_avg"].shape == (3, 40)  # 3 < rank: AdamW's moments
+    matrices = 40 * 8 + 2 * 8 * 100 + 1  # projection, two moments, the last scaled gradient's norm
+    plain = 2 * (40 + 3 * 40 + 3)  # two moments for the biases and the narrow matrix
+    assert memory.optimizer_state_footprint(optimizer).bytes == 4 * (matrices + plain)
+    assert memory.optimizer_state_footprint(optimizer) == estimated
+    # effitrain's groups kept: decay for the matrices, none for the biases
+    decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    assert decay[id(model[0].weight)] == decay[id(model[1].weight)] == 0.01
+    assert decay[id(model[0].bias)] == decay[id(model[1].bias)] == 0.0
+
+
+def test_torchao_4bit_state_is_half_a_byte_per_element_plus_scales_and_maps():
+    pytest.importorskip("torchao", reason="pip install 'effitrain[torchao]'")
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.Linear(64, 10))
+    optimizer = _state_after_one_step(model, compose("optimizer=adamw4bit").optimizer)
+    assert type(optimizer.state[model[0].weight]["exp_avg"]).__name__ == "OptimState4bit"
+    quantized = 2 * (256 * 64 // 2 + 4 * 256 * 64 // 128 + 4 * 16)  # codes, scales, a 16-entry map each
+    plain = 2 * 4 * (64 + 640 + 10)  # under 4096 elements: fp32 moments
+    steps = 4 * 4
+    assert memory.optimizer_state_footprint(optimizer).bytes == quantized + plain + steps
+
+
 def test_tensor_subclass_counts_the_tensors_it_stores():
     from torch.testing._internal.two_tensor import TwoTensor
 
@@ -150,6 +205,12 @@ def test_8bit_and_adafactor_against_adamw_on_minilm_shapes():
     state = _minilm_meta_estimates()
     assert state["adam8bit"] < 0.27 * state["adamw"]
     assert state["adafactor"] < 0.05 * state["adamw"]
+    params = 22_714_371
+    assert state["adamw"] == state["adamw_fused"] == 8 * params + 4 * 105  # 105 tensors, a step each
+    assert state["lion"] == 4 * params
+    assert state["apollo"] < 0.1 * state["adamw"]  # rank 32 of 384: 0.76 bytes per parameter
+    if "adamw4bit" in state:
+        assert state["adamw4bit"] < 0.14 * state["adamw"]  # 1.07 bytes per parameter
 
 
 def test_cpu_peak_rises_by_a_known_allocation_and_starts_fresh():
@@ -258,7 +319,20 @@ def assert_predicted_is_measured(summary: dict, backend: str = "accelerator") ->
     assert predicted == measured
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adam8bit"])
+# Optimizers fake tensors cannot run are replayed with SGD, their state added from the estimate.
+# That is exact for 8-bit Adam (its update's scratch does not set the peak); APOLLO's update (AdamW's
+# temporaries for its vectors) and torchao's (eager under the tracker: dequantized moments) raise
+# the peak by what SGD does not allocate.
+NOT_PREDICTED = pytest.mark.xfail(
+    strict=True, reason="replayed with SGD: the update's own temporaries are not predicted"
+)
+STEP_PEAK_OPTIONS = [
+    pytest.param(*p.values, marks=[*p.marks, NOT_PREDICTED]) if p.values[0] in ("apollo", "adamw4bit") else p
+    for p in OPTIONS
+]
+
+
+@pytest.mark.parametrize("optimizer", STEP_PEAK_OPTIONS)
 @pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 def test_the_predicted_step_peak_is_the_measured_one(tmp_path, optimizer, backend):
     """The tracked step replayed on fake tensors allocates, category by category, what the real step

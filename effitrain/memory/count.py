@@ -2,7 +2,8 @@
 
 A tied or shared weight, or the quantization map bitsandbytes hands to every parameter's state, is
 counted once; a tensor subclass (torchao, DTensor, ...) is counted by the plain tensors it is made
-of, not by ``element_size()``. Python numbers in optimizer state (the ``step`` of Adafactor and
+of, not by ``element_size()``; an object in optimizer state (APOLLO's projector) by the tensors among
+its attributes. Python numbers in optimizer state (the ``step`` of Adafactor and
 8-bit Adam) hold no tensor memory: they are left out of the bytes and reported apart, as a count.
 """
 
@@ -61,6 +62,11 @@ def _leaves(value):
             yield from _leaves(item)
     elif value is not None:
         yield value
+        if hasattr(value, "__dict__") and not isinstance(value, type):
+            # an object kept in optimizer state (APOLLO's projector) is one Python value, and the
+            # tensors among its attributes are tensor memory
+            for item in vars(value).values():
+                yield from (leaf for leaf in _leaves(item) if isinstance(leaf, torch.Tensor))
 
 
 def storage_key(tensor: torch.Tensor):

@@ -84,6 +84,83 @@ def _adafactor_state(optimizer) -> Footprint:
     return total
 
 
+def _lion_state(optimizer) -> Footprint:
+    """lion_pytorch's Lion: one moment (``exp_avg``) like each parameter, nothing else."""
+    total = Footprint()
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            total += _tensor(param.numel(), param.dtype)
+    return total
+
+
+def _apollo_state(optimizer) -> Footprint | None:
+    """apollo_torch's APOLLO AdamW (random projections; the SVD projector is not covered: None).
+
+    Every parameter holds two Python ints (``seed``, set when the optimizer is built, and
+    ``step``). A parameter of a group without ``rank`` keeps AdamW's two moments like itself. One
+    of a group with ``rank`` (an m x n matrix) keeps: its projector (a Python object) holding the
+    random matrix, rank x n for a right projection or m x rank for a left one (``proj_type`` std:
+    right when m >= n); the two moments of the projected gradient (m x rank or rank x n); and,
+    unless ``disable_nl``, the norm of the last scaled gradient (a 0-d tensor), all in the
+    parameter's dtype.
+    """
+    total = Footprint()
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            total += Footprint(python_values=2)  # seed, step
+            if "rank" not in group:
+                total += _tensor(param.numel(), param.dtype) + _tensor(param.numel(), param.dtype)
+                continue
+            if group["proj"] != "random":
+                return None
+            rows, cols = param.shape
+            right = {"std": rows >= cols, "reverse_std": rows < cols, "right": True, "left": False}
+            if group["proj_type"] not in right:
+                return None
+            side = cols if right[group["proj_type"]] else rows
+            other = rows if right[group["proj_type"]] else cols
+            total += Footprint(python_values=1) + _tensor(group["rank"] * side, param.dtype)  # projector
+            total += _tensor(group["rank"] * other, param.dtype) + _tensor(group["rank"] * other, param.dtype)
+            if not optimizer.disable_nl:
+                total += _tensor(1, param.dtype)
+    return total
+
+
+# torchao 0.18, torchao/optim/subclass_{4bit,8bit}.py, by the optimizer class's suffix (AdamW4bit,
+# Adam8bit, ...): bits per element, and entries of the quantization map each quantized tensor holds
+# (its own copy; the map is not shared).
+TORCHAO_QUANTIZED = {"4bit": (4, 16), "8bit": (8, 256)}
+
+
+def _torchao_adam_state(optimizer) -> Footprint | None:
+    """torchao's low-bit Adam/AdamW (``torchao.optim``), see ``_AdamBase._new_buffer``.
+
+    Per parameter a 0-d fp32 ``step`` and two moments (three with ``amsgrad``). A tensor of at
+    least 4096 elements, a multiple of ``block_size``, gets quantized moments: packed codes (uint8),
+    one fp32 scale per block and its own fp32 quantization map; a smaller one, moments like itself.
+    FP8 state and DTensor parameters are not covered (None).
+    """
+    # the class that chooses the moments' subclass (a user's subclass of AdamW4bit inherits it)
+    owner = next(c for c in type(optimizer).__mro__ if "_subclass_zeros" in vars(c))
+    if owner.__name__[-4:] not in TORCHAO_QUANTIZED:
+        return None
+    bits, map_entries = TORCHAO_QUANTIZED[owner.__name__[-4:]]
+    block = optimizer.block_size
+    total = Footprint()
+    for group in optimizer.param_groups:
+        moments = 3 if group.get("amsgrad") else 2
+        for param in group["params"]:
+            numel = param.numel()
+            total += _tensor(1, torch.float32)  # step
+            for _ in range(moments):
+                if numel >= 4096 and numel % block == 0:
+                    total += _tensor(numel * bits // 8, torch.uint8) + _tensor(numel // block, torch.float32)
+                    total += _tensor(map_entries, torch.float32)
+                else:
+                    total += _tensor(numel, param.dtype)
+    return total
+
+
 def _bnb_two_state_unchanged(cls) -> bool:
     # Subclasses that override init_state (AdEMAMix: three moments) allocate something else.
     return any(
@@ -99,6 +176,9 @@ ESTIMATORS = [
     ("torch.optim.adam.Adam", _adam_state),
     ("bitsandbytes.optim.optimizer.Optimizer2State", _bnb_two_state),
     ("transformers.optimization.Adafactor", _adafactor_state),
+    ("lion_pytorch.lion_pytorch.Lion", _lion_state),
+    ("apollo_torch.apollo.AdamW", _apollo_state),
+    ("torchao.optim.adam._AdamBase", _torchao_adam_state),
 ]
 
 

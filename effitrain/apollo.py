@@ -1,0 +1,101 @@
+"""APOLLO (apollo-torch's AdamW) on effitrain's decay / no-decay parameter groups.
+
+APOLLO keeps AdamW's two moments only for a random rank-``rank`` projection of a weight matrix's
+gradient and uses them to scale the raw gradient per channel (or per tensor): state shrinks from
+2 x m x n to 2 x max(m, n) x rank, plus the rank x min(m, n) projection. Its optimizer wants the
+matrices in groups of their own that carry the projection's settings; this class makes those
+groups from the groups it is given, so the optimizer config stays one YAML file
+(``conf/optimizer/apollo.yaml``).
+"""
+
+from __future__ import annotations
+
+import torch
+from apollo_torch import APOLLOAdamW as _APOLLOAdamW
+from apollo_torch.random_projector import GradientProjector
+from apollo_torch.svd_projector import GaLoreProjector
+
+PROJECTORS = {cls.__name__: cls for cls in (GradientProjector, GaLoreProjector)}
+
+
+def low_rank(param: torch.Tensor, rank: int) -> bool:
+    """A matrix whose both sides exceed ``rank`` gets a projection; the rest plain AdamW moments."""
+    return param.ndim == 2 and min(param.shape) > rank
+
+
+class APOLLOAdamW(_APOLLOAdamW):
+    """apollo_torch's APOLLO AdamW; each given group's weight matrices (``low_rank``) move to a
+    twin group with the projection settings, the group's other keys (weight decay) kept.
+
+    effitrain's groups carry no parameter names, so the embedding matrices are projected as well
+    (the paper projects attention and MLP weights only). Empty groups are left out.
+
+    A checkpoint holds each projector as a plain dict of its attributes (a tensor and numbers), so
+    it loads with ``torch.load(weights_only=True)``; loading makes the projector again.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        rank: int = 32,
+        scale: float = 1.0,
+        scale_type: str = "channel",
+        proj: str = "random",
+        proj_type: str = "std",
+        update_proj_gap: int = 200,
+        scale_front: bool = False,
+        disable_nl: bool = False,
+    ):
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
+        if scale_type not in ("channel", "tensor"):
+            raise ValueError(f"scale_type must be channel or tensor, got {scale_type!r}")
+        if proj not in ("random", "svd"):
+            raise ValueError(f"proj must be random or svd, got {proj!r}")
+        projection = {"rank": rank, "scale": scale, "scale_type": scale_type, "proj": proj,
+                      "proj_type": proj_type, "update_proj_gap": update_proj_gap}  # fmt: skip
+        params = list(params)
+        if params and not isinstance(params[0], dict):
+            params = [{"params": params}]
+        groups = []
+        for group in params:
+            tensors = list(group["params"])
+            plain = [p for p in tensors if not low_rank(p, rank)]
+            matrices = [p for p in tensors if low_rank(p, rank)]
+            groups += [{**group, "params": plain}] if plain else []
+            groups += [{**group, "params": matrices, **projection}] if matrices else []
+        super().__init__(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         scale_front=scale_front, disable_nl=disable_nl)  # fmt: skip
+
+    def state_dict(self) -> dict:
+        saved = super().state_dict()
+        saved["state"] = {  # copies: the packed state shares its dicts with the live one
+            index: {
+                **state,
+                "projector": {"class": type(state["projector"]).__name__, **vars(state["projector"])},
+            }
+            if "projector" in state
+            else state
+            for index, state in saved["state"].items()
+        }
+        return saved
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # torch's loading casts nested containers (and mangles the strings in them): the projectors
+        # are taken out first and made again for the parameters they belong to (state is indexed in
+        # the order of param_groups)
+        states = {index: dict(state) for index, state in state_dict["state"].items()}
+        saved = {index: state.pop("projector") for index, state in states.items() if "projector" in state}
+        super().load_state_dict({**state_dict, "state": states})
+        params = [param for group in self.param_groups for param in group["params"]]
+        for index, attributes in saved.items():
+            attributes = dict(attributes)
+            projector = PROJECTORS[attributes.pop("class")].__new__(PROJECTORS[saved[index]["class"]])
+            projector.__dict__.update(attributes)
+            if torch.is_tensor(projector.ortho_matrix):
+                projector.ortho_matrix = projector.ortho_matrix.to(params[index].device)
+            self.state[params[index]]["projector"] = projector
