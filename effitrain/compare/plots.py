@@ -21,7 +21,11 @@ def _figure(height: float, columns: int = 1):
 
 def _save(plt, fig, path: Path, tight: bool = True) -> None:
     if tight:
-        fig.tight_layout()
+        import warnings
+
+        with warnings.catch_warnings():  # tall legends: bbox_inches="tight" below makes the room
+            warnings.simplefilter("ignore", UserWarning)
+            fig.tight_layout()
     fig.savefig(path, bbox_inches="tight")  # legends placed outside the axes stay in the picture
     plt.close(fig)
 
@@ -82,8 +86,9 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     ax.set_title("Step peak by category")
     ax.set_xlim(0, max(left + [0.0]) * 1.15 or 1.0)  # room for the value labels and markers
     _plain_axes(ax)
-    if ax.get_legend_handles_labels()[0]:  # below the bars, never over them
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=6, frameon=False)
+    if ax.get_legend_handles_labels()[0]:  # below the bars and the axis title, never over them
+        below = 0.62 / (fig.get_figheight() * 0.85)  # in axes height: the same distance at 2 or 24 jobs
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -below), ncol=6, frameon=False)
     key, title = ("mem/cuda_max_reserved_bytes", "CUDA reserved")
     if not any(_is_value(job.summary.get(key)) for job in jobs):
         key, title = ("mem/process_peak_rss_bytes", "process RSS")
@@ -125,13 +130,27 @@ def _identical(jobs: list[JobResult], series) -> list[list[int]]:
     return list(groups.values())
 
 
-def _merged(labels: list[str]) -> str:
+def _numbers(indices: list[int]) -> str:
+    """Jobs' numbers (1-based) of identical curves: ``1=4``, runs shortened (``9-24``)."""
+    runs: list[list[int]] = []
+    for number in sorted(i + 1 for i in indices):
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return "=".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else "=".join(map(str, r)) for r in runs)
+
+
+def _merged(labels: list[str], width: int = 44) -> str:
     """One name for several jobs: the parts they share once, the parts that differ joined by ``/``
     (``adamw | accelerator/trainer``)."""
     split = [label.split(" | ") for label in labels]
-    if len(split) == 1 or len({len(parts) for parts in split}) > 1:
-        return labels[0] if len(labels) == 1 else " / ".join(labels)
-    return " | ".join("/".join(dict.fromkeys(column)) for column in zip(*split))
+    if len(split) == 1:
+        return labels[0]
+    merged = " / ".join(labels)
+    if len({len(parts) for parts in split}) == 1:
+        merged = " | ".join("/".join(dict.fromkeys(column)) for column in zip(*split))
+    return merged if len(merged) <= width else f"{len(labels)} jobs (named on the right)"
 
 
 def _legend(ax, entries: int, title: str | None = None) -> None:
@@ -155,7 +174,7 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
     colors = _colors(len(groups))
     styles = ["-", "--", ":", "-."]
     for group, color in zip(groups, colors):
-        numbers = "=".join(str(i + 1) for i in group)
+        numbers = _numbers(group)
         first = jobs[group[0]]
         steps, _, losses = _curves(first)
         axes[0].plot(steps, losses, "-", color=color, linewidth=1.8,
@@ -200,17 +219,17 @@ def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
     plt, fig, axes = _figure(4.2, columns=2)
     labels = _labels(jobs)
 
-    def lines(job):
-        return [m for m in job.metrics if "train/loss" in m and "step" in m]
+    def points(job, key):
+        return [(m["step"], m[key]) for m in job.metrics if "train/loss" in m and _is_value(m.get(key))]
 
     for ax, key in ((axes[0], "lr"), (axes[1], "grad_norm")):
-        groups = _identical(jobs, lambda job: [(m["step"], m.get(key)) for m in lines(job)
-                                               if _is_value(m.get(key))])  # fmt: skip
+        groups = _identical(jobs, lambda job, key=key: [v for pair in points(job, key) for v in pair])
         for group, color in zip(groups, _colors(len(groups))):
-            points = [(m["step"], m[key]) for m in lines(jobs[group[0]]) if _is_value(m.get(key))]
             name = "all jobs" if len(group) == len(jobs) > 1 else _merged([labels[i] for i in group])
-            ax.plot(*zip(*points), color=color, linewidth=1.4,
-                    label=f"{'='.join(str(i + 1) for i in group)}. {name}")  # fmt: skip
+            if name.endswith("(named on the right)"):
+                name = f"{len(group)} jobs"
+            ax.plot(*zip(*points(jobs[group[0]], key)), color=color, linewidth=1.4,
+                    label=f"{_numbers(group)}. {name}")  # fmt: skip
         if groups:
             _legend(ax, len(groups))
     axes[0].set_title("Learning rate")
@@ -279,7 +298,7 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
     per_column = 12
     columns = [list(range(i, min(i + per_column, len(jobs)))) for i in range(0, len(jobs), per_column)]
     rows = min(len(jobs), per_column)
-    key_in = 0.17 * rows + 0.25
+    key_in = 0.125 * rows + 0.2
     height = 4.4 + key_in
     fig.set_size_inches(11, height)
     fig.subplots_adjust(bottom=(key_in + 0.75) / height, top=1 - 0.45 / height, wspace=0.25)

@@ -254,7 +254,7 @@ tr.failed td { background: #fde8e8; }
 tr.front td:first-child { border-left: 4px solid #2e7d32; }
 .verdict { border: 2px solid #2e7d32; border-radius: 6px; padding: 0.6em 1.2em; background: #f7fbf6; }
 .verdict .decision { font-size: 17px; font-weight: 600; margin: 0.4em 0; }
-.verdict .line { margin: 0.15em 0 0.15em 1.2em; }
+.verdict .line { margin: 0.15em 0 0.15em 1.2em; } .verdict .plain { margin: 0.4em 0; }
 .note { color: #555; font-size: 13px; margin: 0.2em 0; }
 .how { color: #444; font-size: 13px; font-style: italic; max-width: 70em; }
 figure { margin: 1em 0 2em 0; } img { max-width: 100%; }
@@ -264,8 +264,9 @@ figure { margin: 1em 0 2em 0; } img { max-width: 100%; }
 def verdict_html(verdict) -> str:
     """The verdict box: the decision, the ratios table (front rows marked), the notes."""
     parts = []
-    for line in verdict.lines:
-        css = "line" if line.startswith("  ") else "decision"
+    for index, line in enumerate(verdict.lines):
+        first = index == 0 or (index == 1 and verdict.lines[0].startswith("No job learned"))
+        css = "line" if line.startswith("  ") else "decision" if first else "plain"
         parts.append(f'<p class="{css}">{html.escape(line.strip())}</p>')
     if verdict.rows:
         front = {c.name for c in verdict.front}

@@ -269,13 +269,17 @@ def verdict(jobs: list[JobResult]) -> Verdict:
             best = (min if lower else max)(placed, key=lambda c: getattr(c, axis).value)
             tied = [c for c in placed if c is not best and not dominates_axis(best, c, axis)]
             r = best.ratios[axis]
+            if len(tied) == len(placed) - 1:
+                lines.append(f"  {axis}: the front's combinations are within noise of each other")
+                continue
             figure = "" if r is None else " (the baseline)" if r.base else f" ({r.text()} x {name})"
-            tie = f"; within noise of {', '.join(c.name for c in tied)}" if tied else ""
+            tie = f"; the same within noise: {', '.join(_numbers(c) for c in tied)}" if tied else ""
             lines.append(f"  {what}: {best.name}{figure}{tie}")
     others = [c.name for c in combos if c not in front]
     if front and len(combos) > 1:
-        lines.append(f"Front (memory/quality/speed): {', '.join(c.name for c in front)}"
-                     + (f"; beaten: {', '.join(others)}" if others else "") + ".")  # fmt: skip
+        named = [c.name for c in front] if len(front) <= 6 else [_numbers(c) for c in front]
+        beaten = f"; beaten: {', '.join(_numbers(c) for c in combos if c not in front)}" if others else ""
+        lines.append(f"Front (memory/quality/speed): {', '.join(named)}{beaten}.")
     if flat:
         lines.insert(0, flat)
     notes = [f"ratios: x {name} (1 = same; step peak and eval loss: lower is better, samples/s: higher);"
@@ -307,6 +311,10 @@ def verdict(jobs: list[JobResult]) -> Verdict:
         cells.append("yes" if combo in front else "")
         rows.append(cells)
     return Verdict(name, combos, front, lines, headers, rows, notes)
+
+
+def _numbers(combo: Combination) -> str:
+    return "=".join(map(str, combo.numbers))
 
 
 def dominates_axis(a: Combination, b: Combination, axis: str) -> bool:
