@@ -100,12 +100,12 @@ def test_the_wandb_comparison_is_one_run_per_sweep_in_the_jobs_project_and_short
     assert summary["verdict"].splitlines()[0] in (wandb_sweep / "comparison.md").read_text()
     adamw = summaries(wandb_sweep)[job("optimizer=adamw")]
     adafactor = summaries(wandb_sweep)[job("optimizer=adafactor")]
-    [key] = [k for k in summary if k.endswith("adafactor/memory_x_base")]
+    [key] = [k for k in summary if "adafactor" in k and k.endswith("/memory_x_base")]
     assert summary[key] == pytest.approx(
         adafactor["mem/step_peak_bytes"] / adamw["mem/step_peak_bytes"], rel=1e-12
     )
     tables = {
-        p.name.rsplit("_", 1)[0]: json.loads(p.read_text())
+        p.name.rsplit("_", 2)[0]: json.loads(p.read_text())
         for p in (run_file.parent / "files").rglob("*.table.json")
     }
     values = tables["comparison_values"]
@@ -151,6 +151,7 @@ def test_several_sweep_folders_make_one_table(wandb_sweep, failing_sweep, tmp_pa
           "--wandb-mode", "disabled"])  # fmt: skip
     rows = list(csv.DictReader(open(tmp_path / "report" / "comparison.csv")))
     assert sorted(row["sweep"] for row in rows) == sorted([str(wandb_sweep)] * 2 + [str(failing_sweep)] * 2)
+    assert "logger" not in rows[0]  # wandb in one sweep, none in the other: run-invariant, no column
     assert (tmp_path / "report" / "comparison.html").exists()
 
 
@@ -290,13 +291,20 @@ def test_the_verdict_gives_each_combination_its_ratios_against_adamw_with_their_
     assert rows["adamw"]["step peak x AdamW"] == "1 (base)"
     assert f"{memory:.3f}" in terminal and terminal.index("Verdict") < terminal.index("opt state MiB")
     assert "one seed per combination: quality differences below the eval split's sampling error" in terminal
-    # Adafactor: less memory and (at lr 3e-3, eight steps) a lower eval loss beyond its noise
-    assert memory < 1 and quality + 2 * sem < 1
-    assert [c.label.split(" | ")[0] for c in decided.front] == ["adafactor"]
-    assert decided.lines[0].startswith(f"Use {numbers['adafactor']}. adafactor")
+    # Adafactor needs less memory than AdamW, so nothing beats it; AdamW stays on the front only
+    # where it is better beyond noise (two standard deviations) on quality or speed
+    speed_std = combos["adafactor"].ratios["speed"].std
+    adamw_better = quality - 2 * sem > 1 or speed + 2 * speed_std < 1
+    front = [c.label.split(" | ")[0] for c in decided.front]
+    assert memory < 1 and front == (["adafactor", "adamw"] if adamw_better else ["adafactor"])
+    if not adamw_better:
+        assert decided.lines[0].startswith(f"Use {numbers['adafactor']}. adafactor (against AdamW: ")
+        assert f"{(1 - memory) * 100:.0f}% less memory" in decided.lines[0]
     page = (verdict_sweep / "comparison.html").read_text()
     assert page.index('class="verdict"') < page.index("All jobs") < page.index("<img")
-    assert "Use " in page[: page.index("All jobs")]
+    import html
+
+    assert html.escape(decided.lines[0]) in page[: page.index("All jobs")]  # the decision, first
 
 
 def _markdown_rows(folder, first_header):

@@ -11,8 +11,8 @@ optimizer varies, else job 1), each with one standard deviation:
   ``metrics.jsonl`` (the steady steps: the first :data:`WARMUP_STEPS` left out), so a machine that
   was busy shows as a wide spread instead of a ranking.
 
-A ratio is *within noise* when it is less than two of its standard deviations away from 1. The
-front holds the combinations no other one beats beyond noise on one axis without being worse beyond
+A ratio is *within noise* when it is less than two of its standard deviations (or 0.1%) away from
+1. The front holds the combinations no other one beats beyond noise on one axis without being worse beyond
 noise on another.
 """
 
@@ -26,6 +26,9 @@ from effitrain.compare.load import MIB, JobResult, _is_value, baseline, choices_
 from effitrain.training import WARMUP_STEPS
 
 NOISE_SIGMAS = 2.0  # a ratio closer to 1 than this many standard deviations is noise
+# Closer than this (relative) is the same, whatever the spread: a step peak 4 bytes apart under
+# the other backend, float noise in the seventh digit of a loss.
+SAME = 1e-3
 # The quality metrics whose equality across all jobs means nothing was learned measurably.
 QUALITY_KEYS = ("eval/accuracy", "eval/f1", "eval/perplexity")
 AXES = ("memory", "quality", "speed")
@@ -54,10 +57,11 @@ class Ratio:
 
     @property
     def noise(self) -> bool:
-        """Within noise of the baseline (unknown spread: never noise for exact bytes, see ``memory``)."""
-        if self.base:
+        """Within noise of the baseline; an unknown spread (fewer than three steady steps) is no
+        evidence either."""
+        if self.base or self.std is None:
             return True
-        return self.std is not None and abs(self.value - 1.0) < NOISE_SIGMAS * self.std
+        return abs(self.value - 1.0) < max(NOISE_SIGMAS * self.std, SAME)
 
     @property
     def better(self) -> bool:
@@ -67,6 +71,8 @@ class Ratio:
         if self.base:
             return "1 (base)"
         cell = f"{self.value:.{digits}f}"
+        if self.std is None:
+            return cell + " ?"
         if self.std:
             cell += f" ± {self.std:.{digits}f}"
         return cell + (" ~" if self.noise else "")
@@ -253,11 +259,12 @@ def verdict(jobs: list[JobResult]) -> Verdict:
         for axis, less, more in (("memory", "less memory", "more memory"), ("quality", "lower eval loss",
                                  "higher eval loss"), ("speed", "slower", "faster")):  # fmt: skip
             r = winner.ratios[axis]
-            if r is not None and not r.base and not r.noise:
-                reasons.append(_fmt_pct(r, less, more))
-        why = ", ".join(reasons) if reasons else "it is the baseline"
-        lines.append(f"Use {winner.name}: no other combination beats it beyond noise on memory, quality "
-                     f"or speed ({why} than {name}).")  # fmt: skip
+            if r is not None and not r.base:
+                unknown = f"{axis} spread unknown" if r.std is None else f"{axis} within noise"
+                reasons.append(unknown if r.noise else _fmt_pct(r, less, more))
+        why = f"against {name}: {', '.join(reasons)}" if reasons else "it is the baseline"
+        lines.append(f"Use {winner.name} ({why}); no other combination beats it beyond noise on "
+                     "memory, quality or speed.")  # fmt: skip
     else:
         lines.append(f"The evidence does not decide between {len(front)} combinations on the "
                      "memory/quality/speed front; pick by the constraint you have:")  # fmt: skip
@@ -283,7 +290,9 @@ def verdict(jobs: list[JobResult]) -> Verdict:
     if flat:
         lines.insert(0, flat)
     notes = [f"ratios: x {name} (1 = same; step peak and eval loss: lower is better, samples/s: higher);"
-             f" ± one standard deviation; ~ within noise (less than {NOISE_SIGMAS:g} of them from 1)."]  # fmt: skip
+             f" ± one standard deviation; ~ within noise (less than {NOISE_SIGMAS:g} of them, or 0.1%, from 1)."]  # fmt: skip
+    if any(r is not None and r.std is None and not r.base for c in combos for r in c.ratios.values()):
+        notes.append("? no spread (fewer than 3 steady steps, or no eval/loss_sem): not evidence either.")
     seeds = max(len(c.jobs) for c in combos)
     if seeds == 1:
         sems = [c.quality.std for c in combos if c.quality and c.quality.std]
@@ -318,13 +327,10 @@ def _numbers(combo: Combination) -> str:
 
 
 def dominates_axis(a: Combination, b: Combination, axis: str) -> bool:
-    """``a`` better than ``b`` on one axis beyond noise."""
+    """``a`` better than ``b`` on one axis beyond noise (an unknown spread never decides; exact
+    step peaks decide when more than :data:`SAME` apart)."""
     x, y = getattr(a, axis), getattr(b, axis)
-    if x is None or y is None:
-        return False
-    if axis == "memory" and not (x.std or y.std):
-        return x.value < y.value  # exact bytes: any difference counts
-    if x.std is None or y.std is None:
+    if x is None or y is None or x.std is None or y.std is None:
         return False
     gap = (y.value - x.value) if axis != "speed" else (x.value - y.value)
-    return gap > NOISE_SIGMAS * math.hypot(x.std, y.std)
+    return gap > max(NOISE_SIGMAS * math.hypot(x.std, y.std), SAME * max(abs(x.value), abs(y.value)))
