@@ -328,3 +328,19 @@ def test_once_a_sweep_job_fell_back_to_offline_the_next_ones_start_offline(tmp_p
     assert online_tries == ["first"]  # the sweep paid the unreachable server once
     assert (tmp_path / loggers.OFFLINE_MARKER).exists()
     assert capsys.readouterr().out.count("this job starts offline") == 2
+
+
+def test_a_sweeps_group_is_its_study_and_start_time():
+    assert loggers.group_name("/home/me/project/multirun/optimizers/2026-11-24_03-26-51") == (
+        "optimizers/2026-11-24_03-26-51"
+    )
+    assert loggers.group_name("multirun/2026-11-24/03-26-51") == "2026-11-24/03-26-51"  # a plain -m
+    assert loggers.group_name(None) is None  # a single run
+
+
+def test_the_sync_hint_names_the_sweeps_offline_runs_once(tmp_path):
+    assert loggers.offline_sync_hint(tmp_path) is None  # nothing offline: no line
+    (tmp_path / "wandb" / "offline-run-20261124_032659-0e0ahwrl").mkdir(parents=True)
+    assert loggers.offline_sync_hint(tmp_path) == (
+        f"effitrain: W&B runs saved offline; upload them with: wandb sync {tmp_path}/wandb/offline-run-*"
+    )
