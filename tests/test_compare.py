@@ -172,7 +172,8 @@ def test_plots_have_content_and_the_html_embeds_them(wandb_sweep):
         assert float(np.std(pixels[..., :3])) > 0.05, path.name
         assert len(np.unique(pixels[..., :3].reshape(-1, 3), axis=0)) > 50, path.name
         assert f"data:image/png;base64,{base64.b64encode(data).decode()}" in page
-    assert page.count("<tr") == 3
+    all_jobs = page[page.index("<h2>All jobs</h2>") :]
+    assert all_jobs[: all_jobs.index("</table>")].count("<tr") == 3  # the header and two jobs
     assert 'src="memory.png"' not in page  # self-contained: nothing to fetch
 
 
@@ -262,7 +263,7 @@ def test_the_verdict_gives_each_combination_its_ratios_against_adamw_with_their_
     }
     adamw, adamw_dir = by_optimizer["adamw"]
     adafactor, adafactor_dir = by_optimizer["adafactor"]
-    numbers = {row["optimizer"]: row["#"] for row in _markdown_rows(verdict_sweep, "#")}
+    numbers = {row["optimizer"]: row["#"] for row in _markdown_rows(verdict_sweep, "# | optimizer")}
     from effitrain.compare.load import load_jobs
     from effitrain.compare.verdict import verdict
 
@@ -283,7 +284,9 @@ def test_the_verdict_gives_each_combination_its_ratios_against_adamw_with_their_
     assert combos["adafactor"].ratios["speed"].value == pytest.approx(speed, rel=1e-9)
     assert combos["adafactor"].ratios["speed"].std > 0
     # the ratio cells, in the terminal and in comparison.md, as the verdict table gives them
-    rows = {row["combination"].split(" \\| ")[0]: row for row in _markdown_rows(verdict_sweep, "combination")}
+    rows = {
+        row["combination"].split(" \\| ")[0]: row for row in _markdown_rows(verdict_sweep, "# | combination")
+    }
     assert rows["adafactor"]["#"] == numbers["adafactor"]
     assert rows["adafactor"]["step peak x AdamW"] == f"{memory:.3f}"
     assert rows["adafactor"]["eval loss x AdamW"].startswith(f"{quality:.2f} ± {sem:.2f}")
@@ -308,7 +311,7 @@ def test_the_verdict_gives_each_combination_its_ratios_against_adamw_with_their_
 
 
 def _markdown_rows(folder, first_header):
-    """The rows of the Markdown table in comparison.md whose first header is ``first_header``."""
+    """The rows of the Markdown table in comparison.md whose headers start with ``first_header``."""
     lines = (folder / "comparison.md").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
     headers = [h.strip() for h in lines[start].strip("|").split(" | ")]
@@ -325,7 +328,7 @@ def _markdown_rows(folder, first_header):
 def test_the_page_marks_each_columns_best_value_and_numbers_the_jobs(verdict_sweep):
     main(["compare", str(verdict_sweep), "--wandb-mode", "disabled"])
     jobs = summaries(verdict_sweep)
-    rows = _markdown_rows(verdict_sweep, "#")
+    rows = _markdown_rows(verdict_sweep, "# | optimizer")
     assert [row["#"] for row in rows] == ["1", "2"]
     low = min(jobs.values(), key=lambda s: s["mem/step_peak_bytes"])
     markdown = (verdict_sweep / "comparison.md").read_text()
