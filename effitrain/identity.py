@@ -59,7 +59,7 @@ def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
 def wandb_keys(logger: DictConfig | None, sweep_dir: str | None) -> dict:
     """Where the job's W&B run goes, from the logger config (the W&B logger replaces them with what
     ``wandb.init`` gave once it started, ``wandb/run_id`` included); mode ``disabled`` without W&B."""
-    from effitrain.loggers import resolve_mode
+    from effitrain.loggers import group_name, resolve_mode
 
     target = str((logger or {}).get("_target_") or "")
     if not target.endswith("WandbLogger"):
@@ -72,7 +72,7 @@ def wandb_keys(logger: DictConfig | None, sweep_dir: str | None) -> dict:
     return {
         "wandb/project": logger.get("project"),
         "wandb/entity": logger.get("entity"),
-        "wandb/group": logger.get("group") or sweep_dir,
+        "wandb/group": logger.get("group") or group_name(sweep_dir),
         "wandb/mode": mode,
         "wandb/run_id": None,
     }

@@ -3,8 +3,8 @@
     python train.py                                   # logger=wandb: online with credentials, else offline
     python train.py logger.mode=disabled              # or logger=none: nothing goes to W&B
     python train.py -m optimizer=adamw,adafactor      # one W&B run per job, one group per sweep
-    wandb sync multirun/<day>/<time>/wandb/offline-run-*   # upload an offline sweep later
-    wandb leet multirun/<day>/<time>/wandb            # browse it in the terminal, no account needed
+    wandb sync multirun/<study>/<time>/wandb/offline-run-*  # upload an offline sweep later (printed at its end)
+    wandb leet multirun/<study>/<time>/wandb          # browse it in the terminal, no account needed
 
 :class:`WandbLogger` has the interface of :class:`effitrain.results.MetricsFile` (``log_dict``,
 ``close``) plus ``finish(summary)``, so the shared step meter writes the same per-step records to
@@ -75,12 +75,33 @@ def _without(value, secret: str | None):
     return value
 
 
+def group_name(sweep_dir: str | None) -> str | None:
+    """A sweep's W&B group: its study and start time, the sweep folder's last two parts
+    (``optimizers/2026-11-23_12-44-04``, ``2026-11-23/12-44-04`` for a plain ``-m``): short on a
+    dashboard and the same on every machine. The full folder is in the run config
+    (``job/sweep_dir``)."""
+    if not sweep_dir:
+        return None
+    path = Path(sweep_dir)
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+def offline_sync_hint(sweep_dir: str | Path) -> str | None:
+    """The one line a sweep prints at its end when its jobs saved W&B runs offline: how to upload
+    them all (None when there are none)."""
+    folder = Path(sweep_dir) / "wandb"
+    if not any(folder.glob("offline-run-*")):
+        return None
+    return f"effitrain: W&B runs saved offline; upload them with: wandb sync {folder}/offline-run-*"
+
+
 def job_identity(output_dir: Path, cfg_keys: dict) -> dict:
     """Group, name, job type, tags and W&B folder of this job, from the summary's own ``cfg/*`` and
     ``job/*`` keys (see :func:`effitrain.identity.summary_config_keys`).
 
-    In a multirun the group is the sweep folder and every job's W&B run lives in
-    ``<sweep folder>/wandb``: one folder that ``wandb leet`` and ``wandb sync`` take whole. A single
+    In a multirun the group is the sweep's study and start time (:func:`group_name`) and every
+    job's W&B run lives in ``<sweep folder>/wandb``: one folder that ``wandb leet`` and ``wandb
+    sync`` take whole (the sweep prints the sync command once at its end). A single
     run keeps its W&B run in its own output folder. The name is the short one
     (``adam8bit | trainer | ga4``); the full overrides are in the run's config.
     """
@@ -96,7 +117,7 @@ def job_identity(output_dir: Path, cfg_keys: dict) -> dict:
         if o.key_or_group in groups and o.key_or_group != "logger"
     ]
     return {
-        "group": sweep_dir,
+        "group": group_name(sweep_dir),
         "name": cfg_keys.get("job/name") or "defaults",
         "job_type": cfg_keys.get("cfg/backend") or "train",
         "tags": tags,
@@ -197,11 +218,9 @@ class WandbLogger:
         # the dashboard's run summaries: the best evaluation and the highest memory, not the last
         self.run.define_metric("eval/loss", step_metric="step", summary="min")
         self.run.define_metric("mem/current_bytes", step_metric="step", summary="max")
-        if self.mode == "offline":
-            # in a sweep every job points at the whole sweep: one command uploads all of it
-            target = (
-                f"{wandb_dir / 'wandb'}/offline-run-*" if identity["multirun"] else self.run.settings.sync_dir
-            )
+        if self.mode == "offline" and not identity["multirun"]:
+            # a sweep says it once for all its jobs, at its end (offline_sync_hint)
+            target = self.run.settings.sync_dir
             print(f"effitrain: W&B run saved offline; upload it later with: wandb sync {target}", flush=True)
 
     def identity_keys(self) -> dict:
@@ -280,6 +299,13 @@ def build_tracker(cfg: DictConfig, output_dir: Path, cfg_keys: dict):
     return start(run_config(cfg, cfg_keys), job_identity(output_dir, cfg_keys))
 
 
+def comparison_run_id(sweep_dir: str | Path) -> str:
+    """The id of a sweep's one comparison run: the same for every ``effitrain compare`` of it."""
+    import hashlib
+
+    return "compare-" + hashlib.sha1(str(Path(sweep_dir).absolute()).encode()).hexdigest()[:16]
+
+
 def log_comparison_table(
     rows: list[dict],
     group: str | None,
@@ -289,16 +315,24 @@ def log_comparison_table(
     mode: str | None = None,
     name: str = "comparison",
     table_key: str = "comparison",
+    page: tuple[list[str], list[list]] | None = None,
+    summary: dict | None = None,
 ):
-    """Log a sweep's comparison (one dict per job) as a W&B Table, in its own run of the sweep's group.
+    """Log a sweep's comparison as W&B Tables in the sweep's one comparison run, in its group.
 
-    Columns are the union of the rows' keys, in first-seen order; a value missing from a row is
-    null. Returns the finished run's folder (None when W&B is disabled or unavailable); like the
+    ``page`` (headers, rows) is the page's table, logged as ``table_key``; ``rows`` (one dict per
+    job: its exact values) as ``<table_key>_values``, columns the union of the rows' keys in
+    first-seen order, a value missing from a row null. ``summary`` (the verdict) goes into the
+    run's summary. The run's id is :func:`comparison_run_id` of ``wandb_dir``: comparing the sweep
+    again updates that run instead of adding one (offline, the earlier offline copy is replaced).
+    Returns the finished run's folder (None when W&B is disabled or unavailable); like the
     training logger it warns and returns instead of raising when W&B fails.
 
     Raises:
         ConfigError: an invalid ``mode``.
     """
+    import shutil
+
     mode = resolve_mode(mode)
     if mode == "disabled":
         return None
@@ -308,19 +342,33 @@ def log_comparison_table(
         columns = list(dict.fromkeys(key for row in rows for key in row))
         data = [[plain(row.get(column)) for column in columns] for row in rows]
         Path(wandb_dir).mkdir(parents=True, exist_ok=True)
+        run_id = comparison_run_id(wandb_dir)
+        if mode == "offline":  # one offline copy per sweep: `wandb sync offline-run-*` uploads one run
+            for earlier in (Path(wandb_dir) / "wandb").glob(f"offline-run-*-{run_id}"):
+                shutil.rmtree(earlier, ignore_errors=True)
         run = wandb.init(
             project=project,
             entity=entity,
             group=group,
             name=name,
+            id=run_id,
+            resume="allow" if mode == "online" else None,
             job_type="compare",
             dir=str(wandb_dir),
             mode=mode,
             reinit="finish_previous",
             settings=wandb.Settings(silent=True),
         )
-        run.log({table_key: wandb.Table(columns=columns, data=data)})
+        tables = {f"{table_key}_values": wandb.Table(columns=columns, data=data)}
+        if page is not None:
+            headers, cells = page
+            tables[table_key] = wandb.Table(
+                columns=list(headers), data=[[plain(c) for c in row] for row in cells]
+            )
+        run.log(tables)
         run.summary["jobs"] = len(rows)
+        for key, value in (summary or {}).items():
+            run.summary[key] = plain(value)
         folder = run.settings.sync_dir
         run.finish()
         return folder

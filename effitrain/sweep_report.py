@@ -122,6 +122,11 @@ class SweepReport(Callback):
             notes.append(f"{not_started} not started")
         print(f"effitrain: {failed} of {len(outcomes)} jobs failed ({', '.join(notes)}) in {sweep_dir}")
         print(f"effitrain: compare: effitrain compare {shlex.quote(str(sweep_dir))}")
+        from effitrain.loggers import offline_sync_hint
+
+        hint = offline_sync_hint(sweep_dir)
+        if hint:  # once for the sweep, not once per job
+            print(hint)
         failed += busy + not_started  # not done by this sweep either: the exit status says so
         if failed:
             args = [arg for arg in sys.argv if not arg.startswith("hydra.sweep.dir=")]

@@ -141,6 +141,8 @@ class Classification(Task):
             "eval/accuracy": (predictions == labels).float().mean().item(),
             "eval/f1": macro_f1(predictions, labels, num_classes),
             "eval/samples": len(labels),
+            # the eval split's sampling error of eval/loss: what compare calls noise with one seed
+            "eval/loss_sem": (losses.std() / math.sqrt(len(losses))).item() if len(losses) > 1 else None,
         }
 
 
@@ -240,13 +242,17 @@ class CausalLM(Task):
             for store, value in zip((sums, counts), gathered):
                 store.append(value.cpu())
         model.train(was_training)
-        total, tokens = torch.cat(sums).sum().item(), int(torch.cat(counts).sum().item())
+        sums, counts = torch.cat(sums), torch.cat(counts)
+        total, tokens = sums.sum().item(), int(counts.sum().item())
         loss = total / tokens
+        rows = sums[counts > 0] / counts[counts > 0]  # per-row mean losses: the sampling error's spread
         return {
             "eval/loss": loss,
             "eval/perplexity": math.exp(loss),
-            "eval/samples": sum(len(c) for c in counts),
+            "eval/samples": len(counts),
             "eval/tokens": tokens,
+            # the eval split's sampling error of eval/loss (over rows): compare's noise with one seed
+            "eval/loss_sem": (rows.std() / math.sqrt(len(rows))).item() if len(rows) > 1 else None,
         }
 
     def data_summary(self, tokenized) -> dict:

@@ -76,26 +76,54 @@ def test_compare_of_a_real_wandb_sweep_holds_the_summaries_values(wandb_sweep, c
 
 
 @pytest.mark.slow
-def test_the_wandb_table_lands_in_the_jobs_project_and_group(wandb_sweep):
+def test_the_wandb_comparison_is_one_run_per_sweep_in_the_jobs_project_and_short_group(wandb_sweep):
+    from effitrain.loggers import comparison_run_id
     from tests.test_loggers import inspect_records, inspect_summary, wandb_files
 
     jobs = list(summaries(wandb_sweep).values())
     assert {job["wandb/project"] for job in jobs} == {"effitrain-tests"}
+    # the study and its start time: the sweep folder's last two parts, not its absolute path
+    assert {job["wandb/group"] for job in jobs} == {f"{wandb_sweep.parent.name}/sweep"}
     before = set(wandb_files(wandb_sweep / "wandb"))
     main(["compare", str(wandb_sweep), "--wandb-mode", "offline"])
+    main(["compare", str(wandb_sweep), "--wandb-mode", "offline"])  # again: the same run, not a second
     [run_file] = set(wandb_files(wandb_sweep / "wandb")) - before
     run = next(r for r in inspect_records(run_file) if r["type"] == "run")["run"]
-    assert (run["project"], run["run_group"], run["job_type"]) == (
+    assert (run["project"], run["run_group"], run["job_type"], run["run_id"]) == (
         "effitrain-tests",
         jobs[0]["wandb/group"],
         "compare",
+        comparison_run_id(wandb_sweep),
     )
-    assert inspect_summary(run_file)["summary"]["jobs"] == 2
-    [table_file] = (run_file.parent / "files").rglob("comparison_*.table.json")
-    table = json.loads(table_file.read_text())
-    rows = {row[table["columns"].index("job")]: dict(zip(table["columns"], row)) for row in table["data"]}
+    summary = inspect_summary(run_file)["summary"]
+    assert summary["jobs"] == 2 and summary["verdict/baseline"] == "AdamW"
+    assert summary["verdict"].splitlines()[0] in (wandb_sweep / "comparison.md").read_text()
     adamw = summaries(wandb_sweep)[job("optimizer=adamw")]
+    adafactor = summaries(wandb_sweep)[job("optimizer=adafactor")]
+    [key] = [k for k in summary if "adafactor" in k and k.endswith("/memory_x_base")]
+    assert summary[key] == pytest.approx(
+        adafactor["mem/step_peak_bytes"] / adamw["mem/step_peak_bytes"], rel=1e-12
+    )
+    tables = {
+        p.name.rsplit("_", 2)[0]: json.loads(p.read_text())
+        for p in (run_file.parent / "files").rglob("*.table.json")
+    }
+    values = tables["comparison_values"]
+    rows = {row[values["columns"].index("job")]: dict(zip(values["columns"], row)) for row in values["data"]}
     assert rows[job("optimizer=adamw")]["mem/optimizer_state_bytes"] == adamw["mem/optimizer_state_bytes"]
+    page = tables["comparison"]  # the page's columns, numbers as numbers
+    assert page["columns"][:2] == ["#", "optimizer"] and "step peak MiB x AdamW" in page["columns"]
+    first = dict(zip(page["columns"], page["data"][0]))
+    assert first["#"] == 1 and first["step peak MiB"] == float(
+        f"{jobs_by_number(wandb_sweep)[0]['mem/step_peak_bytes'] / 2**20:.1f}"
+    )
+
+
+def jobs_by_number(folder):
+    """The summaries in the order compare numbers the jobs (folder order)."""
+    from effitrain.sweep import job_folders
+
+    return [json.loads((f / "summary.json").read_text()) for f in job_folders(folder)]
 
 
 @pytest.mark.slow
@@ -123,6 +151,7 @@ def test_several_sweep_folders_make_one_table(wandb_sweep, failing_sweep, tmp_pa
           "--wandb-mode", "disabled"])  # fmt: skip
     rows = list(csv.DictReader(open(tmp_path / "report" / "comparison.csv")))
     assert sorted(row["sweep"] for row in rows) == sorted([str(wandb_sweep)] * 2 + [str(failing_sweep)] * 2)
+    assert "logger" not in rows[0]  # wandb in one sweep, none in the other: run-invariant, no column
     assert (tmp_path / "report" / "comparison.html").exists()
 
 
@@ -143,7 +172,8 @@ def test_plots_have_content_and_the_html_embeds_them(wandb_sweep):
         assert float(np.std(pixels[..., :3])) > 0.05, path.name
         assert len(np.unique(pixels[..., :3].reshape(-1, 3), axis=0)) > 50, path.name
         assert f"data:image/png;base64,{base64.b64encode(data).decode()}" in page
-    assert page.count("<tr") == 3
+    all_jobs = page[page.index("<h2>All jobs</h2>") :]
+    assert all_jobs[: all_jobs.index("</table>")].count("<tr") == 3  # the header and two jobs
     assert 'src="memory.png"' not in page  # self-contained: nothing to fetch
 
 
@@ -197,3 +227,158 @@ def test_repeated_seeds_are_compared_as_mean_and_spread(tmp_path):
     markdown = (folder / "comparison.md").read_text()
     assert "Repeated seeds (mean +- standard deviation):" in markdown and "![seeds](seeds.png)" in markdown
     assert "Repeated seeds" in (folder / "comparison.html").read_text()
+
+
+# --- the verdict, on what real sweeps wrote ------------------------------------------------------
+
+
+def _rates(folder):
+    """Samples per second of each steady optimizer step, read here from metrics.jsonl on its own."""
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "train/loss" in line]
+    return [
+        (b["train/samples"] - a["train/samples"]) / b["speed/step_s"]
+        for i, (a, b) in enumerate(zip(steps, steps[1:]), 1)
+        if i >= 2  # the first two steps (warm-up) are not steady
+    ]
+
+
+@pytest.fixture(scope="module")
+def verdict_sweep(tmp_path_factory):
+    """Two optimizers, eight steps each: enough steady steps for a speed spread."""
+    folder, done = sweep(tmp_path_factory.mktemp("verdict") / "sweep", "logger=none", "optimizer=adamw,adafactor",
+                         "max_steps=8", "optimizer.lr=3e-3", "warmup_ratio=0")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+@pytest.mark.slow
+def test_the_verdict_gives_each_combination_its_ratios_against_adamw_with_their_noise(verdict_sweep, capsys):
+    import statistics
+
+    main(["compare", str(verdict_sweep)])
+    terminal = capsys.readouterr().out
+    by_optimizer = {
+        s["cfg/optimizer"]: (s, verdict_sweep / name) for name, s in summaries(verdict_sweep).items()
+    }
+    adamw, adamw_dir = by_optimizer["adamw"]
+    adafactor, adafactor_dir = by_optimizer["adafactor"]
+    numbers = {row["optimizer"]: row["#"] for row in _markdown_rows(verdict_sweep, "# | optimizer")}
+    from effitrain.compare.load import load_jobs
+    from effitrain.compare.verdict import verdict
+
+    decided = verdict(load_jobs([verdict_sweep]))
+    combos = {c.label.split(" | ")[0]: c for c in decided.combos}
+    memory = adafactor["mem/step_peak_bytes"] / adamw["mem/step_peak_bytes"]
+    quality = adafactor["eval/loss"] / adamw["eval/loss"]
+    assert combos["adafactor"].ratios["memory"].value == pytest.approx(memory, rel=1e-12)
+    assert combos["adafactor"].ratios["memory"].std == 0.0  # bytes of tensors: exact
+    assert combos["adafactor"].ratios["quality"].value == pytest.approx(quality, rel=1e-12)
+    # one seed: the eval split's sampling error of each eval loss, combined
+    sem = quality * ((adafactor["eval/loss_sem"] / adafactor["eval/loss"]) ** 2
+                     + (adamw["eval/loss_sem"] / adamw["eval/loss"]) ** 2) ** 0.5  # fmt: skip
+    assert combos["adafactor"].ratios["quality"].std == pytest.approx(sem, rel=1e-9)
+    rates = {name: _rates(folder) for name, folder in (("adamw", adamw_dir), ("adafactor", adafactor_dir))}
+    assert len(rates["adamw"]) == 6
+    speed = statistics.median(rates["adafactor"]) / statistics.median(rates["adamw"])
+    assert combos["adafactor"].ratios["speed"].value == pytest.approx(speed, rel=1e-9)
+    assert combos["adafactor"].ratios["speed"].std > 0
+    # the ratio cells, in the terminal and in comparison.md, as the verdict table gives them
+    rows = {
+        row["combination"].split(" \\| ")[0]: row for row in _markdown_rows(verdict_sweep, "# | combination")
+    }
+    assert rows["adafactor"]["#"] == numbers["adafactor"]
+    assert rows["adafactor"]["step peak x AdamW"] == f"{memory:.3f}"
+    assert rows["adafactor"]["eval loss x AdamW"].startswith(f"{quality:.2f} ± {sem:.2f}")
+    assert rows["adafactor"]["samples/s x AdamW"].startswith(f"{speed:.2f} ± ")
+    assert rows["adamw"]["step peak x AdamW"] == "1 (base)"
+    assert f"{memory:.3f}" in terminal and terminal.index("Verdict") < terminal.index("opt state MiB")
+    assert "one seed per combination: quality differences below the eval split's sampling error" in terminal
+    # Adafactor needs less memory than AdamW, so nothing beats it; AdamW stays on the front only
+    # where it is better beyond noise (two standard deviations) on quality or speed
+    speed_std = combos["adafactor"].ratios["speed"].std
+    adamw_better = quality - 2 * sem > 1 or speed + 2 * speed_std < 1
+    front = [c.label.split(" | ")[0] for c in decided.front]
+    assert memory < 1 and front == (["adafactor", "adamw"] if adamw_better else ["adafactor"])
+    if not adamw_better:
+        assert decided.lines[0].startswith(f"Use {numbers['adafactor']}. adafactor (against AdamW: ")
+        assert f"{(1 - memory) * 100:.0f}% less memory" in decided.lines[0]
+    page = (verdict_sweep / "comparison.html").read_text()
+    assert page.index('class="verdict"') < page.index("All jobs") < page.index("<img")
+    import html
+
+    assert html.escape(decided.lines[0]) in page[: page.index("All jobs")]  # the decision, first
+
+
+def _markdown_rows(folder, first_header):
+    """The rows of the Markdown table in comparison.md whose headers start with ``first_header``."""
+    lines = (folder / "comparison.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    headers = [h.strip() for h in lines[start].strip("|").split(" | ")]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip().strip("*") for c in line.strip()[2:-2].split(" | ")]
+        rows.append(dict(zip(headers, cells)))
+    return rows
+
+
+@pytest.mark.slow
+def test_the_page_marks_each_columns_best_value_and_numbers_the_jobs(verdict_sweep):
+    main(["compare", str(verdict_sweep), "--wandb-mode", "disabled"])
+    jobs = summaries(verdict_sweep)
+    rows = _markdown_rows(verdict_sweep, "# | optimizer")
+    assert [row["#"] for row in rows] == ["1", "2"]
+    low = min(jobs.values(), key=lambda s: s["mem/step_peak_bytes"])
+    markdown = (verdict_sweep / "comparison.md").read_text()
+    assert f"**{low['mem/step_peak_bytes'] / 2**20:.1f}**" in markdown
+    page = (verdict_sweep / "comparison.html").read_text()
+    assert f'class="num best">{low["mem/step_peak_bytes"] / 2**20:.1f}</td>' in page
+    assert page.count("How to read this:") == 5  # the table and the four plots
+
+
+@pytest.mark.slow
+def test_a_sweep_that_learned_nothing_says_so_in_one_line(tmp_path, capsys):
+    folder, done = sweep(tmp_path / "flat", "logger=none", "optimizer.lr=1e-12,2e-12")
+    assert done.returncode == 0, done.stderr[-3000:]
+    main(["compare", str(folder)])
+    out = capsys.readouterr().out
+    accuracies = {s["eval/accuracy"] for s in summaries(folder).values()}
+    assert len(accuracies) == 1
+    [line] = [line for line in out.splitlines() if line.startswith("No job learned anything measurable")]
+    assert f"accuracy {accuracies.pop():.4f}" in line and "train longer" in line
+    assert "No job learned anything measurable" in (folder / "comparison.html").read_text()
+
+
+def _crowd(source, count, tmp_path):
+    """``count`` copies of a real job folder, as a sweep of that many jobs whose step peaks and eval
+    losses crowd together (a few coincide), the way a 24-job grid's points do."""
+    crowd = tmp_path / f"crowd{count}"
+    real = next(p.parent for p in sorted(source.rglob("summary.json")))
+    base = json.loads((real / "summary.json").read_text())
+    for i in range(count):
+        job = crowd / f"optimizer.lr={i}"
+        shutil.copytree(real, job, ignore=shutil.ignore_patterns(".cache", "wandb"))
+        summary = dict(base, **{"job/overrides": [f"optimizer.lr={i}"],
+                                "mem/step_peak_bytes": base["mem/step_peak_bytes"] * (1 + (i % 5) * 0.01),
+                                "eval/loss": base["eval/loss"] * (1 + (i // 3) * 0.002)})  # fmt: skip
+        (job / "summary.json").write_text(json.dumps(summary))
+    return crowd
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("count", [2, 6, 24])
+def test_pareto_labels_never_overlap(verdict_sweep, tmp_path, count):
+    from effitrain.compare.load import load_jobs
+    from effitrain.compare.plots import _overlap, plot_pareto
+
+    jobs = load_jobs([_crowd(verdict_sweep, count, tmp_path)])
+    panels = plot_pareto(jobs, tmp_path / "pareto.png")
+    points = {
+        (round(j.summary["mem/step_peak_bytes"] / 2**20, 3), round(j.summary["eval/loss"], 5)) for j in jobs
+    }
+    assert len(panels) == 2 and len(panels[0]) == len(points)  # one label per distinct point
+    for boxes in panels:
+        for i, a in enumerate(boxes):
+            assert not any(_overlap(a, b) for b in boxes[i + 1 :]), (count, a)

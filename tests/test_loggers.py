@@ -116,7 +116,8 @@ def test_two_job_multirun_in_one_process_gives_two_runs_in_one_group(tmp_path):
     assert len(files) == 2 and wandb_files(sweep) == files
     runs = [run_record(inspect_records(f)) for f in files]
     assert len({run["run_id"] for run in runs}) == 2
-    assert {run["run_group"] for run in runs} == {str(sweep)}
+    # the study and its start time (here the folder's last two parts), the full folder in the config
+    assert {run["run_group"] for run in runs} == {f"{tmp_path.name}/sweep"}
     assert sorted(run["tags"][-1] for run in runs) == ["optimizer=adafactor", "optimizer=adamw"]
     assert sorted(run["display_name"].endswith("adafactor") for run in runs) == [False, True]
     for f in files:
@@ -127,16 +128,17 @@ def test_two_job_multirun_in_one_process_gives_two_runs_in_one_group(tmp_path):
             if f"optimizer={state['summary']['cfg/optimizer']}" in p.parent.name
         )
         assert state["exit_code"] == 0 and state["summary"] == {**state["summary"], **_non_null(job)}
+        assert state["config"]["job/sweep_dir"] == str(sweep)
         assert [row["step"] for row in history(inspect_records(f))] == [
             line["step"] for line in read_metrics(job, kind="all")
         ]
-    # one upload line per job, each naming the whole sweep
-    sync_lines = [line for line in proc.stdout.splitlines() if "wandb sync" in line]
-    assert (
-        sync_lines
-        == [f"effitrain: W&B run saved offline; upload it later with: wandb sync {sweep}/wandb/offline-run-*"]
-        * 2
-    )
+    # one upload line for the whole sweep, at its end
+    lines = proc.stdout.splitlines()
+    sync_lines = [line for line in lines if "wandb sync" in line]
+    assert sync_lines == [
+        f"effitrain: W&B runs saved offline; upload them with: wandb sync {sweep}/wandb/offline-run-*"
+    ]
+    assert lines.index(sync_lines[0]) > max(i for i, line in enumerate(lines) if "jobs failed" in line)
 
 
 def _non_null(job_dir: Path) -> dict:
@@ -326,3 +328,19 @@ def test_once_a_sweep_job_fell_back_to_offline_the_next_ones_start_offline(tmp_p
     assert online_tries == ["first"]  # the sweep paid the unreachable server once
     assert (tmp_path / loggers.OFFLINE_MARKER).exists()
     assert capsys.readouterr().out.count("this job starts offline") == 2
+
+
+def test_a_sweeps_group_is_its_study_and_start_time():
+    assert loggers.group_name("/home/me/project/multirun/optimizers/2026-11-24_03-26-51") == (
+        "optimizers/2026-11-24_03-26-51"
+    )
+    assert loggers.group_name("multirun/2026-11-24/03-26-51") == "2026-11-24/03-26-51"  # a plain -m
+    assert loggers.group_name(None) is None  # a single run
+
+
+def test_the_sync_hint_names_the_sweeps_offline_runs_once(tmp_path):
+    assert loggers.offline_sync_hint(tmp_path) is None  # nothing offline: no line
+    (tmp_path / "wandb" / "offline-run-20261124_032659-0e0ahwrl").mkdir(parents=True)
+    assert loggers.offline_sync_hint(tmp_path) == (
+        f"effitrain: W&B runs saved offline; upload them with: wandb sync {tmp_path}/wandb/offline-run-*"
+    )

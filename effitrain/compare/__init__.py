@@ -10,6 +10,8 @@ swapped, ``wandb/*`` where its W&B run went) and ``metrics.jsonl``, and writes: 
 and a self-contained ``comparison.html``.
 
     load.py    job folders -> JobResult (summary, metrics, the choices that differ), seed statistics
+    verdict.py per combination its step peak, quality and speed against the baseline, with their
+               noise; the front; the decision in words (first in the terminal, Markdown and page)
     report.py  the table as text, Markdown, CSV and HTML
     plots.py   the figures
 """
@@ -30,14 +32,18 @@ from effitrain.compare.report import (
     write_markdown,
     write_seeds_csv,
 )
+from effitrain.compare.verdict import Verdict, verdict
 from effitrain.errors import ConfigError
 
-__all__ = ["CSV_KEYS", "JobResult", "compare", "load_jobs", "pareto_front"]
+__all__ = ["CSV_KEYS", "JobResult", "Verdict", "compare", "load_jobs", "pareto_front", "verdict"]
 
 
-def log_to_wandb(jobs: list[JobResult], sweeps: list[Path], mode: str | None) -> None:
-    """Each sweep whose jobs logged to W&B gets the table as a W&B Table, in a run of its own in the
-    project, entity and group its jobs recorded (``wandb/*`` in their summaries)."""
+def log_to_wandb(
+    jobs: list[JobResult], sweeps: list[Path], mode: str | None, page=None, decided=None
+) -> None:
+    """Each sweep whose jobs logged to W&B gets its one comparison run (updated by every compare),
+    in the project, entity and group its jobs recorded (``wandb/*`` in their summaries): the page's
+    table (``page``: headers and rows), the exact values and the verdict in the run's summary."""
     from effitrain.loggers import log_comparison_table
 
     for sweep in sweeps:
@@ -56,7 +62,24 @@ def log_to_wandb(jobs: list[JobResult], sweeps: list[Path], mode: str | None) ->
             project=where.get("wandb/project") or "effitrain",
             entity=where.get("wandb/entity"),
             mode=mode,
+            page=_numbers(page) if page else None,
+            summary=decided.summary() if decided is not None else None,
         )
+
+
+def _numbers(page):
+    """The page's cells with the numbers as numbers, so the dashboard sorts and plots them."""
+    headers, rows = page
+
+    def value(cell):
+        try:
+            return float(cell)
+        except ValueError:
+            return cell
+
+    # W&B needs unique column names: a ratio column is named after the figure before it
+    unique = [f"{headers[i - 1]} {h}" if h.startswith("x ") and i else h for i, h in enumerate(headers)]
+    return unique, [[value(cell) for cell in row] for row in rows]
 
 
 def compare(sweeps: list[Path], output: Path | None = None, wandb_mode: str | None = None) -> dict[str, Path]:
@@ -95,13 +118,16 @@ def compare(sweeps: list[Path], output: Path | None = None, wandb_mode: str | No
         plot_seeds(stats, output / "seeds.png")
         written["seeds.png"] = output / "seeds.png"
     plots = [path for name, path in written.items() if name.endswith(".png")]
-    write_markdown(headers, rows, jobs, plots, written["md"], seeds)
-    write_html(headers, rows, jobs, plots, written["html"], sweeps, seeds)
+    decided = verdict(jobs)
+    write_markdown(headers, rows, jobs, plots, written["md"], seeds, decided)
+    write_html(headers, rows, jobs, plots, written["html"], sweeps, seeds, decided)
+    print(decided.text())
+    print()
     print(text_table(headers, rows))
     if seeds:
         print(text_table(*seeds))
     for line in failures(jobs):
         print(f"not ok: {line}")
     print(f"effitrain: compare: {len(jobs)} jobs -> {written['md']}, {written['html']}")
-    log_to_wandb(jobs, sweeps, wandb_mode)
+    log_to_wandb(jobs, sweeps, wandb_mode, (headers, rows), decided)
     return written

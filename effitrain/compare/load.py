@@ -62,6 +62,16 @@ def _label_groups() -> frozenset[str]:
     return frozenset(group_names()) | {"sweep"}
 
 
+@functools.cache
+def _run_invariant_keys() -> frozenset[str]:
+    """``run_invariant_keys`` of ``conf/config.yaml``: the keys that change neither results nor memory."""
+    from omegaconf import OmegaConf
+
+    from effitrain.config import CONF_DIR
+
+    return frozenset(OmegaConf.load(CONF_DIR / "config.yaml").get("run_invariant_keys") or [])
+
+
 def _overrides(summary: dict) -> dict[str, str]:
     """The job's result-changing overrides, as its summary recorded them (``job/overrides``)."""
     from effitrain.overrides import parse, values
@@ -120,7 +130,9 @@ def label_jobs(jobs: list[JobResult], several_sweeps: bool) -> None:
     for job in finished:
         names += [key for key in job.overrides if key not in names]
     columns = [name for name in names if differs([job.overrides.get(name) for job in finished])]
-    cfg_keys = list(dict.fromkeys(k for job in finished for k in job.summary if k.startswith(CHOICE_PREFIX)))
+    invariant = _run_invariant_keys()  # logger, sweep, ...: never a column, even when they differ
+    cfg_keys = list(dict.fromkeys(k for job in finished for k in job.summary if k.startswith(CHOICE_PREFIX)
+                                  and k.removeprefix(CHOICE_PREFIX) not in invariant))  # fmt: skip
     derived = {}
     for key in cfg_keys:
         short = key.removeprefix(CHOICE_PREFIX)

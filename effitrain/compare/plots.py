@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from effitrain.compare.load import MIB, JobResult, _is_value
@@ -20,7 +21,11 @@ def _figure(height: float, columns: int = 1):
 
 def _save(plt, fig, path: Path, tight: bool = True) -> None:
     if tight:
-        fig.tight_layout()
+        import warnings
+
+        with warnings.catch_warnings():  # tall legends: bbox_inches="tight" below makes the room
+            warnings.simplefilter("ignore", UserWarning)
+            fig.tight_layout()
     fig.savefig(path, bbox_inches="tight")  # legends placed outside the axes stay in the picture
     plt.close(fig)
 
@@ -34,14 +39,14 @@ COLORS = {
 }
 
 
-def _plain_axes(ax) -> None:
+def _plain_axes(ax, ticks: int = 6) -> None:
     """Plain numbers on both axes: no offset notation (``1e-5+1.097``) a reader has to decode, and
-    at most six ticks, so that long plain numbers do not run into each other."""
+    at most ``ticks`` ticks, so that long plain numbers do not run into each other."""
     from matplotlib.ticker import MaxNLocator
 
     for axis in (ax.xaxis, ax.yaxis):
         if type(axis.get_major_locator()).__name__ == "AutoLocator":  # not categorical or set ticks
-            axis.set_major_locator(MaxNLocator(nbins=6))
+            axis.set_major_locator(MaxNLocator(nbins=ticks))
         formatter = axis.get_major_formatter()
         if hasattr(formatter, "set_useOffset"):
             formatter.set_useOffset(False)
@@ -75,14 +80,15 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
             )
     if not any(left):
         ax.text(0.5, 0.5, "no step peak in these summaries", ha="center", va="center", transform=ax.transAxes)
-    ax.set_yticks(ys, [f"{i + 1}. {_short(job)}" for i, job in enumerate(jobs)], fontsize=8)
+    ax.set_yticks(ys, [f"{i + 1}. {label}" for i, label in enumerate(_labels(jobs))], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("MiB at the step peak (tensor memory of one optimizer step)")
     ax.set_title("Step peak by category")
     ax.set_xlim(0, max(left + [0.0]) * 1.15 or 1.0)  # room for the value labels and markers
     _plain_axes(ax)
-    if ax.get_legend_handles_labels()[0]:  # below the bars, never over them
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=6, frameon=False)
+    if ax.get_legend_handles_labels()[0]:  # below the bars and the axis title, never over them
+        below = 0.62 / (fig.get_figheight() * 0.85)  # in axes height: the same distance at 2 or 24 jobs
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -below), ncol=6, frameon=False)
     key, title = ("mem/cuda_max_reserved_bytes", "CUDA reserved")
     if not any(_is_value(job.summary.get(key)) for job in jobs):
         key, title = ("mem/process_peak_rss_bytes", "process RSS")
@@ -93,7 +99,7 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     side.set_title(f"{title}\n(context only)", fontsize=8)
     side.set_xlabel("MiB", fontsize=8)
     side.tick_params(labelsize=7)
-    _plain_axes(side)
+    _plain_axes(side, ticks=3)  # a narrow panel: three plain numbers never run together
     _save(plt, fig, path)
 
 
@@ -107,43 +113,99 @@ def _curves(job: JobResult):
     return steps, seconds, [m["train/loss"] for m in lines]
 
 
+def _colors(count: int) -> list:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if count <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(count)]
+
+
+def _identical(jobs: list[JobResult], series) -> list[list[int]]:
+    """Indices of the jobs grouped by identical ``series(job)`` (empty series left out), in job order."""
+    groups: dict[tuple, list[int]] = {}
+    for index, job in enumerate(jobs):
+        values = series(job)
+        if values:
+            groups.setdefault(tuple(round(v, 10) if _is_value(v) else v for v in values), []).append(index)
+    return list(groups.values())
+
+
+def _numbers(indices: list[int]) -> str:
+    """Jobs' numbers (1-based) of identical curves: ``1=4``, runs shortened (``9-24``)."""
+    runs: list[list[int]] = []
+    for number in sorted(i + 1 for i in indices):
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return "=".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else "=".join(map(str, r)) for r in runs)
+
+
+def _merged(labels: list[str], width: int = 44) -> str:
+    """One name for several jobs: the parts they share once, the parts that differ joined by ``/``
+    (``adamw | accelerator/trainer``)."""
+    split = [label.split(" | ") for label in labels]
+    if len(split) == 1:
+        return labels[0]
+    merged = " / ".join(labels)
+    if len({len(parts) for parts in split}) == 1:
+        merged = " | ".join("/".join(dict.fromkeys(column)) for column in zip(*split))
+    return merged if len(merged) <= width else f"{len(labels)} jobs (named on the right)"
+
+
+def _legend(ax, entries: int, title: str | None = None) -> None:
+    """Below its own panel, never over the curves it names."""
+    longest = max(
+        (len(t.get_label()) for t in ax.get_lines() if not t.get_label().startswith("_")), default=0
+    )
+    ncol = 1 if longest > 38 or entries <= 3 else 2
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=ncol, frameon=False, title=title,
+              title_fontsize=7, alignment="left")  # fmt: skip
+
+
 def plot_losses(jobs: list[JobResult], path: Path) -> None:
     """Train loss against optimizer steps and against training seconds; eval points (eval_every
-    lines, else the final eval loss). Curves identical to an earlier job's are drawn dashed and
-    thicker underneath, so each stays visible, and the legend names the job they coincide with."""
+    lines, else the final eval loss). Jobs whose losses are identical are one curve on the steps
+    panel, named by all their numbers (``1=4``); on the time panel each job keeps its own curve
+    (their times differ), in its group's colour, with a legend of its own."""
     plt, fig, axes = _figure(4.8, columns=2)
-    seen: dict[tuple, int] = {}
+    labels = _labels(jobs)
+    groups = _identical(jobs, lambda job: _curves(job)[2])
+    colors = _colors(len(groups))
     styles = ["-", "--", ":", "-."]
-    for index, job in enumerate(jobs):
-        steps, seconds, losses = _curves(job)
-        if not steps:
-            continue
-        key = tuple(round(v, 10) for v in losses)
-        same = seen.setdefault(key, index)
-        repeat = sum(1 for k, v in seen.items() if v == same and k == key) and index != same
-        label = f"{index + 1}. {_short(job)}" + (f" (= {same + 1})" if repeat else "")
-        style = styles[(index - same) % len(styles)] if repeat else "-"
-        width = 3.0 if not repeat else 1.4
-        for ax, xs in zip(axes, (steps, seconds)):
-            (line,) = ax.plot(xs, losses, style, linewidth=width, label=label, alpha=0.9)
+    for group, color in zip(groups, colors):
+        numbers = _numbers(group)
+        first = jobs[group[0]]
+        steps, _, losses = _curves(first)
+        axes[0].plot(steps, losses, "-", color=color, linewidth=1.8,
+                     label=f"{numbers}. {_merged([labels[i] for i in group])}")  # fmt: skip
+        for member, index in enumerate(group):
+            job = jobs[index]
+            steps, seconds, losses = _curves(job)
+            axes[1].plot(seconds, losses, styles[member % len(styles)], color=color, linewidth=1.5,
+                         label=f"{index + 1}. {labels[index]}")  # fmt: skip
             evals = [
                 (m["step"], m["eval/loss"]) for m in job.metrics if "eval/loss" in m and "train/loss" not in m
             ]
             if not evals and _is_value(job.summary.get("eval/loss")):
                 evals = [(steps[-1], job.summary["eval/loss"])]
-            to_x = dict(zip(steps, xs))
-            points = [(to_x.get(s, xs[-1]), v) for s, v in evals]
-            if points:
-                ax.plot(*zip(*points), "o", color=line.get_color(), markersize=5)
+            to_seconds = dict(zip(steps, seconds))
+            for ax, xs in ((axes[0], None), (axes[1], to_seconds)):
+                if ax is axes[0] and member:
+                    continue  # the same points as the group's first job
+                points = [(s if xs is None else xs.get(s, seconds[-1]), v) for s, v in evals]
+                if points:
+                    ax.plot(*zip(*points), "o", color=color, markersize=5)
     for ax, xlabel in zip(axes, ("optimizer step", "training seconds")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("train loss (dots: eval loss)")
+        _at_least_a_thousandth(ax)
         _plain_axes(ax)
-    axes[0].set_title("Loss against steps")
-    axes[1].set_title("Loss against time")
-    if axes[0].lines:
-        # below the panels: inside, it would cover the curves it names
-        axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=2, frameon=False)
+    axes[0].set_title("Loss against steps (identical curves: one line, 1=4)")
+    axes[1].set_title("Loss against time (each job)")
+    if groups:
+        _legend(axes[0], len(groups))
+        _legend(axes[1], sum(len(g) for g in groups))
     else:
         axes[0].text(
             0.5, 0.5, "no metrics.jsonl lines", ha="center", va="center", transform=axes[0].transAxes
@@ -152,24 +214,29 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
 
 
 def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
-    """Learning rate and gradient norm per optimizer step."""
+    """Learning rate and gradient norm per optimizer step; identical curves drawn once, named by
+    all their jobs' numbers."""
     plt, fig, axes = _figure(4.2, columns=2)
-    for index, job in enumerate(jobs):
-        lines = [m for m in job.metrics if "train/loss" in m and "step" in m]
-        if not lines:
-            continue
-        label = f"{index + 1}. {_short(job)}"
-        axes[0].plot([m["step"] for m in lines], [m.get("lr") for m in lines], linewidth=1.4, label=label)
-        norms = [(m["step"], m["grad_norm"]) for m in lines if _is_value(m.get("grad_norm"))]
-        if norms:
-            axes[1].plot(*zip(*norms), linewidth=1.2, label=label)
+    labels = _labels(jobs)
+
+    def points(job, key):
+        return [(m["step"], m[key]) for m in job.metrics if "train/loss" in m and _is_value(m.get(key))]
+
+    for ax, key in ((axes[0], "lr"), (axes[1], "grad_norm")):
+        groups = _identical(jobs, lambda job, key=key: [v for pair in points(job, key) for v in pair])
+        for group, color in zip(groups, _colors(len(groups))):
+            name = "all jobs" if len(group) == len(jobs) > 1 else _merged([labels[i] for i in group])
+            if name.endswith("(named on the right)"):
+                name = f"{len(group)} jobs"
+            ax.plot(*zip(*points(jobs[group[0]], key)), color=color, linewidth=1.4,
+                    label=f"{_numbers(group)}. {name}")  # fmt: skip
+        if groups:
+            _legend(ax, len(groups))
     axes[0].set_title("Learning rate")
     axes[1].set_title("Gradient norm (before clipping)")
     for ax in axes:
         ax.set_xlabel("optimizer step")
         _plain_axes(ax)
-    if axes[0].lines:
-        axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.14), ncol=2, frameon=False)
     _save(plt, fig, path)
 
 
@@ -185,9 +252,12 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 def plot_pareto(jobs: list[JobResult], path: Path) -> None:
     """Step peak against eval loss (the front: jobs nothing beats on both), and throughput against
-    step peak. Points are numbered as in the other plots; the key is the legend."""
+    step peak. Points are numbered as in the other plots, labels placed where they overlap no other
+    label; the key below names the numbers."""
     plt, fig, axes = _figure(4.8, columns=2)
+    labels = _labels(jobs)
     numbered = [(i + 1, job) for i, job in enumerate(jobs)]
+    panels = []
     placed = [(n, j) for n, j in numbered if _is_value(j.summary.get("mem/step_peak_bytes"))
               and _is_value(j.summary.get("eval/loss"))]  # fmt: skip
     ax = axes[0]
@@ -199,17 +269,12 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
         # ringed too: a front of one point draws no line
         ax.scatter([points[i][0] for i in front], [points[i][1] for i in front], s=110, facecolors="none",
                    edgecolors="#c44e52", zorder=3)  # fmt: skip
-        _numbered_points(ax, placed, points)
+        ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
+        panels.append((ax, placed, points))
         ax.legend(fontsize=7, loc="upper right")
     else:
-        ax.text(
-            0.5,
-            0.5,
-            "no job has a step peak and an eval loss",
-            ha="center",
-            va="center",
-            transform=ax.transAxes,
-        )
+        ax.text(0.5, 0.5, "no job has a step peak and an eval loss", ha="center", va="center",
+                transform=ax.transAxes)  # fmt: skip
     ax.set_xlabel("step peak (MiB)")
     ax.set_ylabel("eval loss")
     ax.set_title("Memory vs eval loss (lower left is better)")
@@ -220,7 +285,8 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
         points = [
             (j.summary["mem/step_peak_bytes"] / MIB, j.summary["speed/samples_per_s"]) for _, j in placed
         ]
-        _numbered_points(ax, placed, points)
+        ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
+        panels.append((ax, placed, points))
     ax.set_xlabel("step peak (MiB)")
     ax.set_ylabel("samples / s")
     ax.set_title("Throughput vs memory (upper left is better)")
@@ -228,21 +294,61 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
         ax.margins(0.2)
         _at_least_a_thousandth(ax)
         _plain_axes(ax)
-    key = "\n".join(f"{n}. {_short(j)}" for n, j in numbered)
-    fig.text(0.01, 0.01, key, fontsize=7, va="bottom", family="monospace")
-    fig.subplots_adjust(bottom=0.17 + 0.03 * len(jobs), top=0.92, wspace=0.25)
+    # the key: the numbers' names, in columns of at most 12 below the panels
+    per_column = 12
+    columns = [list(range(i, min(i + per_column, len(jobs)))) for i in range(0, len(jobs), per_column)]
+    rows = min(len(jobs), per_column)
+    key_in = 0.125 * rows + 0.2
+    height = 4.4 + key_in
+    fig.set_size_inches(11, height)
+    fig.subplots_adjust(bottom=(key_in + 0.75) / height, top=1 - 0.45 / height, wspace=0.25)
+    width = 1.0 / max(len(columns), 1)
+    for c, column in enumerate(columns):
+        text = "\n".join(f"{i + 1:>2}. {labels[i][: int(110 * width)]}" for i in column)
+        fig.text(0.01 + c * width, 0.1 / height, text, fontsize=7, va="bottom", family="monospace")
+    boxes = [_numbered_points(fig, ax, placed, points) for ax, placed, points in panels]
     _save(plt, fig, path, tight=False)
+    return boxes  # per panel the labels' boxes in pixels (the tests check that none overlap)
 
 
-def _numbered_points(ax, placed, points) -> None:
-    """One marker per job with its number beside it; coinciding points share one label (``1=2``)."""
+def _numbered_points(fig, ax, placed, points) -> list[tuple]:
+    """The jobs' numbers beside their points; coinciding points share one label (``1=2``). Each
+    label takes the first spot around its point (ever farther, with a leader line) that overlaps
+    no label placed before it and no other point."""
     groups: dict[tuple, list[tuple]] = {}
     for (n, _), point in zip(placed, points):
         groups.setdefault((round(point[0], 3), round(point[1], 5)), []).append((n, point))
-    ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
-    for members in groups.values():  # the label at the first member's own point, not the rounded key
-        ax.annotate("=".join(str(n) for n, _ in members), members[0][1], textcoords="offset points",
-                    xytext=(5, 4), fontsize=8)  # fmt: skip
+    renderer = fig.canvas.get_renderer()
+    to_pixels = ax.transData.transform
+    dots = [to_pixels(point) for point in points]
+    taken = [(x - 4, y - 4, x + 4, y + 4) for x, y in dots]  # the markers themselves
+    frame = ax.get_window_extent(renderer)
+    spots = [(6 * r, a) for r in (1, 2, 3, 4.5, 6, 8) for a in (30, -30, 150, -150, 90, -90, 0, 180)]
+    for members in groups.values():
+        text = "=".join(str(n) for n, _ in members)
+        anchor = members[0][1]
+        for distance, angle in spots:
+            dx, dy = distance * math.cos(math.radians(angle)), distance * math.sin(math.radians(angle))
+            note = ax.annotate(text, anchor, textcoords="offset points", xytext=(dx, dy), fontsize=8,
+                               ha="left" if dx >= 0 else "right", va="center", zorder=4,
+                               arrowprops={"arrowstyle": "-", "color": "#999999", "lw": 0.6}
+                               if distance > 12 else None)  # fmt: skip
+            box = note.get_window_extent(renderer)
+            edges = (box.x0, box.y0, box.x1, box.y1)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(_overlap(edges, other) for other in taken):
+                taken.append(edges)
+                break
+            note.remove()
+        else:  # nowhere free: the nearest spot, over whatever is there
+            note = ax.annotate(text, anchor, textcoords="offset points", xytext=(6, 4), fontsize=8)
+            box = note.get_window_extent(renderer)
+            taken.append((box.x0, box.y0, box.x1, box.y1))
+    return taken[len(dots) :]
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def _at_least_a_thousandth(ax) -> None:
@@ -254,9 +360,33 @@ def _at_least_a_thousandth(ax) -> None:
         ax.set_ylim(middle - span / 2, middle + span / 2)
 
 
-def _short(job: JobResult) -> str:
-    label = job.label
-    return label if len(label) <= 60 else label[:57] + "..."
+def _labels(jobs: list[JobResult], width: int = 48) -> list[str]:
+    """The jobs' labels for the plots, at most about ``width`` characters: a prefix every job
+    shares in one choice (``data.path=/long/shared/folder/``) becomes ``…``, and a part still too
+    long loses its middle, so the part that tells the jobs apart stays."""
+    from effitrain.compare.load import _label_groups
+    from effitrain.overrides import short_part
+
+    keys = list(dict.fromkeys(key for job in jobs for key in job.choices))
+    values = {key: [str(job.choices.get(key, "")) for job in jobs] for key in keys}
+    for key, column in values.items():
+        shared = os.path.commonprefix(column) if len(set(column)) > 1 else ""
+        cut = max((shared.rfind(c) for c in "/_-.=,"), default=-1) + 1
+        if cut > 6:
+            values[key] = ["…" + value[cut:] for value in column]
+    labels = []
+    for index, job in enumerate(jobs):
+        parts = [short_part(key, values[key][index], _label_groups()) for key in keys if values[key][index]]
+        if not parts:
+            labels.append(job.folder.name[:width])
+            continue
+        room = max(8, (width - 3 * (len(parts) - 1)) // len(parts))
+        if len(" | ".join(parts)) > width:
+            parts = [
+                p if len(p) <= room else p[: room // 2 - 1] + "…" + p[-(room - room // 2) :] for p in parts
+            ]
+        labels.append(" | ".join(parts))
+    return labels
 
 
 PLOTS = {

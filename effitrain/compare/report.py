@@ -71,16 +71,37 @@ CSV_KEYS = list(dict.fromkeys(column.key for column in COLUMNS)) + [
 
 
 def table_rows(jobs: list[JobResult]) -> tuple[list[str], list[list[str]]]:
+    """The page's table: the job's number (as in every plot), its choices, then the figures."""
     headers = choice_headers(jobs)
     name, base = baseline(jobs)
     # the columns some job has a value for (perplexity only for language models, compile s only with compile)
     columns = [c for c in COLUMNS if c.key == "status" or any(c.text(job.summary, base) for job in jobs)]
     rows = []
-    for job in jobs:
+    for number, job in enumerate(jobs, 1):
         choices = [job.choices.get(h, "") if h != "job" else job.folder.name for h in headers]
-        rows.append(choices + [column.text(job.summary, base) for column in columns])
+        rows.append([str(number)] + choices + [column.text(job.summary, base) for column in columns])
     titles = [f"x {name}" if column.ratio else column.header for column in columns]
-    return headers + titles, rows
+    return ["#"] + headers + titles, rows
+
+
+# Which way is better, by column title (ratio columns repeat the figure before them: not marked).
+LOWER_IS_BETTER = {"opt state MiB", "step peak MiB", "predicted MiB", "train loss (mean)", "eval loss",
+                   "perplexity", "first-step overhead s", "compile s", "wall s"}  # fmt: skip
+HIGHER_IS_BETTER = {"accuracy", "F1", "samples/s"}
+
+
+def best_cells(headers: list[str], rows: list[list[str]]) -> set[tuple[int, int]]:
+    """(row, column) of each column's best value, where the values differ; ties are all marked."""
+    best = set()
+    for col, title in enumerate(headers):
+        if title not in LOWER_IS_BETTER | HIGHER_IS_BETTER:
+            continue
+        values = {r: float(row[col]) for r, row in enumerate(rows) if row[col] not in ("", "nan")}
+        if len(set(values.values())) < 2:
+            continue
+        top = (min if title in LOWER_IS_BETTER else max)(values.values())
+        best |= {(r, col) for r, value in values.items() if value == top}
+    return best
 
 
 def write_csv(jobs: list[JobResult], path: Path) -> None:
@@ -104,8 +125,12 @@ def text_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(row) for row in rows])
 
 
-def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
-    numeric = [all(_is_number(row[i]) for row in rows) for i in range(len(headers))]
+def _numeric(headers: list[str], rows: list[list[str]]) -> list[bool]:
+    return [all(_is_number(row[i]) for row in rows) for i in range(len(headers))]
+
+
+def markdown_table(headers: list[str], rows: list[list[str]], numeric: list[bool] | None = None) -> str:
+    numeric = numeric or _numeric(headers, rows)
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -156,9 +181,24 @@ def write_seeds_csv(stats: list[dict], path: Path) -> None:
         writer.writerows(stats)
 
 
-def write_markdown(headers, rows, jobs: list[JobResult], plots: list[Path], path: Path, seeds=None) -> None:
-    """The table, the seeds table (``seeds``: its headers and rows), the jobs not ok, the figures."""
-    lines = [markdown_table(headers, rows), ""]
+def write_markdown(headers, rows, jobs: list[JobResult], plots: list[Path], path: Path, seeds=None,
+                   verdict=None) -> None:  # fmt: skip
+    """The verdict, the table (each column's best value in bold), the seeds table (``seeds``: its
+    headers and rows), the jobs not ok, the figures."""
+    lines = []
+    if verdict is not None:
+        lines += ["## Verdict", "", *[line.replace("  ", "- ", 1) if line.startswith("  ") else line
+                                     for line in verdict.lines], ""]  # fmt: skip
+        if verdict.rows:
+            lines += [markdown_table(verdict.headers, verdict.rows), ""]
+        lines += [f"- {note}" for note in verdict.notes] + ["", "## All jobs", ""]
+    marked = best_cells(headers, rows)
+    shown = [
+        [f"**{cell}**" if (r, c) in marked else cell for c, cell in enumerate(row)]
+        for r, row in enumerate(rows)
+    ]
+    lines += [markdown_table(headers, shown, numeric=_numeric(headers, rows)), "",
+              "Bold: the best value of its column.", ""]  # fmt: skip
     if seeds:
         lines += ["Repeated seeds (mean +- standard deviation):", "", markdown_table(*seeds), ""]
     problems = failures(jobs)
@@ -168,46 +208,100 @@ def write_markdown(headers, rows, jobs: list[JobResult], plots: list[Path], path
     path.write_text("\n".join(lines) + "\n")
 
 
-def html_table(headers: list[str], rows: list[list[str]], row_classes: list[str] | None = None) -> str:
-    """A table with text columns left-aligned and number columns right-aligned."""
-    numeric = [all(_is_number(row[i]) for row in rows) for i in range(len(headers))]
-
-    def cells(tag, values):
-        return "".join(
-            f'<{tag} class="{"num" if n else "text"}">{html.escape(v)}</{tag}>'
-            for v, n in zip(values, numeric)
+def html_table(headers: list[str], rows: list[list[str]], row_classes: list[str] | None = None,
+               marked: set[tuple[int, int]] = frozenset()) -> str:  # fmt: skip
+    """A table with text columns left-aligned and number columns right-aligned; ``marked`` cells
+    (row, column) are the best of their column."""
+    numeric = _numeric(headers, rows)
+    head = "".join(
+        f'<th class="{"num" if n else "text"}">{html.escape(v)}</th>' for v, n in zip(headers, numeric)
+    )
+    body = [f"<tr>{head}</tr>"]
+    for r, (row, css) in enumerate(zip(rows, row_classes or [""] * len(rows))):
+        cells = "".join(
+            f'<td class="{"num" if n else "text"}{" best" if (r, c) in marked else ""}">{html.escape(v)}</td>'
+            for c, (v, n) in enumerate(zip(row, numeric))
         )
-
-    body = [f"<tr>{cells('th', headers)}</tr>"]
-    for row, css in zip(rows, row_classes or [""] * len(rows)):
-        body.append(f'<tr class="{css}">{cells("td", row)}</tr>')
+        body.append(f'<tr class="{css}">{cells}</tr>')
     return f"<table>{''.join(body)}</table>"
 
 
+# One line per figure: what a reader looks at and which way is better.
+HOW_TO_READ = {
+    "memory": "Each bar is one job's tensor memory at its step peak, split by what holds it: shorter "
+    "is better. The diamond is the peak predicted before running; the grey panel is the whole "
+    "process, context only.",
+    "loss": "Train loss per optimizer step (left) and per training second (right), eval losses as "
+    "dots; lower is better. Jobs whose losses are identical are one line, named by all their numbers "
+    "(1=4). On the right, the curve that drops first reaches a loss soonest.",
+    "pareto": "Each number is a job, as in the table. Left: lower left is less memory for a lower "
+    "eval loss; the red line joins the jobs nothing beats on both. Right: upper left is faster with "
+    "less memory.",
+    "lr_grad_norm": "The learning rate each step used, and the gradient norm before clipping: a norm "
+    "that jumps or keeps growing warns of instability.",
+    "seeds": "Mean and one standard deviation over each combination's seeds: where two bars "
+    "overlap, the seeds do not tell the combinations apart.",
+}
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
+table { border-collapse: collapse; font-size: 13px; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; }
+th { background: #f3f3f3; }
+.num { text-align: right; } .text { text-align: left; }
+td.best { font-weight: bold; background: #e3f4e1; }
+tr.failed td { background: #fde8e8; }
+tr.front td:first-child { border-left: 4px solid #2e7d32; }
+.verdict { border: 2px solid #2e7d32; border-radius: 6px; padding: 0.6em 1.2em; background: #f7fbf6; }
+.verdict .decision { font-size: 17px; font-weight: 600; margin: 0.4em 0; }
+.verdict .line { margin: 0.15em 0 0.15em 1.2em; } .verdict .plain { margin: 0.4em 0; }
+.note { color: #555; font-size: 13px; margin: 0.2em 0; }
+.how { color: #444; font-size: 13px; font-style: italic; max-width: 70em; }
+figure { margin: 1em 0 2em 0; } img { max-width: 100%; }
+"""
+
+
+def verdict_html(verdict) -> str:
+    """The verdict box: the decision, the ratios table (front rows marked), the notes."""
+    parts = []
+    for index, line in enumerate(verdict.lines):
+        first = index == 0 or (index == 1 and verdict.lines[0].startswith("No job learned"))
+        css = "line" if line.startswith("  ") else "decision" if first else "plain"
+        parts.append(f'<p class="{css}">{html.escape(line.strip())}</p>')
+    if verdict.rows:
+        front = {c.name for c in verdict.front}
+        classes = ["front" if c.name in front else "" for c in verdict.combos]
+        parts.append(html_table(verdict.headers, verdict.rows, classes))
+    parts += [f'<p class="note">{html.escape(note)}</p>' for note in verdict.notes]
+    return f'<section class="verdict"><h2>Verdict</h2>{"".join(parts)}</section>'
+
+
 def write_html(headers, rows, jobs: list[JobResult], plots: list[Path], path: Path, sources: list[Path],
-               seeds=None) -> None:  # fmt: skip
-    """One page that needs nothing else: the tables, the jobs not ok and every figure as base64 data."""
-    table = html_table(headers, rows, ["" if job.ok else "failed" for job in jobs])
+               seeds=None, verdict=None) -> None:  # fmt: skip
+    """One page that needs nothing else: the verdict first, the tables (each column's best value
+    marked), the jobs not ok and every figure as base64 data with a line on how to read it."""
+    table = html_table(headers, rows, ["" if job.ok else "failed" for job in jobs], best_cells(headers, rows))
     seeds_table = ""
     if seeds:
         seeds_table = "<h2>Repeated seeds (mean &plusmn; standard deviation)</h2>" + html_table(*seeds)
     images = []
     for plot in plots:
         data = base64.b64encode(plot.read_bytes()).decode("ascii")
-        images.append(f'<figure><img alt="{plot.stem}" src="data:image/png;base64,{data}"></figure>')
+        how = HOW_TO_READ.get(plot.stem, "")
+        images.append(
+            f'<figure><h3>{html.escape(plot.stem)}</h3><p class="how">How to read this: {html.escape(how)}</p>'
+            f'<img alt="{plot.stem}" src="data:image/png;base64,{data}"></figure>'
+        )
     errors = "".join(f"<li>{html.escape(line)}</li>" for line in failures(jobs))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>effitrain comparison</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; }}
-table {{ border-collapse: collapse; font-size: 13px; }}
-th, td {{ border: 1px solid #ccc; padding: 3px 8px; }}
-.num {{ text-align: right; }} .text {{ text-align: left; }}
-tr.failed td {{ background: #fde8e8; }}
-img {{ max-width: 100%; }}
-</style></head><body>
+<style>{STYLE}</style></head><body>
 <h1>effitrain comparison</h1>
-<p>{html.escape(", ".join(str(s) for s in sources))}: {len(jobs)} jobs, {sum(not j.ok for j in jobs)} not ok.</p>
+<p class="note">{html.escape(", ".join(str(s) for s in sources))}: {len(jobs)} jobs, {sum(not j.ok for j in jobs)} not ok.</p>
+{verdict_html(verdict) if verdict is not None else ""}
+<h2>All jobs</h2>
+<p class="how">How to read this: one row per job, numbered as in every plot; the best value of each
+column is bold on green; x columns are multiples of the baseline's value.</p>
 {table}
 {seeds_table}
 {f"<h2>Jobs that did not finish ok</h2><ul>{errors}</ul>" if errors else ""}
