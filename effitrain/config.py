@@ -161,6 +161,7 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     Raises:
         ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
     """
+    _assets(cfg)  # every check below reads these values
     problems = _collect(
         [
             lambda: _missing_values(cfg),
@@ -189,18 +190,37 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
             lambda: _precision(cfg),
             lambda: _compile(cfg),
             lambda: _model(cfg),
+            lambda: _named_is_built(cfg),
         ]
     )
     if not problems:  # these build things from the values above, which must be sane first
         problems = _collect(
             [
                 lambda: _optimizer(cfg),
+                lambda: _config_overrides(cfg),
                 lambda: _task_model(cfg),
                 lambda: _max_length(cfg),
                 lambda: _data_files(cfg),
             ]
         )
     _raise(problems)
+
+
+def _assets(cfg: DictConfig) -> None:
+    """The ``data`` and ``model`` nodes resolve: a file of a package that is not installed
+    (``${effitrain.asset:...}``) is one line naming the key, not a traceback from deep inside a run."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
+
+    for group in ("data", "model"):
+        try:
+            OmegaConf.to_container(cfg[group], resolve=True)
+        except InterpolationResolutionError as error:
+            raw = OmegaConf.to_container(cfg, resolve=False)
+            for part in str(error.full_key).split("."):
+                raw = raw.get(part) if isinstance(raw, dict) else None
+            reason = str(error).splitlines()[0].split("interpolation: ", 1)[-1]
+            raise invalid(error.full_key, raw, reason) from None
 
 
 def _missing_values(cfg: DictConfig) -> None:
@@ -233,6 +253,15 @@ def _effective_batch(cfg: DictConfig, world_size: int) -> None:
             f"must be a multiple of gradient_accumulation_steps x processes = {per_step}, "
             "so that every micro-batch holds effective_batch_size / that many samples",
         )
+    given = [o for o in command_line_overrides(cfg) if o.key_or_group == "micro_batch_size" and not o.is_delete()]
+    if given and not given[-1].is_sweep_override():
+        micro = given[-1].value()
+        if micro != effective // per_step:
+            raise invalid(
+                "micro_batch_size", micro,
+                f"effective_batch_size={effective} with gradient_accumulation_steps x processes = {per_step} "
+                f"sets it to {effective // per_step}: give one of the two",
+            )  # fmt: skip
 
 
 def _resume(cfg: DictConfig) -> None:
@@ -274,6 +303,109 @@ def _model(cfg: DictConfig) -> None:
         value = cfg.model.get(key)
         if value and _looks_like_path(value) and not os.path.exists(os.path.expanduser(value)):
             raise invalid(f"model.{key}", value, "no such folder (give an existing path or a hub id)")
+
+
+def command_line_overrides(cfg: DictConfig) -> list:
+    """The job's own overrides (Hydra's record in ``cfg.hydra``), parsed; [] for a config built by hand."""
+    from omegaconf import OmegaConf
+
+    from effitrain.overrides import parse
+
+    hydra = cfg.get("hydra")
+    if hydra is None:
+        return []
+    return parse(OmegaConf.to_container(hydra.overrides.task, resolve=False))
+
+
+def _named_is_built(cfg: DictConfig) -> None:
+    """What ``model.name_or_path`` names is what is built: a model described by ``model.architecture``
+    (``init=random``) is refused under another model's name, and ``model.architecture.*`` given with
+    a folder whose own config.json decides the architecture is refused rather than ignored."""
+    model = cfg.model
+    given = [o for o in command_line_overrides(cfg) if o.key_or_group.startswith("model.architecture.")]
+    if local_config_file(model.get("name_or_path")) and uses_named_config(model) and given:
+        key = given[0].key_or_group
+        raise invalid(key, given[0].value(),
+                      f"model.name_or_path={model.name_or_path!r} holds a config.json, which decides the "
+                      f"architecture: give model.config_overrides.{key.rpartition('.')[2]} instead")  # fmt: skip
+    name = str(model.get("name_or_path"))
+    if uses_named_config(model) or (_looks_like_path(name) and not os.path.exists(os.path.expanduser(name))):
+        return  # a path that does not exist: _model names it
+    hydra = cfg.get("hydra")
+    choice = hydra.runtime.choices.get("model") if hydra is not None else None
+    path = CONF_DIR / "model" / f"{choice}.yaml"
+    if not choice or not path.is_file():
+        return
+    from omegaconf import OmegaConf
+
+    own = OmegaConf.load(path).get("name_or_path")
+    if isinstance(own, str) and "${" not in own and own != model.name_or_path:
+        raise invalid(
+            "model.name_or_path", model.name_or_path,
+            f"with model.init=random, model={choice} builds its own model.architecture ({own}), not this "
+            "model: give a local folder holding a config.json, model.init=pretrained, or model.architecture={}",
+        )  # fmt: skip
+
+
+# Keys effitrain sets itself in the model's config: a value in model.config_overrides would be replaced.
+SET_BY_EFFITRAIN = {
+    "num_labels": "the data's label column decides the number of classes",
+    "id2label": "the data's label column decides the classes",
+    "label2id": "the data's label column decides the classes",
+}
+
+
+def _config_overrides(cfg: DictConfig) -> None:
+    """Every ``model.config_overrides`` key is a setting of the model's config class, not one that
+    effitrain sets itself, and not one that ``model.architecture`` sets too."""
+    import difflib
+    import inspect
+
+    from omegaconf import OmegaConf
+
+    overrides = OmegaConf.to_container(cfg.model.config_overrides, resolve=True)
+    if not overrides:
+        return
+    from_architecture = not uses_named_config(cfg.model)
+    architecture = OmegaConf.to_container(cfg.model.architecture, resolve=True) if from_architecture else {}
+    causal = not task_class(cfg).uses_labels
+    for key, value in overrides.items():
+        name = f"model.config_overrides.{key}"
+        if key in SET_BY_EFFITRAIN:
+            raise invalid(name, value, f"{SET_BY_EFFITRAIN[key]}: leave it out")
+        if key == "vocab_size" and cfg.model.init == "random":
+            raise invalid(name, value, "a random model's embedding is sized to its tokenizer: leave it out")
+        if key == "is_decoder" and causal:
+            raise invalid(name, value, "task=causal_lm builds every model as a decoder: leave it out")
+        if key in architecture:
+            raise invalid(name, value, f"model.architecture.{key}={architecture[key]!r} sets it too: give it in one place")
+    model_type = model_architecture(cfg.model).get("model_type")
+    try:
+        from transformers import CONFIG_MAPPING
+
+        config_class = CONFIG_MAPPING[model_type]
+        known = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}))
+        known |= set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+    except Exception:  # noqa: BLE001 - a type transformers does not know (remote code): unchecked
+        return
+    for key, value in overrides.items():
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+            hint = f": did you mean {' or '.join(near)}?" if near else ""
+            raise invalid(f"model.config_overrides.{key}", value, f"{config_class.__name__} has no such setting{hint}")
+
+
+def plain_open_overrides(overrides: list[str]) -> list[str]:
+    """``model.config_overrides.key=value`` as ``++model.config_overrides.key=value``: the node is open
+    (its keys are the model config's, checked by ``validate``), so the plain form sets a key whether or
+    not the model's file has it."""
+    from effitrain.overrides import parse
+
+    result = []
+    for text in overrides:
+        plain = not str(text).startswith(("+", "~")) and str(text).startswith("model.config_overrides.")
+        result.append(f"++{text}" if plain and parse([text]) else text)
+    return result
 
 
 def _optimizer(cfg: DictConfig) -> None:
@@ -324,17 +456,36 @@ def model_architecture(model_cfg: DictConfig) -> dict:
         return dict(OmegaConf.to_container(node, resolve=True)) if OmegaConf.is_config(node) else {}
 
     config = plain("architecture")
-    path = os.path.expanduser(str(model_cfg.get("name_or_path") or ""))
-    # as build_config: a pretrained model's own config.json wins over the architecture node
-    if (model_cfg.get("init") != "random" or not config) and os.path.isfile(
-        os.path.join(path, "config.json")
-    ):
+    local = local_config_file(model_cfg.get("name_or_path"))
+    if uses_named_config(model_cfg) and local:  # as build_config
         import json
 
-        with open(os.path.join(path, "config.json")) as handle:
+        with open(local) as handle:
             config = json.load(handle)
     config.update(plain("config_overrides"))
     return config
+
+
+def local_config_file(name_or_path) -> str | None:
+    """The ``config.json`` of a local model folder; None for a hub id or a folder without one."""
+    path = os.path.join(os.path.expanduser(str(name_or_path or "")), "config.json")
+    return path if name_or_path and os.path.isfile(path) else None
+
+
+def uses_named_config(model_cfg: DictConfig) -> bool:
+    """The one rule for which config a model is built from (runs, checks and estimates alike):
+    ``name_or_path``'s own for ``init=pretrained``, for a local folder holding a ``config.json``
+    (what is named is what is built) and when ``model.architecture`` is empty; else
+    ``model.architecture`` (a model defined by its config values alone, ``init=random``)."""
+    from omegaconf import OmegaConf
+
+    node = model_cfg.get("architecture")
+    architecture = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    return (
+        model_cfg.get("init") != "random"
+        or not architecture
+        or local_config_file(model_cfg.get("name_or_path")) is not None
+    )
 
 
 def max_positions(model_cfg: DictConfig) -> int | None:
@@ -367,9 +518,30 @@ def _task_model(cfg: DictConfig) -> None:
             "model", cfg.model.get("name_or_path"),
             f"task={task.name} needs a model type that {task.auto_class} builds; {model_type} is not one",
         )  # fmt: skip
+    if not task.uses_labels and model_type and mapping is not None:
+        from transformers import AutoConfig
+
+        from effitrain.modeling import causal_check
+
+        values = {k: v for k, v in model_architecture(cfg.model).items() if k != "model_type"}
+        try:
+            config = AutoConfig.for_model(model_type, **values)
+        except Exception:  # noqa: BLE001 - the build reports a config it cannot make
+            config = None
+        if config is not None and causal_check(config, bool(cfg.model.get("trust_remote_code"))):
+            raise not_causal(cfg.model.get("name_or_path"), mapping[model_type])
     unable = no_checkpointing(cfg) if cfg.get("gradient_checkpointing") is True else None
     if unable:
         raise invalid("gradient_checkpointing", True, f"{unable} cannot recompute activations: give false")
+
+
+def not_causal(name_or_path, class_name: str) -> ConfigError:
+    return invalid(
+        "model", name_or_path,
+        f"task=causal_lm needs a causal model: {class_name} lets position t see later tokens even built "
+        "as a decoder (is_decoder=true), so its next-token loss would be meaningless: choose a decoder "
+        "such as model=llama_small",
+    )  # fmt: skip
 
 
 def _task_mapping(cfg: DictConfig):
@@ -585,6 +757,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra.errors import ConfigCompositionException
 
     check_group_overrides(overrides)
+    overrides = plain_open_overrides(overrides)
     try:
         with initialize_config_module(CONF_MODULE, version_base="1.3", job_name="effitrain"):
             cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)

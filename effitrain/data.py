@@ -38,9 +38,14 @@ class RawData:
     label_names: list[str]
 
 
-def load_drug_reviews(path: str) -> RawData:
-    """The UCI drug-review subset: TSV files inside a zip, labels negative/neutral/positive."""
+def load_drug_reviews(path: str, num_labels: int = len(DRUG_REVIEW_LABELS)) -> RawData:
+    """The UCI drug-review subset: TSV files inside a zip, labels negative/neutral/positive.
+
+    ``num_labels``: the classes the config declares (what estimates read, without the data): 3."""
     import pandas as pd
+
+    if num_labels != len(DRUG_REVIEW_LABELS):
+        raise invalid("data.num_labels", num_labels, f"the drug reviews have {len(DRUG_REVIEW_LABELS)} classes: give 3")
 
     def read(member: str) -> Dataset:
         with zipfile.ZipFile(path) as archive:
@@ -117,7 +122,16 @@ def load_hub(
     from omegaconf import OmegaConf
 
     args = OmegaConf.to_container(load_args, resolve=True) if not isinstance(load_args, dict) else load_args
-    dataset = load_dataset(**args)
+    from datasets.exceptions import DatasetGenerationError
+
+    try:
+        dataset = load_dataset(**args)
+    except DatasetGenerationError as error:  # e.g. one file's label column holds text, another's numbers
+        cause = error.__cause__ or error
+        reason = " ".join(str(cause).split())[:300]
+        raise invalid("data.load_args.data_files", "...",
+                      f"the files do not read as one dataset ({type(cause).__name__}: {reason}): "
+                      "give every split's columns the same kind of values") from None  # fmt: skip
     for key, split in (("data.train_split", train_split), ("data.eval_split", eval_split)):
         if split not in dataset:
             raise invalid(key, split, f"no such split: choose one of {', '.join(dataset)}")
@@ -143,6 +157,8 @@ def load_hub(
                     "a label is missing: every sample needs one",
                 )  # fmt: skip
     feature = dataset[train_split].features[label_column]
+    train_labels, eval_labels = dataset[train_split][label_column], dataset[eval_split][label_column]
+    check_label_kinds(label_column, set(train_labels) | set(eval_labels))
     if isinstance(feature, ClassLabel):
         names = list(feature.names)
         to_id = None
@@ -150,6 +166,9 @@ def load_hub(
         values = sorted(
             set(dataset[train_split][label_column]) | set(dataset[eval_split][label_column]), key=str
         )
+        whole_floats = all(isinstance(v, float) for v in values)  # class ids read as floats: 0.0, 1.0
+        if whole_floats:
+            values = sorted({int(v) for v in values})
         if all(isinstance(v, int) for v in values):
             # integer labels are class ids: a gap means a typo (one stray 100000 would build a
             # 100001-class head), not classes nobody labelled
@@ -161,10 +180,13 @@ def load_hub(
                     f"integer labels must be the class ids 0..{max(values)} with none unused "
                     f"(unused: {shown or 'none'}; smallest: {min(values)})",
                 )  # fmt: skip
-            names, to_id = [str(i) for i in range(max(values) + 1)], None
+            names = [str(i) for i in range(max(values) + 1)]
+            to_id = {float(v): v for v in values} if whole_floats else None
         else:
             names = [str(v) for v in values]
             to_id = {v: i for i, v in enumerate(values)}
+
+    check_label_sets(label_column, train_labels, eval_labels)
 
     def standardize(split: str) -> Dataset:
         part = dataset[split]
@@ -173,6 +195,48 @@ def load_hub(
         return Dataset.from_dict({"text": [str(t) for t in texts], "label": list(labels)})
 
     return RawData(standardize(train_split), standardize(eval_split), names)
+
+
+def _shown(values) -> str:
+    values = sorted(values, key=str)
+    return ", ".join(repr(v) for v in values[:5]) + (", ..." if len(values) > 5 else "")
+
+
+def check_label_kinds(column: str, every: set) -> None:
+    """Labels of one kind: in a numeric column whole class ids only (1.5 would become a class of
+    its own), and no class ids mixed with names ("1" beside "x").
+
+    Raises:
+        ConfigError: naming the column and the offending values.
+    """
+    key = "data.label_column"
+    numeric = [v for v in every if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    fractional = [v for v in numeric if isinstance(v, float) and not float(v).is_integer()]
+    if fractional:
+        raise invalid(key, column, f"a numeric label column must hold whole class ids; it holds {_shown(fractional)}")
+    numbers_as_text = [v for v in every if isinstance(v, str) and v.strip().lstrip("-").isdigit()]
+    if numbers_as_text and len(numbers_as_text) < len(every):
+        others = [v for v in every if v not in numbers_as_text]
+        raise invalid(key, column, f"the column mixes class ids ({_shown(numbers_as_text)}) with other values "
+                                   f"({_shown(others)}): give ids or names, not both")  # fmt: skip
+
+
+def check_label_sets(column: str, train: list, eval_: list) -> None:
+    """At least two classes in training, and every eval label among them (a class never trained on
+    scores as a guaranteed error, and disjoint sets mean the splits were labelled differently).
+
+    Raises:
+        ConfigError: naming the column and the offending values.
+    """
+    key = "data.label_column"
+    train_values, eval_values = set(train), set(eval_)
+    if len(train_values) < 2:
+        raise invalid(key, column, f"the train split holds a single class ({_shown(train_values)}): "
+                                   "classification needs at least 2")  # fmt: skip
+    unseen = eval_values - train_values
+    if unseen:
+        raise invalid(key, column, f"the eval split holds labels the train split lacks ({_shown(unseen)}; "
+                                   f"train has {_shown(train_values)})")  # fmt: skip
 
 
 def check_raw(raw: RawData, num_labels: int) -> None:

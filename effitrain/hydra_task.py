@@ -147,7 +147,9 @@ def train(argv: list[str]) -> None:
     from effitrain.config import CONF_SOURCE
 
     check_overrides_or_exit(argv)
-    argv = share_run_dir_across_ranks(argv)
+    from effitrain.config import plain_open_overrides
+
+    argv = share_run_dir_across_ranks(plain_open_overrides(argv))
     from effitrain.sweep import expose_launcher_plugin
 
     expose_launcher_plugin()

@@ -92,16 +92,35 @@ def build_tokenizer(model_cfg: DictConfig):
         raise invalid(key, source, f"the tokenizer could not be loaded ({type(error).__name__})") from None
 
 
-def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None):
-    """The architecture: from ``model.architecture`` when given, else from ``name_or_path``.
+def tokenizer_for_size(model_cfg: DictConfig):
+    """The tokenizer a run of ``model_cfg`` would use, loaded once per process for builds that read
+    only its size and padding id (estimates on ``meta``)."""
+    key = (model_cfg.get("tokenizer") or model_cfg.name_or_path, model_cfg.get("offline_tokenizer"),
+           model_cfg.init, model_cfg.trust_remote_code)  # fmt: skip
+    if key not in _SIZING_TOKENIZERS:
+        _SIZING_TOKENIZERS[key] = build_tokenizer(model_cfg)
+    return _SIZING_TOKENIZERS[key]
 
-    ``num_labels``: the classification head's size (None: a model without one, a causal LM)."""
+
+_SIZING_TOKENIZERS: dict = {}
+
+
+def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None, causal: bool = False):
+    """The architecture: ``name_or_path``'s own config for ``init=pretrained``, for a local folder
+    holding a ``config.json`` and without ``model.architecture``; else ``model.architecture``
+    (the rule of :func:`effitrain.config.uses_named_config`, which the checks read too).
+
+    ``num_labels``: the classification head's size (None: a model without one, a causal LM).
+    ``causal``: built as a decoder (``is_decoder=True``: an encoder type such as BERT then masks
+    later tokens; decoder types ignore it)."""
     from transformers import AutoConfig
+
+    from effitrain.config import uses_named_config
 
     overrides = OmegaConf.to_container(model_cfg.config_overrides, resolve=True)
     architecture = OmegaConf.to_container(model_cfg.architecture, resolve=True)
     config = None
-    if model_cfg.init != "random" or not architecture:
+    if uses_named_config(model_cfg):
         try:
             config = AutoConfig.from_pretrained(
                 model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code,
@@ -119,6 +138,8 @@ def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None):
         config = AutoConfig.for_model(architecture.pop("model_type"), **architecture, **overrides)
     if num_labels is not None:
         config.num_labels = num_labels
+    if causal:
+        config.is_decoder = True
     if tokenizer is not None:
         if model_cfg.init == "random":
             # A fresh embedding matrix is sized to the tokenizer actually used.
@@ -144,7 +165,10 @@ def build_model(
     import transformers
 
     auto = getattr(transformers, auto_class)
-    config = build_config(model_cfg, num_labels, tokenizer)
+    if tokenizer is None and model_cfg.init == "random":
+        # one rule for runs and estimates: a fresh embedding is sized to the tokenizer a run uses
+        tokenizer = tokenizer_for_size(model_cfg)
+    config = build_config(model_cfg, num_labels, tokenizer, causal=auto_class == "AutoModelForCausalLM")
     if model_cfg.init == "pretrained" and device != "meta":
         return auto.from_pretrained(
             model_cfg.name_or_path, config=config, trust_remote_code=model_cfg.trust_remote_code,
@@ -168,3 +192,63 @@ def enable_activation_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def sees_later_tokens(model, position: int = 5, length: int = 8) -> bool:
+    """Whether the model's output at a position before ``position`` changes when the token at
+    ``position`` changes: True for a model that is not causal (an encoder), whose next-token
+    loss would be meaningless. One forward pass of ``length`` tokens, twice, in eval mode."""
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(vocab, (1, length), generator=generator)
+    changed = ids.clone()
+    changed[0, position] = (ids[0, position] + 1 + vocab // 2) % vocab
+    device = next(model.parameters()).device
+    mask = torch.ones_like(ids)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        before, after = (
+            model(input_ids=x.to(device), attention_mask=mask.to(device)).logits[0, :position].float().cpu()
+            for x in (ids, changed)
+        )
+    model.train(was_training)
+    return not torch.allclose(before, after, rtol=1e-4, atol=1e-5)
+
+
+def miniature(config):
+    """A one-layer, 16-wide copy of ``config`` (same type, same settings otherwise), cheap to build
+    on the CPU: for up-front checks of how the architecture behaves. None when the type will not
+    shrink this way."""
+    values = config.to_dict()
+    for derived in ("head_dim", "d_head", "d_kv"):  # recomputed from the new width
+        values.pop(derived, None)
+    names = getattr(config, "attribute_map", {})
+    small = {"num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 2,
+             "intermediate_size": 32}  # fmt: skip
+    for key, value in small.items():
+        real = names.get(key, key)
+        if real in values:
+            values[real] = value
+    try:
+        return type(config).from_dict(values)
+    except Exception:  # noqa: BLE001 - a type with other constraints: no miniature
+        return None
+
+
+def causal_check(config, trust_remote_code: bool = False) -> bool | None:
+    """Whether a decoder built from ``config``'s miniature lets a position see later tokens
+    (:func:`sees_later_tokens`); None when the miniature cannot be built (the check of the real
+    model after it is built then decides)."""
+    from transformers import AutoModelForCausalLM
+
+    small = miniature(config)
+    if small is None:
+        return None
+    try:
+        small.is_decoder = True
+        with torch.device("cpu"):
+            model = AutoModelForCausalLM.from_config(small, trust_remote_code=trust_remote_code)
+        return sees_later_tokens(model)
+    except Exception:  # noqa: BLE001 - the build of the real model reports its own errors
+        return None

@@ -81,6 +81,27 @@ VALUES = [
      "max_length=300 is invalid: the model has 256 positions: give at most 256"),
     (["task=causal_lm", *HUB, files(), "data.text_column=body"],
      "data.text_column='body' is invalid: no such column: choose one of text, label"),
+    # what is named is what is built: an architecture node of another model is refused
+    (["model.name_or_path=gpt2", "model.init=random"],
+     "model.name_or_path='gpt2' is invalid: with model.init=random, model=tiny builds its own model.architecture (tiny-bert), not this model"),
+    # task=causal_lm builds encoders as decoders; a type that stays bidirectional is refused
+    (["task=causal_lm", "model=tiny", "model.architecture.model_type=xlm"],
+     "model='tiny-bert' is invalid: task=causal_lm needs a causal model: XLMWithLMHeadModel lets position t see later tokens"),
+    # model.config_overrides: every key a setting of the config class, none that is set elsewhere
+    (["+model.config_overrides.bogus_key=1"], "model.config_overrides.bogus_key=1 is invalid: BertConfig has no such setting"),
+    (["model.config_overrides.hiden_dropout_prob=0.0"],
+     "model.config_overrides.hiden_dropout_prob=0.0 is invalid: BertConfig has no such setting: did you mean hidden_dropout_prob"),
+    (["+model.config_overrides.num_labels=5"],
+     "model.config_overrides.num_labels=5 is invalid: the data's label column decides the number of classes: leave it out"),
+    (["+model.config_overrides.hidden_size=64"],
+     "model.config_overrides.hidden_size=64 is invalid: model.architecture.hidden_size=32 sets it too: give it in one place"),
+    (["model.config_overrides.vocab_size=100"],
+     "model.config_overrides.vocab_size=100 is invalid: a random model's embedding is sized to its tokenizer"),
+    (["task=causal_lm", "model=llama_tiny", "model.config_overrides.is_decoder=false"],
+     "model.config_overrides.is_decoder=false is invalid: task=causal_lm builds every model as a decoder"),
+    # an explicit micro batch that the effective batch contradicts
+    (["effective_batch_size=32", "micro_batch_size=4"],
+     "micro_batch_size=4 is invalid: effective_batch_size=32 with gradient_accumulation_steps x processes = 1 sets it to 32"),
     pytest.param(["precision=fp16"], "precision='fp16' is invalid: fp16 needs a CUDA device",
                  marks=pytest.mark.skipif(not NO_CUDA, reason="CUDA present")),
     pytest.param(["optimizer._target_=bitsandbytes.optim.PagedAdamW8bit"],
@@ -98,7 +119,19 @@ DATA = [
         [*HUB, files(test="bad_label.csv")],
         "data.label_column='label' is invalid: integer labels must be the class ids 0..1 with none unused (unused: none; smallest: -1)",
     ),
-]
+    ([*HUB, files(test="other_labels.csv")],
+     "data.load_args.data_files='...' is invalid: the files do not read as one dataset (ArrowInvalid: Failed to parse string: 'no' as a scalar of type int64)"),
+    ([*HUB, files(train="names.csv", test="other_names.csv")],
+     "data.label_column='label' is invalid: the eval split holds labels the train split lacks ('bad', 'good'; train has 'neg', 'pos')"),
+    ([*HUB, files(test="new_classes.csv")],
+     "data.label_column='label' is invalid: the eval split holds labels the train split lacks (2, 3; train has 0, 1)"),
+    ([*HUB, files(train="half_label.csv")],
+     "data.label_column='label' is invalid: a numeric label column must hold whole class ids; it holds 0.5"),
+    ([*HUB, files(train="id_or_name.csv")],
+     "data.label_column='label' is invalid: the column mixes class ids ('0', '1') with other values ('x')"),
+    ([*HUB, files(train="one_class.csv")],
+     "data.label_column='label' is invalid: the train split holds a single class (1): classification needs at least 2"),
+]  # fmt: skip
 
 
 def fill(overrides: list[str], message: str, folder: Path) -> tuple[list[str], str]:
