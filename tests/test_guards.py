@@ -93,7 +93,9 @@ def test_output_folder_that_cannot_be_written_is_refused_before_hydra(tmp_path):
 
 @pytest.mark.slow
 def test_effective_batch_size_sets_the_micro_batch(tmp_path):
-    summary = run_job(tmp_path, "effective_batch_size=16", "gradient_accumulation_steps=4", "max_steps=2")
+    without_micro = [o for o in TINY if not o.startswith("micro_batch_size=")]  # it would contradict
+    summary = run_job(tmp_path, *without_micro, "effective_batch_size=16", "gradient_accumulation_steps=4",
+                      "max_steps=2", tiny=False)  # fmt: skip
     assert summary["status"] == "ok", summary["error"]
     assert summary["cfg/micro_batch_size"] == 4 and summary["cfg/effective_batch_size"] == 16
     assert summary["train/samples"] == 2 * 16
