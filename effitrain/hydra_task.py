@@ -37,8 +37,11 @@ def check_overrides_or_exit(argv: list[str]) -> None:
     try:
         cfg = preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))
         if cfg is not None:
-            from effitrain.results import finished_run
+            from effitrain.results import finished_run, folder_in_use
 
+            owner = folder_in_use(Path(cfg.hydra.run.dir))  # refused before Hydra rewrites its .hydra/
+            if owner is not None:
+                raise ConfigError(f"hydra.run.dir={str(cfg.hydra.run.dir)!r} is invalid: in use by another run (pid {owner})")
             finished = finished_run(cfg, Path(cfg.hydra.run.dir))
             if finished is not None:
                 print(finished)
@@ -84,11 +87,35 @@ def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
         launcher_settings(cfg.hydra.launcher)
     for job in sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]:
         try:
-            load(fixed + job, world_size)
+            skipped_as_done(load(fixed + job, world_size))
         except ConfigError as error:
             label = " ".join(job) or "the defaults"
             raise ConfigError(f"the sweep's job {label}:\n{error}") from None
     return None
+
+
+def skipped_as_done(cfg: DictConfig) -> None:
+    """A sweep job whose folder holds an ok run is skipped on a rerun (``skip_ok_jobs``) only when
+    that run had the same result-changing configuration.
+
+    Raises:
+        ConfigError: the folder's ok run ran with another value of a key, named.
+    """
+    from effitrain.results import config_change, read_summary
+
+    if not cfg.get("skip_ok_jobs", True):
+        return
+    folder = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    previous = read_summary(folder)
+    if previous is None or previous.get("status") != "ok":
+        return
+    change = config_change(previous, cfg)
+    if change is not None:
+        key, now, was = change
+        raise ConfigError(
+            f"{key}={now!r} is invalid: {folder} holds an ok run with {key}={was!r}, which this sweep "
+            "would skip as done: give another hydra.sweep.dir"
+        )
 
 
 def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:

@@ -342,6 +342,7 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
                 summary.update(keys)
                 if tracker is not None:
                     tracker.update_config(run_config(cfg, keys))
+            summary[results.CONFIG_KEY] = results.config_record(cfg)  # what a rerun is compared with
             resume = checkpoint.find_resume(cfg, output_dir)  # also checks the number of processes
             loggers = []
             if state.is_main_process:  # the same records to every logger: metrics.jsonl, W&B
