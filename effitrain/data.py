@@ -28,7 +28,7 @@ from effitrain.config import invalid
 log = logging.getLogger(__name__)
 
 DRUG_REVIEW_LABELS = ["negative", "neutral", "positive"]
-CACHE_FORMAT = 2  # bump when the tokenized layout changes, so stale caches are not reused
+CACHE_FORMAT = 3  # bump when the tokenized layout changes, so stale caches are not reused
 
 
 @dataclass
@@ -124,6 +124,10 @@ def load_hub(
     args = OmegaConf.to_container(load_args, resolve=True) if not isinstance(load_args, dict) else load_args
     from datasets.exceptions import DatasetGenerationError
 
+    if _local_files(args.get("data_files")):
+        # the datasets library keys its own cache of local files by path, size and modification time:
+        # a file rewritten with the same three would be served from the old rows; read them anew
+        args.setdefault("download_mode", "force_redownload")
     try:
         dataset = load_dataset(**args)
     except DatasetGenerationError as error:  # e.g. one file's label column holds text, another's numbers
@@ -200,6 +204,18 @@ def load_hub(
 def _shown(values) -> str:
     values = sorted(values, key=str)
     return ", ".join(repr(v) for v in values[:5]) + (", ..." if len(values) > 5 else "")
+
+
+def _local_files(data_files) -> bool:
+    """``data_files`` names files, and all of them on this machine (no ``scheme://``)."""
+    if not data_files:
+        return False
+    if isinstance(data_files, dict):
+        data_files = list(data_files.values())
+    if isinstance(data_files, str):
+        data_files = [data_files]
+    flat = [f for item in data_files for f in ([item] if isinstance(item, str) else item)]
+    return all("://" not in str(f) for f in flat)
 
 
 def check_label_kinds(column: str, every: set) -> None:
@@ -282,11 +298,15 @@ def tokenize_cached(
     key = hashlib.sha256(key_material.encode()).hexdigest()[:20]
     target = Path(cache_dir).expanduser() / key if cache_dir else None
     if target is not None and target.exists():
-        try:
-            return load_from_disk(str(target))
-        except Exception as error:  # a damaged entry is rebuilt, never a dead end for this config
-            log.warning("tokenized cache %s unreadable (%s): rebuilding it", target, type(error).__name__)
-            shutil.rmtree(target, ignore_errors=True)
+        damage = _cache_damage(target)
+        if damage is None:
+            try:
+                return load_from_disk(str(target))
+            except Exception as error:  # a damaged entry is rebuilt, never a dead end for this config
+                damage = f"unreadable ({type(error).__name__})"
+        log.warning("tokenized cache %s %s: rebuilding it", target, damage)
+        print(f"effitrain: warning: tokenized cache {target} {damage}: rebuilding it", file=sys.stderr, flush=True)
+        shutil.rmtree(target, ignore_errors=True)
 
     tokenized = task.tokenize(raw, tokenizer, max_length)
     if target is None:
@@ -294,6 +314,8 @@ def tokenize_cached(
     partial = target.with_name(f".{key}.{uuid.uuid4().hex}.partial")
     try:
         tokenized.save_to_disk(str(partial))
+        manifest = {str(p.relative_to(partial)): _sha256(p) for p in sorted(partial.rglob("*")) if p.is_file()}
+        (partial / CACHE_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         partial.rename(target)
     except OSError as error:
         shutil.rmtree(partial, ignore_errors=True)
@@ -306,6 +328,33 @@ def tokenize_cached(
             )
             return tokenized
     return load_from_disk(str(target))
+
+
+CACHE_MANIFEST = "effitrain-sha256.json"  # every file of a cache entry with its SHA-256
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _cache_damage(entry: Path) -> str | None:
+    """Why a tokenized cache entry may not be used (a file missing, added or with other bytes than
+    its manifest lists, as checkpoints are verified), or None when it is whole."""
+    try:
+        manifest = json.loads((entry / CACHE_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return "has no readable checksum list"
+    files = {str(p.relative_to(entry)) for p in entry.rglob("*") if p.is_file()} - {CACHE_MANIFEST}
+    if files != set(manifest):
+        return "does not hold the files its checksum list names"
+    for name, expected in sorted(manifest.items()):
+        if _sha256(entry / name) != expected:
+            return f"has other bytes than written in {name}"
+    return None
 
 
 def _tokenizer_digest(tokenizer) -> str:
