@@ -43,6 +43,9 @@ def _estimate(args) -> None:
     base = [o.input_line for o in parsed if not names(o, "optimizer")]
     own = [o.input_line for o in parsed if names(o, "optimizer") and o.key_or_group != "optimizer"]
     cfg = compose_known(args.overrides)  # unknown keys named with the nearest real ones
+    from effitrain.config import check_max_length
+
+    check_max_length(cfg)  # as train and check refuse it
     chosen = cfg.hydra.runtime.choices.optimizer
     optimizers = {
         name: compose(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer

@@ -95,7 +95,21 @@ def check_output_folder(key: str, value: str) -> None:
     if "${" in value:
         return
     path = Path(value).expanduser().absolute()
-    existing = next(p for p in (path, *path.parents) if p.exists())
+    def exists(candidate: Path) -> bool:
+        try:
+            return candidate.exists()
+        except OSError:  # a name too long for the file system: not there
+            return False
+
+    existing = next(p for p in (path, *path.parents) if exists(p))
+    try:
+        longest = os.pathconf(existing if existing.is_dir() else existing.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    for part in path.relative_to(existing).parts:
+        if "\0" in part or len(part.encode()) > longest:
+            raise invalid(key, value, f"the folder name {part[:40]!r}... is not one this file system takes "
+                                      f"(at most {longest} bytes, no NUL): give a shorter name")  # fmt: skip
     if not existing.is_dir():
         raise invalid(key, value, f"{existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -165,7 +179,8 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     problems = _collect(
         [
             lambda: _missing_values(cfg),
-            lambda: _at_least(cfg, "seed", 0),
+            lambda: _seed(cfg),
+            lambda: _synthetic(cfg),
             lambda: _at_least(cfg, "gradient_accumulation_steps", 1),
             lambda: _at_least(cfg, "micro_batch_size", 1),
             lambda: _at_least(cfg, "epochs", 1),
@@ -203,6 +218,8 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
                 lambda: _data_files(cfg),
             ]
         )
+    if not problems:  # after the model's type is known to fit the task: the most specific message first
+        problems = _collect([lambda: _weights(cfg)])
     _raise(problems)
 
 
@@ -221,6 +238,34 @@ def _assets(cfg: DictConfig) -> None:
                 raw = raw.get(part) if isinstance(raw, dict) else None
             reason = str(error).splitlines()[0].split("interpolation: ", 1)[-1]
             raise invalid(error.full_key, raw, reason) from None
+
+
+MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
+
+
+def _seed(cfg: DictConfig) -> None:
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise invalid("seed", seed, f"must be an integer in 0..{MAX_SEED}")
+
+
+def _synthetic(cfg: DictConfig) -> None:
+    """The generated data's sizes (``data=synthetic``), before the loader would fail on them."""
+    data = cfg.get("data")
+    if data is None or not str(data.get("_target_", "")).endswith("load_synthetic"):
+        return
+    problems = _collect(
+        [
+            lambda: _at_least(data, "num_train", 1),
+            lambda: _at_least(data, "num_eval", 1),
+            lambda: _at_least(data, "words_per_text", 1),
+            lambda: _at_least(data, "min_words_per_text", 1, allow_null=True),
+        ]
+    )
+    minimum, words = data.get("min_words_per_text"), data.get("words_per_text")
+    if not problems and minimum is not None and minimum > words:
+        problems.append(invalid("min_words_per_text", minimum, f"must be at most words_per_text = {words}").args[0])
+    _raise([f"data.{p}" for p in problems])
 
 
 def _missing_values(cfg: DictConfig) -> None:
@@ -303,6 +348,37 @@ def _model(cfg: DictConfig) -> None:
         value = cfg.model.get(key)
         if value and _looks_like_path(value) and not os.path.exists(os.path.expanduser(value)):
             raise invalid(f"model.{key}", value, "no such folder (give an existing path or a hub id)")
+
+
+
+def _weights(cfg: DictConfig) -> None:
+    if cfg.model.get("init") == "pretrained" and not has_weights(str(cfg.model.get("name_or_path"))):
+        raise invalid(
+            "model.init", "pretrained",
+            f"model.name_or_path={cfg.model.get('name_or_path')!r} has no weights here (no *.safetensors or "
+            "*.bin in the folder, or the hub id is neither reachable nor cached): give model.init=random",
+        )  # fmt: skip
+
+
+def has_weights(name_or_path: str) -> bool:
+    """Pretrained weights can be loaded: a local folder holding weight files, or a hub id that is
+    cached or reachable (a local path that does not exist is ``_model``'s to name)."""
+    path = os.path.expanduser(name_or_path)
+    if os.path.isdir(path):
+        names = os.listdir(path)
+        return any(n.endswith((".safetensors", ".bin", ".pt", ".pth", ".index.json")) for n in names)
+    if _looks_like_path(name_or_path):
+        return True
+    from effitrain.modeling import hub_unreachable
+
+    if not hub_unreachable():
+        return True  # the hub answers: its own error names a missing repository
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repository id
+        return False
 
 
 def command_line_overrides(cfg: DictConfig) -> list:
@@ -564,6 +640,11 @@ def no_checkpointing(cfg: DictConfig) -> str | None:
     name = (mapping or {}).get(model_type)
     cls = getattr(transformers, name, None) if isinstance(name, str) else None
     return name if cls is not None and not cls.supports_gradient_checkpointing else None
+
+
+def check_max_length(cfg: DictConfig) -> None:
+    """ConfigError when ``max_length`` exceeds the model's positions (for commands that do not validate)."""
+    _max_length(cfg)
 
 
 def _max_length(cfg: DictConfig) -> None:

@@ -144,6 +144,13 @@ def load_hub(
             raise invalid(
                 key, column, f"no such column: choose one of {', '.join(dataset[train_split].column_names)}"
             )
+    for split in (train_split, eval_split):
+        for row, text in enumerate(dataset[split][text_column]):
+            if text is None or (isinstance(text, float) and text != text):
+                raise invalid(
+                    f"data.text_column ({split} split, row {row + 2} of a CSV)", text_column,
+                    "the text is empty: every sample needs one",
+                )  # fmt: skip
     if label_column is None:
         return RawData(
             *(

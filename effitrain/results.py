@@ -99,9 +99,10 @@ def read_summary(folder: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return None
+    return summary if isinstance(summary, dict) else None  # valid JSON but not a summary: unreadable
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -69,6 +69,12 @@ VALUES = [
     (["checkpoint_keep=0"], "checkpoint_keep=0 is invalid: must be an integer >= 1"),
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint' is invalid: no such checkpoint folder"),
     (["data=hub"], "data.load_args.path='???' is invalid: a value is required"),
+    (["data.num_eval=0"], "data.num_eval=0 is invalid: must be an integer >= 1"),
+    (["data.words_per_text=0"], "data.words_per_text=0 is invalid: must be an integer >= 1"),
+    (["data.min_words_per_text=20"], "data.min_words_per_text=20 is invalid: must be at most words_per_text = 12"),
+    (["seed=4294967296"], "seed=4294967296 is invalid: must be an integer in 0..4294967295"),
+    (["model.init=pretrained"],
+     "model.init='pretrained' is invalid: model.name_or_path='tiny-bert' has no weights here"),
     ([*HUB, files(test="missing.csv")], "data.load_args.data_files.test='{CSV}/missing.csv' is invalid: no such file"),
     ([*HUB, files(test="other_columns.csv")], "data.load_args.data_files='...' is invalid: the CSV files' columns differ"),
     ([*HUB, files(test="header_only.csv")], "data.load_args.data_files.test='{CSV}/header_only.csv' is invalid: the file holds no rows"),
@@ -113,7 +119,8 @@ PREFLIGHT = PARSE + VALUES
 
 # Found only when the data is read (inside the job, before the model is built).
 DATA = [
-    (["data.num_eval=0"], "data (eval split)=0 is invalid: the split is empty"),
+    ([*HUB, files(train="empty_text.csv")],
+     "data.text_column (train split, row 3 of a CSV)='text' is invalid: the text is empty: every sample needs one"),
     ([*HUB, files(), "data.eval_split=validation"], "data.eval_split='validation' is invalid: no such split"),
     (
         [*HUB, files(test="bad_label.csv")],

@@ -46,6 +46,7 @@ def csv_files(tmp_path_factory) -> Path:
     (folder / "bad_label.csv").write_text("text,label\nokay,1\nunlabeled,-1\n")
     (folder / "text_only.csv").write_text("text\nthe cat sat on the mat\na dog ran\nthe end\n")
     (folder / "other_labels.csv").write_text("text,label\nokay,yes\nworse,no\n")  # none of train's 0/1
+    (folder / "empty_text.csv").write_text("text,label\ngood,1\n,0\nbad,0\n")
     (folder / "names.csv").write_text("text,label\ngood,pos\nbad,neg\n")
     (folder / "other_names.csv").write_text("text,label\nokay,good\nworse,bad\n")
     (folder / "new_classes.csv").write_text("text,label\nokay,2\nworse,3\n")  # classes train lacks

@@ -183,3 +183,24 @@ def test_without_the_data_package_check_and_train_refuse_in_one_line_and_estimat
     raw = build_task(cfg).load(cfg.data)  # the real data (the package is installed here)
     model = build_model(cfg.model, len(raw.label_names))
     assert rows["adamw"]["params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_a_folder_name_the_file_system_refuses_is_one_line_before_hydra(tmp_path, capsys):
+    name = "x" * 300  # more than the 255 bytes a file name may have
+    code, out, err = check(capsys, *TINY, f"hydra.run.dir={tmp_path}/{name}")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith(f"effitrain: error: hydra.run.dir='{tmp_path}/{name}' is invalid: the folder name 'xxx")
+    done = train_py(*TINY, f"hydra.run.dir={tmp_path}/{name}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_estimate_refuses_a_max_length_beyond_the_models_positions(capsys):
+    from effitrain.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["estimate", "model=tiny", "max_length=1000"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (
+        "effitrain: error: max_length=1000 is invalid: the model has 512 positions: give at most 512\n"
+    )

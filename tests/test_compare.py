@@ -197,3 +197,12 @@ def test_repeated_seeds_are_compared_as_mean_and_spread(tmp_path):
     markdown = (folder / "comparison.md").read_text()
     assert "Repeated seeds (mean +- standard deviation):" in markdown and "![seeds](seeds.png)" in markdown
     assert "Repeated seeds" in (folder / "comparison.html").read_text()
+
+
+def test_a_summary_that_is_json_but_not_an_object_is_reported_not_raised(tmp_path, capsys):
+    (tmp_path / "listed").mkdir()
+    (tmp_path / "listed" / "summary.json").write_text("[1, 2]")  # valid JSON, not a summary
+    main(["compare", str(tmp_path)])
+    rows = list(csv.DictReader(open(tmp_path / "comparison.csv")))
+    assert [(row["job"], row["status"]) for row in rows] == [("listed", "missing")]
+    assert "not ok: listed: missing: summary.json cannot be read (damaged)" in capsys.readouterr().out
