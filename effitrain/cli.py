@@ -12,8 +12,12 @@ from effitrain.hydra_task import fail, preflight, train
 
 
 def _check(args) -> None:
-    preflight(args.overrides)
-    print("effitrain: the configuration is valid")
+    checked: list[int] = []
+    preflight(args.overrides, jobs_checked=checked)
+    if checked:  # a sweep
+        print(f"effitrain: the configuration is valid: {checked[0]} jobs checked")
+    else:
+        print("effitrain: the configuration is valid")
 
 
 def _compare(args) -> None:
@@ -141,6 +145,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # everything after it is Hydra's: overrides, -m, --cfg job, ...
         train(argv[1:])
+        return
+    if argv[:1] == ["check"] and not {"-h", "--help"} & set(argv):  # -m may come first: not argparse's
+        try:
+            _check(argparse.Namespace(overrides=argv[1:]))
+        except ConfigError as error:
+            fail(str(error))
         return
     from effitrain import __version__
 

@@ -963,6 +963,11 @@ def _check_keys_exist(cfg: DictConfig, parsed, groups: set[str], added: bool = F
             continue
         same_name = [k for k in known if k.rpartition(".")[2] == key.rpartition(".")[2] and k != key]
         near = list(dict.fromkeys(same_name + difflib.get_close_matches(key, known, n=3, cutoff=0.6)))[:3]
+        group = difflib.get_close_matches(key, sorted(groups), n=1, cutoff=0.75) if "." not in key else []
+        if group:  # optimizr=adamw: the config group, with its options
+            value = typed_value(override)
+            near = [f"{group[0]}={value}" if value in group_options(group[0]) else f"{group[0]} (a config group: "
+                    f"{', '.join(group_options(group[0]))})"]  # fmt: skip
         hint = (
             f"did you mean {' or '.join(near)}?" if near else "see `python train.py --cfg job` for the keys"
         )

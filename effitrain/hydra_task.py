@@ -50,9 +50,10 @@ def check_overrides_or_exit(argv: list[str]) -> None:
         fail(str(error))
 
 
-def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
+def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = None) -> DictConfig | None:
     """Everything a run or sweep would reject, checked from the command line alone; returns a
-    single run's composed config (None for a sweep, or flags left to Hydra).
+    single run's composed config (None for a sweep, or flags left to Hydra). For a sweep, the
+    number of jobs checked is appended to ``jobs_checked``.
 
     Raises:
         ConfigError: the first grammar problem, or every problem of the first bad job.
@@ -85,12 +86,15 @@ def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
         from effitrain.sweep import launcher_settings
 
         launcher_settings(cfg.hydra.launcher)
-    for job in sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]:
+    jobs = sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]
+    for job in jobs:
         try:
             skipped_as_done(load(fixed + job, world_size))
         except ConfigError as error:
             label = " ".join(job) or "the defaults"
             raise ConfigError(f"the sweep's job {label}:\n{error}") from None
+    if jobs_checked is not None:
+        jobs_checked.append(len(jobs))
     return None
 
 

@@ -139,6 +139,10 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     """Build data, model, optimizer, scheduler, meter and checkpointer for ``cfg`` (validated already)."""
     from transformers import set_seed
 
+    from datasets.utils import logging as datasets_logging
+
+    # the data library's bars (reading, tokenizing, saving the cache) follow progress_bar too
+    (datasets_logging.enable_progress_bar if cfg.progress_bar else datasets_logging.disable_progress_bar)()
     set_seed(cfg.seed)
     task = build_task(cfg)
     raw = task.load(cfg.data)

@@ -89,7 +89,10 @@ def test_check_names_every_problem_one_per_line(capsys):
 
 def test_check_accepts_hydra_syntax_and_checks_every_job_of_a_sweep(capsys):
     code, out, err = check(capsys, *TINY, "-m", "optimizer=adamw, adafactor", 'backend="trainer"')
-    assert (code, out, err) == (0, "effitrain: the configuration is valid\n", "")
+    assert (code, out, err) == (0, "effitrain: the configuration is valid: 2 jobs checked\n", "")
+    # -m before the overrides, as the README writes it
+    code, out, err = check(capsys, "-m", *TINY, "optimizer=adamw,adafactor,adam8bit", "seed=1,2")
+    assert (code, out, err) == (0, "effitrain: the configuration is valid: 6 jobs checked\n", "")
     code, out, err = check(capsys, *TINY, "-m", "optimizer=adamw,adafactor", "+optimizer.beta1=0.9")
     assert code == 2 and err.splitlines()[0] == "effitrain: error: the sweep's job optimizer=adamw:"
     assert err.splitlines()[1].startswith(
@@ -204,3 +207,11 @@ def test_estimate_refuses_a_max_length_beyond_the_models_positions(capsys):
     assert capsys.readouterr().err == (
         "effitrain: error: max_length=1000 is invalid: the model has 512 positions: give at most 512\n"
     )
+
+
+def test_progress_bar_false_silences_the_data_librarys_bars_too(tmp_path):
+    done = train_py(*TINY, "max_steps=1", f"cache_dir={tmp_path}/cache", f"hydra.run.dir={tmp_path}/run")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert any((tmp_path / "cache").iterdir())  # tokenized and saved in this run
+    for bar in ("tokenizing", "Saving the dataset", "Map", "%|"):
+        assert bar not in done.stderr, bar
