@@ -95,6 +95,7 @@ def check_output_folder(key: str, value: str) -> None:
     if "${" in value:
         return
     path = Path(value).expanduser().absolute()
+
     def exists(candidate: Path) -> bool:
         try:
             return candidate.exists()
@@ -264,7 +265,9 @@ def _synthetic(cfg: DictConfig) -> None:
     )
     minimum, words = data.get("min_words_per_text"), data.get("words_per_text")
     if not problems and minimum is not None and minimum > words:
-        problems.append(invalid("min_words_per_text", minimum, f"must be at most words_per_text = {words}").args[0])
+        problems.append(
+            invalid("min_words_per_text", minimum, f"must be at most words_per_text = {words}").args[0]
+        )
     _raise([f"data.{p}" for p in problems])
 
 
@@ -298,7 +301,9 @@ def _effective_batch(cfg: DictConfig, world_size: int) -> None:
             f"must be a multiple of gradient_accumulation_steps x processes = {per_step}, "
             "so that every micro-batch holds effective_batch_size / that many samples",
         )
-    given = [o for o in command_line_overrides(cfg) if o.key_or_group == "micro_batch_size" and not o.is_delete()]
+    given = [
+        o for o in command_line_overrides(cfg) if o.key_or_group == "micro_batch_size" and not o.is_delete()
+    ]
     if given and not given[-1].is_sweep_override():
         micro = given[-1].value()
         if micro != effective // per_step:
@@ -348,7 +353,6 @@ def _model(cfg: DictConfig) -> None:
         value = cfg.model.get(key)
         if value and _looks_like_path(value) and not os.path.exists(os.path.expanduser(value)):
             raise invalid(f"model.{key}", value, "no such folder (give an existing path or a hub id)")
-
 
 
 def _weights(cfg: DictConfig) -> None:
@@ -454,7 +458,11 @@ def _config_overrides(cfg: DictConfig) -> None:
         if key == "is_decoder" and causal:
             raise invalid(name, value, "task=causal_lm builds every model as a decoder: leave it out")
         if key in architecture:
-            raise invalid(name, value, f"model.architecture.{key}={architecture[key]!r} sets it too: give it in one place")
+            raise invalid(
+                name,
+                value,
+                f"model.architecture.{key}={architecture[key]!r} sets it too: give it in one place",
+            )
     model_type = model_architecture(cfg.model).get("model_type")
     try:
         from transformers import CONFIG_MAPPING
@@ -468,7 +476,9 @@ def _config_overrides(cfg: DictConfig) -> None:
         if key not in known:
             near = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
             hint = f": did you mean {' or '.join(near)}?" if near else ""
-            raise invalid(f"model.config_overrides.{key}", value, f"{config_class.__name__} has no such setting{hint}")
+            raise invalid(
+                f"model.config_overrides.{key}", value, f"{config_class.__name__} has no such setting{hint}"
+            )
 
 
 def plain_open_overrides(overrides: list[str]) -> list[str]:

@@ -45,7 +45,9 @@ def load_drug_reviews(path: str, num_labels: int = len(DRUG_REVIEW_LABELS)) -> R
     import pandas as pd
 
     if num_labels != len(DRUG_REVIEW_LABELS):
-        raise invalid("data.num_labels", num_labels, f"the drug reviews have {len(DRUG_REVIEW_LABELS)} classes: give 3")
+        raise invalid(
+            "data.num_labels", num_labels, f"the drug reviews have {len(DRUG_REVIEW_LABELS)} classes: give 3"
+        )
 
     def read(member: str) -> Dataset:
         with zipfile.ZipFile(path) as archive:
@@ -236,7 +238,9 @@ def check_label_kinds(column: str, every: set) -> None:
     numeric = [v for v in every if isinstance(v, (int, float)) and not isinstance(v, bool)]
     fractional = [v for v in numeric if isinstance(v, float) and not float(v).is_integer()]
     if fractional:
-        raise invalid(key, column, f"a numeric label column must hold whole class ids; it holds {_shown(fractional)}")
+        raise invalid(
+            key, column, f"a numeric label column must hold whole class ids; it holds {_shown(fractional)}"
+        )
     numbers_as_text = [v for v in every if isinstance(v, str) and v.strip().lstrip("-").isdigit()]
     if numbers_as_text and len(numbers_as_text) < len(every):
         others = [v for v in every if v not in numbers_as_text]
@@ -312,7 +316,11 @@ def tokenize_cached(
             except Exception as error:  # a damaged entry is rebuilt, never a dead end for this config
                 damage = f"unreadable ({type(error).__name__})"
         log.warning("tokenized cache %s %s: rebuilding it", target, damage)
-        print(f"effitrain: warning: tokenized cache {target} {damage}: rebuilding it", file=sys.stderr, flush=True)
+        print(
+            f"effitrain: warning: tokenized cache {target} {damage}: rebuilding it",
+            file=sys.stderr,
+            flush=True,
+        )
         shutil.rmtree(target, ignore_errors=True)
 
     tokenized = task.tokenize(raw, tokenizer, max_length)
@@ -321,7 +329,9 @@ def tokenize_cached(
     partial = target.with_name(f".{key}.{uuid.uuid4().hex}.partial")
     try:
         tokenized.save_to_disk(str(partial))
-        manifest = {str(p.relative_to(partial)): _sha256(p) for p in sorted(partial.rglob("*")) if p.is_file()}
+        manifest = {
+            str(p.relative_to(partial)): _sha256(p) for p in sorted(partial.rglob("*")) if p.is_file()
+        }
         (partial / CACHE_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         partial.rename(target)
     except OSError as error:

@@ -41,7 +41,9 @@ def check_overrides_or_exit(argv: list[str]) -> None:
 
             owner = folder_in_use(Path(cfg.hydra.run.dir))  # refused before Hydra rewrites its .hydra/
             if owner is not None:
-                raise ConfigError(f"hydra.run.dir={str(cfg.hydra.run.dir)!r} is invalid: in use by another run (pid {owner})")
+                raise ConfigError(
+                    f"hydra.run.dir={str(cfg.hydra.run.dir)!r} is invalid: in use by another run (pid {owner})"
+                )
             finished = finished_run(cfg, Path(cfg.hydra.run.dir))
             if finished is not None:
                 print(finished)

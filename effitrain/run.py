@@ -137,9 +137,8 @@ def instantiate_node(node):
 def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,
               resume: checkpoint.ResumePoint | None = None) -> Job:  # fmt: skip
     """Build data, model, optimizer, scheduler, meter and checkpointer for ``cfg`` (validated already)."""
-    from transformers import set_seed
-
     from datasets.utils import logging as datasets_logging
+    from transformers import set_seed
 
     # the data library's bars (reading, tokenizing, saving the cache) follow progress_bar too
     (datasets_logging.enable_progress_bar if cfg.progress_bar else datasets_logging.disable_progress_bar)()

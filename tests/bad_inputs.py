@@ -32,7 +32,10 @@ PARSE = [
     (["lr=1e-3"], "lr='1e-3' is not a config key: did you mean optimizer.lr?"),
     (["+lr=1e-3"], "lr='1e-3' adds a key nothing reads: did you mean optimizer.lr?"),
     (["optimizr=adamw"], "optimizr='adamw' is not a config key: did you mean optimizer=adamw?"),
-    (["optimizr=sgd"], "optimizr='sgd' is not a config key: did you mean optimizer (a config group: adafactor, adam8bit, adamw)?"),
+    (
+        ["optimizr=sgd"],
+        "optimizr='sgd' is not a config key: did you mean optimizer (a config group: adafactor, adam8bit, adamw)?",
+    ),
     (["micro_batchsize=4"], "micro_batchsize='4' is not a config key: did you mean micro_batch_size"),
     (["a=[1,"], "'a=[1,' is not a valid override"),
     (["optimizer=adamw,adafactor"], "optimizer=adamw,adafactor is a sweep (several values): add -m"),

@@ -365,7 +365,9 @@ def test_a_folder_with_random_init_builds_the_folder_and_estimate_agrees(tmp_pat
     rows = json.loads(estimate.stdout)["optimizers"]
     assert {row["params"] for row in rows.values()} == {summary["params/total"]}
     # architecture keys with a folder whose config.json decides are refused, not ignored
-    with pytest.raises(ConfigError, match=r"^model.architecture.hidden_size=64 is invalid: .* holds a config.json"):
+    with pytest.raises(
+        ConfigError, match=r"^model.architecture.hidden_size=64 is invalid: .* holds a config.json"
+    ):
         load([*overrides, "model.architecture.hidden_size=64"])
 
 

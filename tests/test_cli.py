@@ -192,7 +192,9 @@ def test_a_folder_name_the_file_system_refuses_is_one_line_before_hydra(tmp_path
     name = "x" * 300  # more than the 255 bytes a file name may have
     code, out, err = check(capsys, *TINY, f"hydra.run.dir={tmp_path}/{name}")
     assert code == 2 and out == "" and len(err.splitlines()) == 1
-    assert err.startswith(f"effitrain: error: hydra.run.dir='{tmp_path}/{name}' is invalid: the folder name 'xxx")
+    assert err.startswith(
+        f"effitrain: error: hydra.run.dir='{tmp_path}/{name}' is invalid: the folder name 'xxx"
+    )
     done = train_py(*TINY, f"hydra.run.dir={tmp_path}/{name}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []

@@ -123,7 +123,11 @@ def test_resume_auto_with_a_changed_key_into_a_finished_run_is_refused(ok_run):
     done = train_py(*TINY, "max_steps=2", "checkpoint_every=2", "resume=auto", "optimizer.lr=1e-3",
                     f"hydra.run.dir={ok_run}")  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.strip().splitlines()[-1].startswith("effitrain: error: optimizer.lr=0.001 is invalid: the finished ok run")
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith("effitrain: error: optimizer.lr=0.001 is invalid: the finished ok run")
+    )
     assert snapshot(ok_run) == before  # refused before Hydra wrote its record
 
 
@@ -151,7 +155,9 @@ def test_a_fresh_run_into_an_interrupted_runs_folder_is_refused(tmp_path):
     done = train_py(*TINY, "checkpoint_every=1", "max_steps=40", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"effitrain: error: hydra.run.dir={str(tmp_path)!r} is invalid: it holds an unfinished run's checkpoints")
+    assert last.startswith(
+        f"effitrain: error: hydra.run.dir={str(tmp_path)!r} is invalid: it holds an unfinished run's checkpoints"
+    )
     assert last.endswith("add resume=auto to continue it, or give another folder")
     assert snapshot(tmp_path) == before
     summary = run_job(tmp_path, "checkpoint_every=1", "max_steps=40")  # the run itself refuses too
