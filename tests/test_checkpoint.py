@@ -279,3 +279,15 @@ def test_resume_from_a_damaged_checkpoint_path_is_one_line(tmp_path):
     assert summary["error"] == (
         f"resume={str(folder)!r} is invalid: the checkpoint is model.safetensors differs from its checksum (damaged)"
     )
+
+
+def test_checkpoint_files_follow_the_umask(tmp_path):
+    import stat
+
+    summary = run_job(tmp_path, "max_steps=1", "checkpoint_every=1")
+    assert summary["status"] == "ok", summary["error"]
+    umask = os.umask(0)
+    os.umask(umask)
+    files = [p for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()]
+    assert any(p.name == "model.safetensors" for p in files)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o666 & ~umask for p in files}
