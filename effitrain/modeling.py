@@ -107,7 +107,7 @@ _SIZING_TOKENIZERS: dict = {}
 
 def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None, causal: bool = False):
     """The architecture: ``name_or_path``'s own config for ``init=pretrained``, for a local folder
-    holding a ``config.json`` and without ``model.architecture``; else ``model.architecture``
+    holding a ``config.json``, and when ``model.architecture`` is empty; else ``model.architecture``
     (the rule of :func:`effitrain.config.uses_named_config`, which the checks read too).
 
     ``num_labels``: the classification head's size (None: a model without one, a causal LM).
