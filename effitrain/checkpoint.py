@@ -303,6 +303,10 @@ class Checkpointer:
         barrier()
         if is_main:
             save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            umask = os.umask(0)
+            os.umask(umask)
+            # safetensors writes 0600: the weights follow the umask as every other result file
+            os.chmod(tmp / "model.safetensors", 0o666 & ~umask)
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             if trainer_state is not None:

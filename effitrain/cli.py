@@ -22,8 +22,12 @@ def default_device() -> str:
 
 
 def _check(args) -> None:
-    preflight(args.overrides)
-    print("effitrain: the configuration is valid")
+    checked: list[int] = []
+    preflight(args.overrides, jobs_checked=checked)
+    if checked:  # a sweep
+        print(f"effitrain: the configuration is valid: {checked[0]} jobs checked")
+    else:
+        print("effitrain: the configuration is valid")
 
 
 def _compare(args) -> None:
@@ -54,6 +58,9 @@ def _estimate(args) -> None:
     base = [o.input_line for o in parsed if not names(o, "optimizer")]
     own = [o.input_line for o in parsed if names(o, "optimizer") and o.key_or_group != "optimizer"]
     cfg = compose_known(args.overrides)  # unknown keys named with the nearest real ones
+    from effitrain.config import check_max_length
+
+    check_max_length(cfg)  # as train and check refuse it
     chosen = cfg.hydra.runtime.choices.optimizer
     optimizers = {
         name: compose(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
@@ -170,6 +177,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # everything after it is Hydra's: overrides, -m, --cfg job, ...
         train(argv[1:])
+        return
+    if argv[:1] == ["check"] and not {"-h", "--help"} & set(argv):  # -m may come first: not argparse's
+        try:
+            _check(argparse.Namespace(overrides=argv[1:]))
+        except ConfigError as error:
+            fail(str(error))
         return
     from effitrain import __version__
 

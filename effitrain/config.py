@@ -88,7 +88,22 @@ def check_output_folder(key: str, value: str) -> None:
     if "${" in value:
         return
     path = Path(value).expanduser().absolute()
-    existing = next(p for p in (path, *path.parents) if p.exists())
+
+    def exists(candidate: Path) -> bool:
+        try:
+            return candidate.exists()
+        except OSError:  # a name too long for the file system: not there
+            return False
+
+    existing = next(p for p in (path, *path.parents) if exists(p))
+    try:
+        longest = os.pathconf(existing if existing.is_dir() else existing.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    for part in path.relative_to(existing).parts:
+        if "\0" in part or len(part.encode()) > longest:
+            raise invalid(key, value, f"the folder name {part[:40]!r}... is not one this file system takes "
+                                      f"(at most {longest} bytes, no NUL): give a shorter name")  # fmt: skip
     if not existing.is_dir():
         raise invalid(key, value, f"{existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -154,10 +169,12 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     Raises:
         ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
     """
+    _assets(cfg)  # every check below reads these values
     problems = _collect(
         [
             lambda: _missing_values(cfg),
-            lambda: _at_least(cfg, "seed", 0),
+            lambda: _seed(cfg),
+            lambda: _synthetic(cfg),
             lambda: _at_least(cfg, "gradient_accumulation_steps", 1),
             lambda: _at_least(cfg, "micro_batch_size", 1),
             lambda: _at_least(cfg, "epochs", 1),
@@ -182,18 +199,69 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
             lambda: _precision(cfg),
             lambda: _compile(cfg),
             lambda: _model(cfg),
+            lambda: _named_is_built(cfg),
         ]
     )
     if not problems:  # these build things from the values above, which must be sane first
         problems = _collect(
             [
                 lambda: _optimizer(cfg),
+                lambda: _config_overrides(cfg),
                 lambda: _task_model(cfg),
                 lambda: _max_length(cfg),
                 lambda: _data_files(cfg),
             ]
         )
+    if not problems:  # after the model's type is known to fit the task: the most specific message first
+        problems = _collect([lambda: _weights(cfg)])
     _raise(problems)
+
+
+def _assets(cfg: DictConfig) -> None:
+    """The ``data`` and ``model`` nodes resolve: a file of a package that is not installed
+    (``${effitrain.asset:...}``) is one line naming the key, not a traceback from deep inside a run."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
+
+    for group in ("data", "model"):
+        try:
+            OmegaConf.to_container(cfg[group], resolve=True)
+        except InterpolationResolutionError as error:
+            raw = OmegaConf.to_container(cfg, resolve=False)
+            for part in str(error.full_key).split("."):
+                raw = raw.get(part) if isinstance(raw, dict) else None
+            reason = str(error).splitlines()[0].split("interpolation: ", 1)[-1]
+            raise invalid(error.full_key, raw, reason) from None
+
+
+MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
+
+
+def _seed(cfg: DictConfig) -> None:
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise invalid("seed", seed, f"must be an integer in 0..{MAX_SEED}")
+
+
+def _synthetic(cfg: DictConfig) -> None:
+    """The generated data's sizes (``data=synthetic``), before the loader would fail on them."""
+    data = cfg.get("data")
+    if data is None or not str(data.get("_target_", "")).endswith("load_synthetic"):
+        return
+    problems = _collect(
+        [
+            lambda: _at_least(data, "num_train", 1),
+            lambda: _at_least(data, "num_eval", 1),
+            lambda: _at_least(data, "words_per_text", 1),
+            lambda: _at_least(data, "min_words_per_text", 1, allow_null=True),
+        ]
+    )
+    minimum, words = data.get("min_words_per_text"), data.get("words_per_text")
+    if not problems and minimum is not None and minimum > words:
+        problems.append(
+            invalid("min_words_per_text", minimum, f"must be at most words_per_text = {words}").args[0]
+        )
+    _raise([f"data.{p}" for p in problems])
 
 
 def _missing_values(cfg: DictConfig) -> None:
@@ -226,6 +294,17 @@ def _effective_batch(cfg: DictConfig, world_size: int) -> None:
             f"must be a multiple of gradient_accumulation_steps x processes = {per_step}, "
             "so that every micro-batch holds effective_batch_size / that many samples",
         )
+    given = [
+        o for o in command_line_overrides(cfg) if o.key_or_group == "micro_batch_size" and not o.is_delete()
+    ]
+    if given and not given[-1].is_sweep_override():
+        micro = given[-1].value()
+        if micro != effective // per_step:
+            raise invalid(
+                "micro_batch_size", micro,
+                f"effective_batch_size={effective} with gradient_accumulation_steps x processes = {per_step} "
+                f"sets it to {effective // per_step}: give one of the two",
+            )  # fmt: skip
 
 
 def _resume(cfg: DictConfig) -> None:
@@ -319,6 +398,145 @@ def optional_extra(module: str) -> str | None:
     return None
 
 
+def _weights(cfg: DictConfig) -> None:
+    if cfg.model.get("init") == "pretrained" and not has_weights(str(cfg.model.get("name_or_path"))):
+        raise invalid(
+            "model.init", "pretrained",
+            f"model.name_or_path={cfg.model.get('name_or_path')!r} has no weights here (no *.safetensors or "
+            "*.bin in the folder, or the hub id is neither reachable nor cached): give model.init=random",
+        )  # fmt: skip
+
+
+def has_weights(name_or_path: str) -> bool:
+    """Pretrained weights can be loaded: a local folder holding weight files, or a hub id that is
+    cached or reachable (a local path that does not exist is ``_model``'s to name)."""
+    path = os.path.expanduser(name_or_path)
+    if os.path.isdir(path):
+        names = os.listdir(path)
+        return any(n.endswith((".safetensors", ".bin", ".pt", ".pth", ".index.json")) for n in names)
+    if _looks_like_path(name_or_path):
+        return True
+    from effitrain.assets import hub_unreachable
+
+    if not hub_unreachable():
+        return True  # the hub answers: its own error names a missing repository
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repository id
+        return False
+
+
+def command_line_overrides(cfg: DictConfig) -> list:
+    """The job's own overrides (Hydra's record in ``cfg.hydra``), parsed; [] for a config built by hand."""
+    from omegaconf import OmegaConf
+
+    from effitrain.overrides import parse
+
+    hydra = cfg.get("hydra")
+    if hydra is None:
+        return []
+    return parse(OmegaConf.to_container(hydra.overrides.task, resolve=False))
+
+
+def _named_is_built(cfg: DictConfig) -> None:
+    """What ``model.name_or_path`` names is what is built: a model described by ``model.architecture``
+    (``init=random``) is refused under another model's name, and ``model.architecture.*`` given with
+    a folder whose own config.json decides the architecture is refused rather than ignored."""
+    model = cfg.model
+    given = [o for o in command_line_overrides(cfg) if o.key_or_group.startswith("model.architecture.")]
+    if local_config_file(model.get("name_or_path")) and uses_named_config(model) and given:
+        key = given[0].key_or_group
+        raise invalid(key, given[0].value(),
+                      f"model.name_or_path={model.name_or_path!r} holds a config.json, which decides the "
+                      f"architecture: give model.config_overrides.{key.rpartition('.')[2]} instead")  # fmt: skip
+    name = str(model.get("name_or_path"))
+    if uses_named_config(model) or (_looks_like_path(name) and not os.path.exists(os.path.expanduser(name))):
+        return  # a path that does not exist: _model names it
+    hydra = cfg.get("hydra")
+    choice = hydra.runtime.choices.get("model") if hydra is not None else None
+    path = CONF_DIR / "model" / f"{choice}.yaml"
+    if not choice or not path.is_file():
+        return
+    from omegaconf import OmegaConf
+
+    own = OmegaConf.load(path).get("name_or_path")
+    if isinstance(own, str) and "${" not in own and own != model.name_or_path:
+        raise invalid(
+            "model.name_or_path", model.name_or_path,
+            f"with model.init=random, model={choice} builds its own model.architecture ({own}), not this "
+            "model: give a local folder holding a config.json, model.init=pretrained, or model.architecture={}",
+        )  # fmt: skip
+
+
+# Keys effitrain sets itself in the model's config: a value in model.config_overrides would be replaced.
+SET_BY_EFFITRAIN = {
+    "num_labels": "the data's label column decides the number of classes",
+    "id2label": "the data's label column decides the classes",
+    "label2id": "the data's label column decides the classes",
+}
+
+
+def _config_overrides(cfg: DictConfig) -> None:
+    """Every ``model.config_overrides`` key is a setting of the model's config class, not one that
+    effitrain sets itself, and not one that ``model.architecture`` sets too."""
+    import difflib
+    import inspect
+
+    from omegaconf import OmegaConf
+
+    overrides = OmegaConf.to_container(cfg.model.config_overrides, resolve=True)
+    if not overrides:
+        return
+    from_architecture = not uses_named_config(cfg.model)
+    architecture = OmegaConf.to_container(cfg.model.architecture, resolve=True) if from_architecture else {}
+    causal = not task_class(cfg).uses_labels
+    for key, value in overrides.items():
+        name = f"model.config_overrides.{key}"
+        if key in SET_BY_EFFITRAIN:
+            raise invalid(name, value, f"{SET_BY_EFFITRAIN[key]}: leave it out")
+        if key == "vocab_size" and cfg.model.init == "random":
+            raise invalid(name, value, "a random model's embedding is sized to its tokenizer: leave it out")
+        if key == "is_decoder" and causal:
+            raise invalid(name, value, "task=causal_lm builds every model as a decoder: leave it out")
+        if key in architecture:
+            raise invalid(
+                name,
+                value,
+                f"model.architecture.{key}={architecture[key]!r} sets it too: give it in one place",
+            )
+    model_type = model_architecture(cfg.model).get("model_type")
+    try:
+        from transformers import CONFIG_MAPPING
+
+        config_class = CONFIG_MAPPING[model_type]
+        known = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}))
+        known |= set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+    except Exception:  # noqa: BLE001 - a type transformers does not know (remote code): unchecked
+        return
+    for key, value in overrides.items():
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+            hint = f": did you mean {' or '.join(near)}?" if near else ""
+            raise invalid(
+                f"model.config_overrides.{key}", value, f"{config_class.__name__} has no such setting{hint}"
+            )
+
+
+def plain_open_overrides(overrides: list[str]) -> list[str]:
+    """``model.config_overrides.key=value`` as ``++model.config_overrides.key=value``: the node is open
+    (its keys are the model config's, checked by ``validate``), so the plain form sets a key whether or
+    not the model's file has it."""
+    from effitrain.overrides import parse
+
+    result = []
+    for text in overrides:
+        plain = not str(text).startswith(("+", "~")) and str(text).startswith("model.config_overrides.")
+        result.append(f"++{text}" if plain and parse([text]) else text)
+    return result
+
+
 def _optimizer(cfg: DictConfig) -> None:
     """Arguments against the target's signature, then the optimizer built on one dummy parameter,
     so a value the class rejects (``betas=[0.9]``) fails here rather than after the model loaded."""
@@ -374,17 +592,36 @@ def model_architecture(model_cfg: DictConfig) -> dict:
         return dict(OmegaConf.to_container(node, resolve=True)) if OmegaConf.is_config(node) else {}
 
     config = plain("architecture")
-    path = os.path.expanduser(str(model_cfg.get("name_or_path") or ""))
-    # as build_config: a pretrained model's own config.json wins over the architecture node
-    if (model_cfg.get("init") != "random" or not config) and os.path.isfile(
-        os.path.join(path, "config.json")
-    ):
+    local = local_config_file(model_cfg.get("name_or_path"))
+    if uses_named_config(model_cfg) and local:  # as build_config
         import json
 
-        with open(os.path.join(path, "config.json")) as handle:
+        with open(local) as handle:
             config = json.load(handle)
     config.update(plain("config_overrides"))
     return config
+
+
+def local_config_file(name_or_path) -> str | None:
+    """The ``config.json`` of a local model folder; None for a hub id or a folder without one."""
+    path = os.path.join(os.path.expanduser(str(name_or_path or "")), "config.json")
+    return path if name_or_path and os.path.isfile(path) else None
+
+
+def uses_named_config(model_cfg: DictConfig) -> bool:
+    """The one rule for which config a model is built from (runs, checks and estimates alike):
+    ``name_or_path``'s own for ``init=pretrained``, for a local folder holding a ``config.json``
+    (what is named is what is built) and when ``model.architecture`` is empty; else
+    ``model.architecture`` (a model defined by its config values alone, ``init=random``)."""
+    from omegaconf import OmegaConf
+
+    node = model_cfg.get("architecture")
+    architecture = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    return (
+        model_cfg.get("init") != "random"
+        or not architecture
+        or local_config_file(model_cfg.get("name_or_path")) is not None
+    )
 
 
 def max_positions(model_cfg: DictConfig) -> int | None:
@@ -417,9 +654,30 @@ def _task_model(cfg: DictConfig) -> None:
             "model", cfg.model.get("name_or_path"),
             f"task={task.name} needs a model type that {task.auto_class} builds; {model_type} is not one",
         )  # fmt: skip
+    if not task.uses_labels and model_type and mapping is not None:
+        from transformers import AutoConfig
+
+        from effitrain.causality import causal_check
+
+        values = {k: v for k, v in model_architecture(cfg.model).items() if k != "model_type"}
+        try:
+            config = AutoConfig.for_model(model_type, **values)
+        except Exception:  # noqa: BLE001 - the build reports a config it cannot make
+            config = None
+        if config is not None and causal_check(config, bool(cfg.model.get("trust_remote_code"))):
+            raise not_causal(cfg.model.get("name_or_path"), mapping[model_type])
     unable = no_checkpointing(cfg) if cfg.get("gradient_checkpointing") is True else None
     if unable:
         raise invalid("gradient_checkpointing", True, f"{unable} cannot recompute activations: give false")
+
+
+def not_causal(name_or_path, class_name: str) -> ConfigError:
+    return invalid(
+        "model", name_or_path,
+        f"task=causal_lm needs a causal model: {class_name} lets position t see later tokens even built "
+        "as a decoder (is_decoder=true), so its next-token loss would be meaningless: choose a decoder "
+        "such as model=llama_small",
+    )  # fmt: skip
 
 
 def _task_mapping(cfg: DictConfig):
@@ -442,6 +700,11 @@ def no_checkpointing(cfg: DictConfig) -> str | None:
     name = (mapping or {}).get(model_type)
     cls = getattr(transformers, name, None) if isinstance(name, str) else None
     return name if cls is not None and not cls.supports_gradient_checkpointing else None
+
+
+def check_max_length(cfg: DictConfig) -> None:
+    """ConfigError when ``max_length`` exceeds the model's positions (for commands that do not validate)."""
+    _max_length(cfg)
 
 
 def _max_length(cfg: DictConfig) -> None:
@@ -571,6 +834,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra.errors import ConfigCompositionException
 
     check_group_overrides(overrides)
+    overrides = plain_open_overrides(overrides)
     try:
         with initialize_config_module(CONF_MODULE, version_base="1.3", job_name="effitrain"):
             cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
@@ -695,6 +959,11 @@ def _check_keys_exist(cfg: DictConfig, parsed, groups: set[str], added: bool = F
             continue
         same_name = [k for k in known if k.rpartition(".")[2] == key.rpartition(".")[2] and k != key]
         near = list(dict.fromkeys(same_name + difflib.get_close_matches(key, known, n=3, cutoff=0.6)))[:3]
+        group = difflib.get_close_matches(key, sorted(groups), n=1, cutoff=0.75) if "." not in key else []
+        if group:  # optimizr=adamw: the config group, with its options
+            value = typed_value(override)
+            near = [f"{group[0]}={value}" if value in group_options(group[0]) else f"{group[0]} (a config group: "
+                    f"{', '.join(group_options(group[0]))})"]  # fmt: skip
         hint = (
             f"did you mean {' or '.join(near)}?" if near else "see `python train.py --cfg job` for the keys"
         )

@@ -29,7 +29,7 @@ from effitrain.errors import invalid
 log = logging.getLogger(__name__)
 
 DRUG_REVIEW_LABELS = ["negative", "neutral", "positive"]
-CACHE_FORMAT = 2  # bump when the tokenized layout changes, so stale caches are not reused
+CACHE_FORMAT = 3  # bump when the tokenized layout changes, so stale caches are not reused
 
 
 @dataclass
@@ -39,9 +39,16 @@ class RawData:
     label_names: list[str]
 
 
-def load_drug_reviews(path: str) -> RawData:
-    """The UCI drug-review subset: TSV files inside a zip, labels negative/neutral/positive."""
+def load_drug_reviews(path: str, num_labels: int = len(DRUG_REVIEW_LABELS)) -> RawData:
+    """The UCI drug-review subset: TSV files inside a zip, labels negative/neutral/positive.
+
+    ``num_labels``: the classes the config declares (what estimates read, without the data): 3."""
     import pandas as pd
+
+    if num_labels != len(DRUG_REVIEW_LABELS):
+        raise invalid(
+            "data.num_labels", num_labels, f"the drug reviews have {len(DRUG_REVIEW_LABELS)} classes: give 3"
+        )
 
     def read(member: str) -> Dataset:
         with zipfile.ZipFile(path) as archive:
@@ -118,7 +125,20 @@ def load_hub(
     from omegaconf import OmegaConf
 
     args = OmegaConf.to_container(load_args, resolve=True) if not isinstance(load_args, dict) else load_args
-    dataset = load_dataset(**args)
+    from datasets.exceptions import DatasetGenerationError
+
+    if _local_files(args.get("data_files")):
+        # the datasets library keys its own cache of local files by path, size and modification time:
+        # a file rewritten with the same three would be served from the old rows; read them anew
+        args.setdefault("download_mode", "force_redownload")
+    try:
+        dataset = load_dataset(**args)
+    except DatasetGenerationError as error:  # e.g. one file's label column holds text, another's numbers
+        cause = error.__cause__ or error
+        reason = " ".join(str(cause).split())[:300]
+        raise invalid("data.load_args.data_files", "...",
+                      f"the files do not read as one dataset ({type(cause).__name__}: {reason}): "
+                      "give every split's columns the same kind of values") from None  # fmt: skip
     for key, split in (("data.train_split", train_split), ("data.eval_split", eval_split)):
         if split not in dataset:
             raise invalid(key, split, f"no such split: choose one of {', '.join(dataset)}")
@@ -127,6 +147,13 @@ def load_hub(
             raise invalid(
                 key, column, f"no such column: choose one of {', '.join(dataset[train_split].column_names)}"
             )
+    for split in (train_split, eval_split):
+        for row, text in enumerate(dataset[split][text_column]):
+            if text is None or (isinstance(text, float) and text != text):
+                raise invalid(
+                    f"data.text_column ({split} split, row {row + 2} of a CSV)", text_column,
+                    "the text is empty: every sample needs one",
+                )  # fmt: skip
     if label_column is None:
         return RawData(
             *(
@@ -144,6 +171,8 @@ def load_hub(
                     "a label is missing: every sample needs one",
                 )  # fmt: skip
     feature = dataset[train_split].features[label_column]
+    train_labels, eval_labels = dataset[train_split][label_column], dataset[eval_split][label_column]
+    check_label_kinds(label_column, set(train_labels) | set(eval_labels))
     if isinstance(feature, ClassLabel):
         names = list(feature.names)
         to_id = None
@@ -151,6 +180,9 @@ def load_hub(
         values = sorted(
             set(dataset[train_split][label_column]) | set(dataset[eval_split][label_column]), key=str
         )
+        whole_floats = all(isinstance(v, float) for v in values)  # class ids read as floats: 0.0, 1.0
+        if whole_floats:
+            values = sorted({int(v) for v in values})
         if all(isinstance(v, int) for v in values):
             # integer labels are class ids: a gap means a typo (one stray 100000 would build a
             # 100001-class head), not classes nobody labelled
@@ -162,10 +194,13 @@ def load_hub(
                     f"integer labels must be the class ids 0..{max(values)} with none unused "
                     f"(unused: {shown or 'none'}; smallest: {min(values)})",
                 )  # fmt: skip
-            names, to_id = [str(i) for i in range(max(values) + 1)], None
+            names = [str(i) for i in range(max(values) + 1)]
+            to_id = {float(v): v for v in values} if whole_floats else None
         else:
             names = [str(v) for v in values]
             to_id = {v: i for i, v in enumerate(values)}
+
+    check_label_sets(label_column, train_labels, eval_labels)
 
     def standardize(split: str) -> Dataset:
         part = dataset[split]
@@ -174,6 +209,62 @@ def load_hub(
         return Dataset.from_dict({"text": [str(t) for t in texts], "label": list(labels)})
 
     return RawData(standardize(train_split), standardize(eval_split), names)
+
+
+def _shown(values) -> str:
+    values = sorted(values, key=str)
+    return ", ".join(repr(v) for v in values[:5]) + (", ..." if len(values) > 5 else "")
+
+
+def _local_files(data_files) -> bool:
+    """``data_files`` names files, and all of them on this machine (no ``scheme://``)."""
+    if not data_files:
+        return False
+    if isinstance(data_files, dict):
+        data_files = list(data_files.values())
+    if isinstance(data_files, str):
+        data_files = [data_files]
+    flat = [f for item in data_files for f in ([item] if isinstance(item, str) else item)]
+    return all("://" not in str(f) for f in flat)
+
+
+def check_label_kinds(column: str, every: set) -> None:
+    """Labels of one kind: in a numeric column whole class ids only (1.5 would become a class of
+    its own), and no class ids mixed with names ("1" beside "x").
+
+    Raises:
+        ConfigError: naming the column and the offending values.
+    """
+    key = "data.label_column"
+    numeric = [v for v in every if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    fractional = [v for v in numeric if isinstance(v, float) and not float(v).is_integer()]
+    if fractional:
+        raise invalid(
+            key, column, f"a numeric label column must hold whole class ids; it holds {_shown(fractional)}"
+        )
+    numbers_as_text = [v for v in every if isinstance(v, str) and v.strip().lstrip("-").isdigit()]
+    if numbers_as_text and len(numbers_as_text) < len(every):
+        others = [v for v in every if v not in numbers_as_text]
+        raise invalid(key, column, f"the column mixes class ids ({_shown(numbers_as_text)}) with other values "
+                                   f"({_shown(others)}): give ids or names, not both")  # fmt: skip
+
+
+def check_label_sets(column: str, train: list, eval_: list) -> None:
+    """At least two classes in training, and every eval label among them (a class never trained on
+    scores as a guaranteed error, and disjoint sets mean the splits were labelled differently).
+
+    Raises:
+        ConfigError: naming the column and the offending values.
+    """
+    key = "data.label_column"
+    train_values, eval_values = set(train), set(eval_)
+    if len(train_values) < 2:
+        raise invalid(key, column, f"the train split holds a single class ({_shown(train_values)}): "
+                                   "classification needs at least 2")  # fmt: skip
+    unseen = eval_values - train_values
+    if unseen:
+        raise invalid(key, column, f"the eval split holds labels the train split lacks ({_shown(unseen)}; "
+                                   f"train has {_shown(train_values)})")  # fmt: skip
 
 
 def check_raw(raw: RawData, num_labels: int) -> None:
@@ -215,11 +306,19 @@ def tokenize_cached(
     key = hashlib.sha256(key_material.encode()).hexdigest()[:20]
     target = Path(cache_dir).expanduser() / key if cache_dir else None
     if target is not None and target.exists():
-        try:
-            return load_from_disk(str(target))
-        except Exception as error:  # a damaged entry is rebuilt, never a dead end for this config
-            log.warning("tokenized cache %s unreadable (%s): rebuilding it", target, type(error).__name__)
-            shutil.rmtree(target, ignore_errors=True)
+        damage = _cache_damage(target)
+        if damage is None:
+            try:
+                return load_from_disk(str(target))
+            except Exception as error:  # a damaged entry is rebuilt, never a dead end for this config
+                damage = f"unreadable ({type(error).__name__})"
+        log.warning("tokenized cache %s %s: rebuilding it", target, damage)
+        print(
+            f"effitrain: warning: tokenized cache {target} {damage}: rebuilding it",
+            file=sys.stderr,
+            flush=True,
+        )
+        shutil.rmtree(target, ignore_errors=True)
 
     tokenized = task.tokenize(raw, tokenizer, max_length)
     if target is None:
@@ -227,6 +326,10 @@ def tokenize_cached(
     try:
         with atomic_path(target) as partial:  # removed if anything fails; never replaces another's entry
             tokenized.save_to_disk(str(partial))
+            manifest = {
+                str(p.relative_to(partial)): _sha256(p) for p in sorted(partial.rglob("*")) if p.is_file()
+            }
+            (partial / CACHE_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     except OSError as error:
         if not target.exists():  # not written (a full disk): train from memory, say so once
             print(
@@ -237,6 +340,33 @@ def tokenize_cached(
             )
             return tokenized
     return load_from_disk(str(target))
+
+
+CACHE_MANIFEST = "effitrain-sha256.json"  # every file of a cache entry with its SHA-256
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _cache_damage(entry: Path) -> str | None:
+    """Why a tokenized cache entry may not be used (a file missing, added or with other bytes than
+    its manifest lists, as checkpoints are verified), or None when it is whole."""
+    try:
+        manifest = json.loads((entry / CACHE_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return "has no readable checksum list"
+    files = {str(p.relative_to(entry)) for p in entry.rglob("*") if p.is_file()} - {CACHE_MANIFEST}
+    if files != set(manifest):
+        return "does not hold the files its checksum list names"
+    for name, expected in sorted(manifest.items()):
+        if _sha256(entry / name) != expected:
+            return f"has other bytes than written in {name}"
+    return None
 
 
 def _tokenizer_digest(tokenizer) -> str:

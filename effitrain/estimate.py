@@ -20,8 +20,9 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
 
     The static part (weights, gradients, optimizer state) comes from a ``meta`` model: nothing is
     allocated. ``step``: also the step peak by category, from one training step traced on fake
-    tensors at the worst case (every micro-batch ``max_length`` tokens), with FLOPs. No tokenizer
-    and no weights are read: the model's own architecture config (its vocabulary included) decides.
+    tensors at the worst case (every micro-batch ``max_length`` tokens), with FLOPs. No weights
+    are read: the model's architecture config decides, its vocabulary sized to the
+    tokenizer for init=random as in a run (effitrain.modeling.build_model).
 
     ``optimizers`` maps names to optimizer config nodes (default: ``{"chosen": cfg.optimizer}``).
     ``device``: whose kernels the trace replays (``cpu`` or ``cuda``, see

@@ -30,8 +30,13 @@ def check_overrides_or_exit(argv: list[str]) -> None:
     try:
         cfg = preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))
         if cfg is not None:
-            from effitrain.results import finished_run
+            from effitrain.results import finished_run, folder_in_use
 
+            owner = folder_in_use(Path(cfg.hydra.run.dir))  # refused before Hydra rewrites its .hydra/
+            if owner is not None:
+                raise ConfigError(
+                    f"hydra.run.dir={str(cfg.hydra.run.dir)!r} is invalid: in use by another run (pid {owner})"
+                )
             finished = finished_run(cfg, Path(cfg.hydra.run.dir))
             if finished is not None:
                 print(finished)
@@ -40,9 +45,10 @@ def check_overrides_or_exit(argv: list[str]) -> None:
         fail(str(error))
 
 
-def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
+def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = None) -> DictConfig | None:
     """Everything a run or sweep would reject, checked from the command line alone; returns a
-    single run's composed config (None for a sweep, or flags left to Hydra).
+    single run's composed config (None for a sweep, or flags left to Hydra). For a sweep, the
+    number of jobs checked is appended to ``jobs_checked``.
 
     Raises:
         ConfigError: the first grammar problem, or every problem of the first bad job.
@@ -75,13 +81,40 @@ def preflight(argv: list[str], world_size: int = 1) -> DictConfig | None:
         from effitrain.sweep import launcher_settings
 
         launcher_settings(cfg.hydra.launcher)
-    for job in sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]:
+    jobs = sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]
+    for job in jobs:
         try:
-            load(fixed + job, world_size)
+            skipped_as_done(load(fixed + job, world_size))
         except ConfigError as error:
             label = " ".join(job) or "the defaults"
             raise ConfigError(f"the sweep's job {label}:\n{error}") from None
+    if jobs_checked is not None:
+        jobs_checked.append(len(jobs))
     return None
+
+
+def skipped_as_done(cfg: DictConfig) -> None:
+    """A sweep job whose folder holds an ok run is skipped on a rerun (``skip_ok_jobs``) only when
+    that run had the same result-changing configuration.
+
+    Raises:
+        ConfigError: the folder's ok run ran with another value of a key, named.
+    """
+    from effitrain.results import config_change, read_summary
+
+    if not cfg.get("skip_ok_jobs", True):
+        return
+    folder = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    previous = read_summary(folder)
+    if previous is None or previous.get("status") != "ok":
+        return
+    change = config_change(previous, cfg)
+    if change is not None:
+        key, now, was = change
+        raise ConfigError(
+            f"{key}={now!r} is invalid: {folder} holds an ok run with {key}={was!r}, which this sweep "
+            "would skip as done: give another hydra.sweep.dir"
+        )
 
 
 def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:
@@ -140,7 +173,9 @@ def train(argv: list[str]) -> None:
     from effitrain.config import CONF_SOURCE
 
     check_overrides_or_exit(argv)
-    argv = share_run_dir_across_ranks(argv)
+    from effitrain.config import plain_open_overrides
+
+    argv = share_run_dir_across_ranks(plain_open_overrides(argv))
     from effitrain.sweep import expose_launcher_plugin
 
     expose_launcher_plugin()

@@ -2,55 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from effitrain.assets import hub_unreachable
 from effitrain.errors import invalid
 
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def hub_unreachable() -> bool:
-    """No route to the model hub: one connection attempt, name lookup included, given 2 s per
-    process (skipped behind a proxy; True under ``HF_HUB_OFFLINE``). Then configs, tokenizers and
-    weights come from the local cache only, instead of waiting out the hub client's retries
-    (about 25 s per file)."""
-    import socket
-    import threading
-    import urllib.parse
-    import urllib.request
-
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return True
-    endpoint = urllib.parse.urlparse(constants.ENDPOINT)
-    proxies = urllib.request.getproxies()
-    if proxies.get(endpoint.scheme) or proxies.get("all"):
-        return False
-    done, answered = threading.Event(), []
-
-    def connect():
-        try:
-            port = endpoint.port or {"http": 80}.get(endpoint.scheme, 443)
-            socket.create_connection((endpoint.hostname, port), timeout=2).close()
-            answered.append(True)
-        except (OSError, ValueError):
-            pass
-        done.set()
-
-    # a thread, so that a name lookup that hangs (no resolver) is bounded too
-    threading.Thread(target=connect, daemon=True, name="effitrain-hub-probe").start()
-    if done.wait(2.0) and answered:
-        return False
-    log.warning("the hub at %s did not answer: configs, tokenizers and weights from the local cache only",
-                constants.ENDPOINT)  # fmt: skip
-    return True
 
 
 def cache_only(name_or_path: str) -> bool:
@@ -92,16 +53,35 @@ def build_tokenizer(model_cfg: DictConfig):
         raise invalid(key, source, f"the tokenizer could not be loaded ({type(error).__name__})") from None
 
 
-def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None):
-    """The architecture: from ``model.architecture`` when given, else from ``name_or_path``.
+def tokenizer_for_size(model_cfg: DictConfig):
+    """The tokenizer a run of ``model_cfg`` would use, loaded once per process for builds that read
+    only its size and padding id (estimates on ``meta``)."""
+    key = (model_cfg.get("tokenizer") or model_cfg.name_or_path, model_cfg.get("offline_tokenizer"),
+           model_cfg.init, model_cfg.trust_remote_code)  # fmt: skip
+    if key not in _SIZING_TOKENIZERS:
+        _SIZING_TOKENIZERS[key] = build_tokenizer(model_cfg)
+    return _SIZING_TOKENIZERS[key]
 
-    ``num_labels``: the classification head's size (None: a model without one, a causal LM)."""
+
+_SIZING_TOKENIZERS: dict = {}
+
+
+def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None, causal: bool = False):
+    """The architecture: ``name_or_path``'s own config for ``init=pretrained``, for a local folder
+    holding a ``config.json``, and when ``model.architecture`` is empty; else ``model.architecture``
+    (the rule of :func:`effitrain.config.uses_named_config`, which the checks read too).
+
+    ``num_labels``: the classification head's size (None: a model without one, a causal LM).
+    ``causal``: built as a decoder (``is_decoder=True``: an encoder type such as BERT then masks
+    later tokens; decoder types ignore it)."""
     from transformers import AutoConfig
+
+    from effitrain.config import uses_named_config
 
     overrides = OmegaConf.to_container(model_cfg.config_overrides, resolve=True)
     architecture = OmegaConf.to_container(model_cfg.architecture, resolve=True)
     config = None
-    if model_cfg.init != "random" or not architecture:
+    if uses_named_config(model_cfg):
         try:
             config = AutoConfig.from_pretrained(
                 model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code,
@@ -119,6 +99,8 @@ def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None):
         config = AutoConfig.for_model(architecture.pop("model_type"), **architecture, **overrides)
     if num_labels is not None:
         config.num_labels = num_labels
+    if causal:
+        config.is_decoder = True
     if tokenizer is not None:
         if model_cfg.init == "random":
             # A fresh embedding matrix is sized to the tokenizer actually used.
@@ -144,7 +126,10 @@ def build_model(
     import transformers
 
     auto = getattr(transformers, auto_class)
-    config = build_config(model_cfg, num_labels, tokenizer)
+    if tokenizer is None and model_cfg.init == "random":
+        # one rule for runs and estimates: a fresh embedding is sized to the tokenizer a run uses
+        tokenizer = tokenizer_for_size(model_cfg)
+    config = build_config(model_cfg, num_labels, tokenizer, causal=auto_class == "AutoModelForCausalLM")
     if model_cfg.init == "pretrained" and device != "meta":
         return auto.from_pretrained(
             model_cfg.name_or_path, config=config, trust_remote_code=model_cfg.trust_remote_code,

@@ -72,6 +72,8 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         or base.get("effective_batch_size")
         or base.micro_batch_size * base.gradient_accumulation_steps
     )
+    # each candidate's micro batch comes from its effective batch: a given one would conflict with it
+    overrides = [o.input_line for o in parse(overrides) if o.key_or_group != "micro_batch_size"]
     optimizers = optimizers or installed_optimizers(group_options("optimizer"))
     cuda = device == "cuda"
     precisions = precisions or (["bf16", "fp16", "fp32"] if cuda else ["fp32", "bf16"])

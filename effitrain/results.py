@@ -79,9 +79,10 @@ def read_summary(folder: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return None
+    return summary if isinstance(summary, dict) else None  # valid JSON but not a summary: unreadable
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -106,17 +107,78 @@ def finished_run(cfg, folder: Path) -> str | None:
     Raises:
         ConfigError: the folder holds an ok run and this is no resume: running would overwrite it.
     """
+    from effitrain.checkpoint import list_checkpoints
     from effitrain.errors import ConfigError
 
     previous = read_summary(folder)
     if previous is None or previous.get("status") != "ok":
+        saved = list_checkpoints(folder)
+        if saved and cfg.get("resume") is None:  # a fresh start would rotate them away
+            raise ConfigError(
+                f"hydra.run.dir={str(folder)!r} is invalid: it holds an unfinished run's checkpoints "
+                f"(newest: step {saved[-1][0]}); add resume=auto to continue it, or give another folder"
+            )
         return None
     if cfg.get("resume") != "auto":  # resume=<path> starts this folder's run anew from elsewhere
         raise ConfigError(
             f"hydra.run.dir={str(folder)!r} is invalid: it holds a finished ok run (summary.json); "
             "give another folder, or add resume=auto to keep it as it is"
         )
+    change = config_change(previous, cfg)
+    if change is not None:
+        key, now, was = change
+        raise ConfigError(
+            f"{key}={now!r} is invalid: the finished ok run in {folder} ran with {was!r}, and resume=auto "
+            "keeps it as it is: give another folder for this config"
+        )
     return f"effitrain: {folder} already holds a finished ok run (resume=auto): left as it is"
+
+
+CONFIG_KEY = "job/config"  # summary.json: the run's result-changing configuration
+
+
+def config_record(cfg) -> dict:
+    """The result-changing configuration of a run, as ``summary.json`` records it under ``job/config``:
+    the resolved config without ``run_invariant_keys`` (:func:`effitrain.checkpoint.trajectory_config`),
+    ``micro_batch_size`` derived from ``effective_batch_size``, as JSON values."""
+    import copy
+
+    from effitrain.checkpoint import trajectory_config
+    from effitrain.config import apply_effective_batch_size
+
+    derived = copy.deepcopy(cfg)
+    apply_effective_batch_size(derived, int(os.environ.get("WORLD_SIZE", "1")))
+    return json.loads(json.dumps(trajectory_config(derived), default=str))
+
+
+def config_change(previous: dict, cfg) -> tuple[str, object, object] | None:
+    """The first key (sorted) whose value in ``cfg`` differs from the one recorded in the earlier
+    summary ``previous``, as ``(key, now, then)``; None when they agree or nothing was recorded."""
+    recorded = previous.get(CONFIG_KEY)
+    if not isinstance(recorded, dict):
+        return None
+    now = config_record(cfg)
+    for key in sorted(set(now) | set(recorded)):
+        if now.get(key) != recorded.get(key):
+            return key, now.get(key), recorded.get(key)
+    return None
+
+
+def folder_in_use(folder: Path) -> str | None:
+    """The pid of the process holding ``folder``'s lock (:func:`folder_lock`), or None; writes nothing."""
+    import fcntl
+
+    try:
+        handle = open(Path(folder) / LOCK)
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "unknown"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
 
 
 class MetricsFile:

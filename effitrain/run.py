@@ -126,8 +126,11 @@ class Job:
 def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,
               resume: checkpoint.ResumePoint | None = None) -> Job:  # fmt: skip
     """Build data, model, optimizer, scheduler, meter and checkpointer for ``cfg`` (validated already)."""
+    from datasets.utils import logging as datasets_logging
     from transformers import set_seed
 
+    # the data library's bars (reading, tokenizing, saving the cache) follow progress_bar too
+    (datasets_logging.enable_progress_bar if cfg.progress_bar else datasets_logging.disable_progress_bar)()
     set_seed(cfg.seed)
     task = build_task(cfg)
     raw = task.load(cfg.data)
@@ -329,6 +332,7 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
                 summary.update(keys)
                 if tracker is not None:
                     tracker.update_config(run_config(cfg, keys))
+            summary[results.CONFIG_KEY] = results.config_record(cfg)  # what a rerun is compared with
             resume = checkpoint.find_resume(cfg, output_dir)  # also checks the number of processes
             loggers = []
             if state.is_main_process:  # the same records to every logger: metrics.jsonl, W&B

@@ -25,6 +25,8 @@ def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
     previous = results.read_summary(Path(hydra_cfg.runtime.output_dir))
     if previous is None or previous.get("status") != "ok":
         return None
+    if results.config_change(previous, cfg) is not None:  # another config: the run refuses the folder
+        return None
     print(
         f"effitrain: skip: {hydra_cfg.runtime.output_dir} already holds an ok summary.json (skip_ok_jobs=true)"
     )

@@ -177,6 +177,17 @@ class CausalLM(Task):
     def cache_key(self) -> dict:
         return {"task": self.name, "packing": self.packing}
 
+    def build_model(self, model_cfg, raw, tokenizer, device=None):
+        """The decoder (encoder types built with ``is_decoder=True``); refused when the built model
+        still lets a position see later tokens (``validate`` checks a miniature of it up front)."""
+        from effitrain.causality import sees_later_tokens
+        from effitrain.config import not_causal
+
+        model = super().build_model(model_cfg, raw, tokenizer, device)
+        if device != "meta" and sees_later_tokens(model):
+            raise not_causal(model_cfg.get("name_or_path"), type(model).__name__)
+        return model
+
     def tokenize(self, raw, tokenizer, max_length: int):
         from datasets import Dataset, DatasetDict
 

@@ -31,6 +31,11 @@ PARSE = [
     (["optimizer.lrr=1e-3"], "optimizer.lrr='1e-3' is not a config key: did you mean optimizer.lr"),
     (["lr=1e-3"], "lr='1e-3' is not a config key: did you mean optimizer.lr?"),
     (["+lr=1e-3"], "lr='1e-3' adds a key nothing reads: did you mean optimizer.lr?"),
+    (["optimizr=adamw"], "optimizr='adamw' is not a config key: did you mean optimizer=adamw?"),
+    (
+        ["optimizr=sgd"],
+        "optimizr='sgd' is not a config key: did you mean optimizer (a config group: adafactor, adam8bit, adamw)?",
+    ),
     (["micro_batchsize=4"], "micro_batchsize='4' is not a config key: did you mean micro_batch_size"),
     (["a=[1,"], "'a=[1,' is not a valid override"),
     (["optimizer=adamw,adafactor"], "optimizer=adamw,adafactor is a sweep (several values): add -m"),
@@ -69,6 +74,12 @@ VALUES = [
     (["checkpoint_keep=0"], "checkpoint_keep=0 is invalid: must be an integer >= 1"),
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint' is invalid: no such checkpoint folder"),
     (["data=hub"], "data.load_args.path='???' is invalid: a value is required"),
+    (["data.num_eval=0"], "data.num_eval=0 is invalid: must be an integer >= 1"),
+    (["data.words_per_text=0"], "data.words_per_text=0 is invalid: must be an integer >= 1"),
+    (["data.min_words_per_text=20"], "data.min_words_per_text=20 is invalid: must be at most words_per_text = 12"),
+    (["seed=4294967296"], "seed=4294967296 is invalid: must be an integer in 0..4294967295"),
+    (["model.init=pretrained"],
+     "model.init='pretrained' is invalid: model.name_or_path='tiny-bert' has no weights here"),
     ([*HUB, files(test="missing.csv")], "data.load_args.data_files.test='{CSV}/missing.csv' is invalid: no such file"),
     ([*HUB, files(test="other_columns.csv")], "data.load_args.data_files='...' is invalid: the CSV files' columns differ"),
     ([*HUB, files(test="header_only.csv")], "data.load_args.data_files.test='{CSV}/header_only.csv' is invalid: the file holds no rows"),
@@ -81,6 +92,27 @@ VALUES = [
      "max_length=300 is invalid: the model has 256 positions: give at most 256"),
     (["task=causal_lm", *HUB, files(), "data.text_column=body"],
      "data.text_column='body' is invalid: no such column: choose one of text, label"),
+    # what is named is what is built: an architecture node of another model is refused
+    (["model.name_or_path=gpt2", "model.init=random"],
+     "model.name_or_path='gpt2' is invalid: with model.init=random, model=tiny builds its own model.architecture (tiny-bert), not this model"),
+    # task=causal_lm builds encoders as decoders; a type that stays bidirectional is refused
+    (["task=causal_lm", "model=tiny", "model.architecture.model_type=xlm"],
+     "model='tiny-bert' is invalid: task=causal_lm needs a causal model: XLMWithLMHeadModel lets position t see later tokens"),
+    # model.config_overrides: every key a setting of the config class, none that is set elsewhere
+    (["+model.config_overrides.bogus_key=1"], "model.config_overrides.bogus_key=1 is invalid: BertConfig has no such setting"),
+    (["model.config_overrides.hiden_dropout_prob=0.0"],
+     "model.config_overrides.hiden_dropout_prob=0.0 is invalid: BertConfig has no such setting: did you mean hidden_dropout_prob"),
+    (["+model.config_overrides.num_labels=5"],
+     "model.config_overrides.num_labels=5 is invalid: the data's label column decides the number of classes: leave it out"),
+    (["+model.config_overrides.hidden_size=64"],
+     "model.config_overrides.hidden_size=64 is invalid: model.architecture.hidden_size=32 sets it too: give it in one place"),
+    (["model.config_overrides.vocab_size=100"],
+     "model.config_overrides.vocab_size=100 is invalid: a random model's embedding is sized to its tokenizer"),
+    (["task=causal_lm", "model=llama_tiny", "model.config_overrides.is_decoder=false"],
+     "model.config_overrides.is_decoder=false is invalid: task=causal_lm builds every model as a decoder"),
+    # an explicit micro batch that the effective batch contradicts
+    (["effective_batch_size=32", "micro_batch_size=4"],
+     "micro_batch_size=4 is invalid: effective_batch_size=32 with gradient_accumulation_steps x processes = 1 sets it to 32"),
     pytest.param(["precision=fp16"], "precision='fp16' is invalid: fp16 needs a CUDA device",
                  marks=pytest.mark.skipif(not NO_CUDA, reason="CUDA present")),
     pytest.param(["optimizer._target_=bitsandbytes.optim.PagedAdamW8bit"],
@@ -92,13 +124,26 @@ PREFLIGHT = PARSE + VALUES
 
 # Found only when the data is read (inside the job, before the model is built).
 DATA = [
-    (["data.num_eval=0"], "data (eval split)=0 is invalid: the split is empty"),
+    ([*HUB, files(train="empty_text.csv")],
+     "data.text_column (train split, row 3 of a CSV)='text' is invalid: the text is empty: every sample needs one"),
     ([*HUB, files(), "data.eval_split=validation"], "data.eval_split='validation' is invalid: no such split"),
     (
         [*HUB, files(test="bad_label.csv")],
         "data.label_column='label' is invalid: integer labels must be the class ids 0..1 with none unused (unused: none; smallest: -1)",
     ),
-]
+    ([*HUB, files(test="other_labels.csv")],
+     "data.load_args.data_files='...' is invalid: the files do not read as one dataset (ArrowInvalid: Failed to parse string: 'no' as a scalar of type int64)"),
+    ([*HUB, files(train="names.csv", test="other_names.csv")],
+     "data.label_column='label' is invalid: the eval split holds labels the train split lacks ('bad', 'good'; train has 'neg', 'pos')"),
+    ([*HUB, files(test="new_classes.csv")],
+     "data.label_column='label' is invalid: the eval split holds labels the train split lacks (2, 3; train has 0, 1)"),
+    ([*HUB, files(train="half_label.csv")],
+     "data.label_column='label' is invalid: a numeric label column must hold whole class ids; it holds 0.5"),
+    ([*HUB, files(train="id_or_name.csv")],
+     "data.label_column='label' is invalid: the column mixes class ids ('0', '1') with other values ('x')"),
+    ([*HUB, files(train="one_class.csv")],
+     "data.label_column='label' is invalid: the train split holds a single class (1): classification needs at least 2"),
+]  # fmt: skip
 
 
 def fill(overrides: list[str], message: str, folder: Path) -> tuple[list[str], str]:

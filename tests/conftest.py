@@ -45,6 +45,14 @@ def csv_files(tmp_path_factory) -> Path:
     (folder / "header_only.csv").write_text("text,label\n")
     (folder / "bad_label.csv").write_text("text,label\nokay,1\nunlabeled,-1\n")
     (folder / "text_only.csv").write_text("text\nthe cat sat on the mat\na dog ran\nthe end\n")
+    (folder / "other_labels.csv").write_text("text,label\nokay,yes\nworse,no\n")  # none of train's 0/1
+    (folder / "empty_text.csv").write_text("text,label\ngood,1\n,0\nbad,0\n")
+    (folder / "names.csv").write_text("text,label\ngood,pos\nbad,neg\n")
+    (folder / "other_names.csv").write_text("text,label\nokay,good\nworse,bad\n")
+    (folder / "new_classes.csv").write_text("text,label\nokay,2\nworse,3\n")  # classes train lacks
+    (folder / "half_label.csv").write_text("text,label\ngood,1\nbad,0\nso-so,0.5\n")  # 0.5: not a class id
+    (folder / "id_or_name.csv").write_text("text,label\ngood,1\nbad,0\nso-so,x\n")
+    (folder / "one_class.csv").write_text("text,label\ngood,1\nfine,1\n")
     return folder
 
 

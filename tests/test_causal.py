@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +21,7 @@ from safetensors.torch import load_file
 from effitrain.config import ConfigError, load
 from effitrain.tasks import IGNORE_INDEX
 from tests.bad_inputs import HUB, files
-from tests.conftest import compose, read_metrics, run_job, train_py
+from tests.conftest import REPO, compose, read_metrics, run_job, train_py
 from tests.test_equivalence import assert_same_training
 
 # 58 texts: with an effective batch of 16 the last step of the epoch holds 10, so accumulation
@@ -284,3 +288,101 @@ def test_the_lm_memory_study_runs_and_compares(tmp_path):
     assert state["adafactor"] < state["adam8bit"] < state["adamw"]
     markdown = (folder / "comparison.md").read_text()
     assert "perplexity" in markdown and "accuracy" not in markdown
+
+
+def causal_lm_models() -> list[str]:
+    """Every option of conf/model that task=causal_lm accepts (``effitrain check`` passes)."""
+    from effitrain.config import group_options, validate
+
+    accepted = []
+    for option in group_options("model"):
+        try:
+            validate(compose("task=causal_lm", f"model={option}", "data=synthetic", tiny=False))
+        except ConfigError:
+            continue
+        accepted.append(option)
+    return accepted
+
+
+def later_token_changes_earlier_outputs(model, t: int = 5, length: int = 9) -> bool:
+    """Counted here, not by effitrain: logits at positions < t before and after the token at t changes."""
+    vocab = model.config.vocab_size
+    ids = torch.randint(vocab, (2, length), generator=torch.Generator().manual_seed(3))
+    changed = ids.clone()
+    changed[:, t] = (ids[:, t] + 17) % vocab
+    model.eval()
+    with torch.no_grad():
+        before, after = (model(input_ids=x, attention_mask=torch.ones_like(x)).logits for x in (ids, changed))
+    assert not torch.allclose(before[:, t:], after[:, t:])  # the change is seen from t on
+    return not torch.allclose(before[:, :t], after[:, :t], rtol=0, atol=1e-6)
+
+
+def test_causal_lm_accepts_encoders_only_built_causal():
+    """Every model task=causal_lm accepts, built as a run builds it: the output at position t does not
+    change when a later token changes. BERT (model=tiny, model=minilm) is built with is_decoder=True;
+    the same BERT built as the encoder it is would see later tokens, as the check says."""
+    from effitrain.causality import sees_later_tokens
+    from effitrain.distributed import process_state
+    from effitrain.modeling import build_config
+    from effitrain.run import build_job
+
+    accepted = causal_lm_models()
+    assert {"tiny", "minilm", "llama_tiny", "llama_small"} <= set(accepted)
+    assert "distilbert_base_cased" not in accepted  # not a type AutoModelForCausalLM builds
+    for option in accepted:
+        cfg = causal(f"model={option}", "max_length=16")
+        job = build_job(cfg, Path(tempfile.mkdtemp()), [], process_state().device, True)
+        assert not later_token_changes_earlier_outputs(job.model), option
+    # the property fails where it should: the same BERT without is_decoder sees the future
+    from transformers import AutoModelForCausalLM
+
+    cfg = causal("model=tiny")
+    config = build_config(cfg.model, None, job.tokenizer)
+    assert config.is_decoder is False
+    encoder = AutoModelForCausalLM.from_config(config)
+    assert later_token_changes_earlier_outputs(encoder)
+    assert sees_later_tokens(encoder)
+
+
+def test_a_folder_with_random_init_builds_the_folder_and_estimate_agrees(tmp_path):
+    """model.name_or_path=<a folder> model.init=random builds the folder's own config (not the
+    default model's architecture node), in a run and in `effitrain estimate` alike."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=30522, hidden_size=24, intermediate_size=40, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    folder = tmp_path / "my-llama-config"
+    config.save_pretrained(folder)
+    overrides = ["task=causal_lm", "data=synthetic", f"model.name_or_path={folder}", "model.init=random",
+                 "max_length=32", "max_steps=1", "logger=none", "progress_bar=false"]  # fmt: skip
+    summary = run_job(tmp_path / "run", *overrides, tiny=False)
+    assert summary["status"] == "ok", summary["error"]
+    # 3 layers of width 24: embedding and output matrices 2 x 30522 x 24, each layer 4 x 24^2 + 3 x 24 x 40 + 2 x 24
+    layer = 4 * 24 * 24 + 3 * 24 * 40 + 2 * 24
+    assert summary["params/total"] == 2 * 30522 * 24 + 3 * layer + 24
+    estimate = subprocess.run([sys.executable, "-m", "effitrain.cli", "estimate", "--json", *overrides[:-2]],
+                              capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert estimate.returncode == 0, estimate.stderr[-2000:]
+    rows = json.loads(estimate.stdout)["optimizers"]
+    assert {row["params"] for row in rows.values()} == {summary["params/total"]}
+    # architecture keys with a folder whose config.json decides are refused, not ignored
+    with pytest.raises(
+        ConfigError, match=r"^model.architecture.hidden_size=64 is invalid: .* holds a config.json"
+    ):
+        load([*overrides, "model.architecture.hidden_size=64"])
+
+
+@pytest.mark.slow
+def test_estimate_and_run_build_the_same_random_model_offline(tmp_path):
+    """distilbert_base_cased with model.init=random offline: the run sizes the embedding to the
+    tokenizer it uses (MiniLM's, 30,522), and so does `effitrain estimate`."""
+    overrides = ["model=distilbert_base_cased", "model.init=random", "data=synthetic", "max_steps=1",
+                 "max_length=16", "data.num_eval=8", "logger=none", "progress_bar=false"]  # fmt: skip
+    summary = run_job(tmp_path, *overrides, tiny=False)
+    assert summary["status"] == "ok", summary["error"]
+    assert summary["model/vocab_size"] == 30522
+    estimate = subprocess.run([sys.executable, "-m", "effitrain.cli", "estimate", "--json", *overrides],
+                              capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert estimate.returncode == 0, estimate.stderr[-2000:]
+    rows = json.loads(estimate.stdout)["optimizers"].values()
+    assert {(row["vocab_size"], row["params"]) for row in rows} == {(30522, summary["params/total"])}

@@ -304,3 +304,15 @@ def test_a_resumed_run_s_summary_totals_equal_the_uninterrupted_run_s(tmp_path, 
     for key in ("train/loss_mean", "train/loss", "train/steps", "train/samples", "train/tokens", "eval/loss"):
         assert resumed[key] == pytest.approx(whole[key], rel=1e-9), key
     assert (resumed["train/steps"], resumed["train/samples"]) == (10, 80)
+
+
+def test_checkpoint_files_follow_the_umask(tmp_path):
+    import stat
+
+    summary = run_job(tmp_path, "max_steps=1", "checkpoint_every=1")
+    assert summary["status"] == "ok", summary["error"]
+    umask = os.umask(0)
+    os.umask(umask)
+    files = [p for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()]
+    assert any(p.name == "model.safetensors" for p in files)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o666 & ~umask for p in files}

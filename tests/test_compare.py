@@ -382,3 +382,12 @@ def test_pareto_labels_never_overlap(verdict_sweep, tmp_path, count):
     for boxes in panels:
         for i, a in enumerate(boxes):
             assert not any(_overlap(a, b) for b in boxes[i + 1 :]), (count, a)
+
+
+def test_a_summary_that_is_json_but_not_an_object_is_reported_not_raised(tmp_path, capsys):
+    (tmp_path / "listed").mkdir()
+    (tmp_path / "listed" / "summary.json").write_text("[1, 2]")  # valid JSON, not a summary
+    main(["compare", str(tmp_path)])
+    rows = list(csv.DictReader(open(tmp_path / "comparison.csv")))
+    assert [(row["job"], row["status"]) for row in rows] == [("listed", "missing")]
+    assert "not ok: listed: missing: summary.json cannot be read (damaged)" in capsys.readouterr().out

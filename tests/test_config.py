@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hydra.utils import instantiate
 
-from effitrain.config import CONF_DIR, ConfigError, ConfigErrors, group_options, validate
+from effitrain.config import CONF_DIR, ConfigError, ConfigErrors, group_options, load, validate
 from effitrain.hydra_task import preflight
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer, param_groups
@@ -139,7 +141,7 @@ def test_an_unreachable_hub_is_found_by_one_connection_attempt(monkeypatch):
 
     from huggingface_hub import constants
 
-    from effitrain.modeling import hub_unreachable
+    from effitrain.assets import hub_unreachable
 
     def probe(endpoint: str, offline: bool = False) -> bool:
         monkeypatch.setattr(constants, "ENDPOINT", endpoint)
@@ -233,3 +235,23 @@ def test_configs_are_found_through_the_package_search_path_in_the_checkout():
     assert CONF_DIR == REPO / "conf"
     assert compose().hydra.runtime.config_sources[1] == {"path": "effitrain.conf", "schema": "pkg",
                                                          "provider": "main"}  # fmt: skip
+
+
+def test_config_overrides_plain_form_is_set_in_the_built_model(tmp_path):
+    """``model.config_overrides.key=v`` (no +) works as ``+model.config_overrides.key=v`` does: composed,
+    recorded by Hydra in a real run, and in the model's config."""
+    import yaml
+
+    from effitrain.modeling import build_config
+    from tests.conftest import train_py
+
+    plain = "model.config_overrides.hidden_dropout_prob=0.0"
+    for form in (plain, f"+{plain}"):
+        cfg = load([*TINY, form])
+        assert build_config(cfg.model, 3).hidden_dropout_prob == 0.0
+    assert build_config(load(TINY).model, 3).hidden_dropout_prob == 0.1  # BERT's default: the override counts
+    done = train_py(*TINY, plain, "max_steps=1", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    recorded = yaml.safe_load((tmp_path / ".hydra" / "config.yaml").read_text())
+    assert recorded["model"]["config_overrides"] == {"hidden_dropout_prob": 0.0}
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "ok"

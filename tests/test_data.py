@@ -98,3 +98,44 @@ def test_macro_f1_equals_scikit_learn():
     predictions = torch.where(torch.rand(200, generator=generator) < 0.6, labels, torch.randint(0, 3, (200,)))
     expected = f1_score(labels.numpy(), predictions.numpy(), average="macro")
     assert macro_f1(predictions, labels, 4) == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_file_rewritten_with_the_same_size_and_time_is_read_anew(tmp_path):
+    """The datasets library's own cache keys local files by path, size and modification time: a
+    rewrite that keeps all three must still give the new rows (and their tokens)."""
+    import os
+
+    from effitrain.tasks import Classification
+
+    write_csv(tmp_path / "train.csv", [("good", 1), ("bad", 0)] * 2)
+    write_csv(tmp_path / "test.csv", [("fine", 1), ("vile", 0)])
+    cfg = compose(*hub(tmp_path))
+    first = Classification().load(cfg.data)
+    stat = os.stat(tmp_path / "test.csv")
+    write_csv(tmp_path / "test.csv", [("nice", 1), ("grim", 0)])  # same size
+    os.utime(tmp_path / "test.csv", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(tmp_path / "test.csv").st_size == stat.st_size
+    second = Classification().load(cfg.data)
+    assert first.eval["text"] == ["fine", "vile"] and second.eval["text"] == ["nice", "grim"]
+    tokenizer = build_tokenizer(cfg.model)
+    tokens = tokenize_cached(second, tokenizer, 16, str(tmp_path / "cache"), {"k": 1})
+    assert tokens["eval"]["input_ids"] == [tokenizer(t)["input_ids"] for t in ("nice", "grim")]
+
+
+def test_a_cache_entry_with_altered_bytes_is_rebuilt(tmp_path, capsys):
+    """A cache entry whose bytes changed but still reads as a dataset (one token id rewritten in
+    place) is found by its checksums, as a checkpoint is, and rebuilt."""
+    from datasets import Dataset
+
+    cache = tmp_path / "cache"
+    fresh = [list(row) for row in _tokenize(tmp_path, cache)["train"]["input_ids"]]  # copied out of the file
+    [entry] = list(cache.iterdir())
+    [arrow] = [p for p in entry.rglob("*.arrow") if "train" in str(p)]
+    data = arrow.read_bytes()
+    cls = (fresh[0][0]).to_bytes(4, "little")  # [CLS], the first token of every row
+    arrow.write_bytes(data.replace(cls, (fresh[0][0] + 1).to_bytes(4, "little"), 1))
+    altered = [list(row) for row in Dataset.from_file(str(arrow))["input_ids"]]
+    assert altered != fresh and len(altered) == len(fresh)  # readable, and wrong
+    assert [list(row) for row in _tokenize(tmp_path, cache)["train"]["input_ids"]] == fresh
+    assert "has other bytes than written in" in capsys.readouterr().err
+    assert [p.name for p in cache.iterdir()] == [entry.name]

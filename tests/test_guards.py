@@ -4,6 +4,7 @@ no summary marked ok, and the results already in the run folder left byte for by
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,9 @@ def test_output_folder_that_cannot_be_written_is_refused_before_hydra(tmp_path):
 
 @pytest.mark.slow
 def test_effective_batch_size_sets_the_micro_batch(tmp_path):
-    summary = run_job(tmp_path, "effective_batch_size=16", "gradient_accumulation_steps=4", "max_steps=2")
+    without_micro = [o for o in TINY if not o.startswith("micro_batch_size=")]  # it would contradict
+    summary = run_job(tmp_path, *without_micro, "effective_batch_size=16", "gradient_accumulation_steps=4",
+                      "max_steps=2", tiny=False)  # fmt: skip
     assert summary["status"] == "ok", summary["error"]
     assert summary["cfg/micro_batch_size"] == 4 and summary["cfg/effective_batch_size"] == 16
     assert summary["train/samples"] == 2 * 16
@@ -105,3 +108,57 @@ def test_trust_remote_code_is_off_in_every_model_option():
 
     for option in group_options("model"):
         assert compose(f"model={option}").model.trust_remote_code is False, option
+
+
+def test_resume_auto_with_a_changed_key_into_a_finished_run_is_refused(ok_run):
+    """resume=auto keeps a finished ok run as it is only for the config it ran: a changed
+    result-changing key is named, not ignored; an unchanged one (or a run-invariant key) is kept."""
+    before = snapshot(ok_run)
+    same = run_job(ok_run, "max_steps=2", "checkpoint_every=2", "resume=auto", "progress_bar=true")
+    assert same["status"] == "ok" and snapshot(ok_run) == before
+    changed = run_job(ok_run, "max_steps=2", "checkpoint_every=2", "resume=auto", "seed=7")
+    assert changed["status"] == "failed" and changed["error_type"] == "config"
+    assert changed["error"].startswith(f"seed=7 is invalid: the finished ok run in {ok_run} ran with 42")
+    assert snapshot(ok_run) == before
+    done = train_py(*TINY, "max_steps=2", "checkpoint_every=2", "resume=auto", "optimizer.lr=1e-3",
+                    f"hydra.run.dir={ok_run}")  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith("effitrain: error: optimizer.lr=0.001 is invalid: the finished ok run")
+    )
+    assert snapshot(ok_run) == before  # refused before Hydra wrote its record
+
+
+def test_a_folder_in_use_is_refused_before_hydra_writes_there(ok_run):
+    from effitrain.results import folder_lock
+
+    before = snapshot(ok_run)
+    with folder_lock(ok_run) as owner:  # held as a running run holds it
+        assert owner is None
+        done = train_py(*TINY, "seed=7", f"hydra.run.dir={ok_run}")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"effitrain: error: hydra.run.dir={str(ok_run)!r} is invalid: in use by another run (pid {os.getpid()})"
+    )
+    assert snapshot(ok_run) == before  # .hydra/ included
+
+
+def test_a_fresh_run_into_an_interrupted_runs_folder_is_refused(tmp_path):
+    """Without resume=, a new run would start at step 0 and rotate the checkpoints away."""
+    from tests.test_checkpoint import start_and_kill
+
+    start_and_kill(tmp_path, "checkpoint_every=1", "max_steps=40", at_step=2)
+    before = snapshot(tmp_path)
+    assert any(path.parts[0] == "checkpoints" for path in before)
+    done = train_py(*TINY, "checkpoint_every=1", "max_steps=40", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"effitrain: error: hydra.run.dir={str(tmp_path)!r} is invalid: it holds an unfinished run's checkpoints"
+    )
+    assert last.endswith("add resume=auto to continue it, or give another folder")
+    assert snapshot(tmp_path) == before
+    summary = run_job(tmp_path, "checkpoint_every=1", "max_steps=40")  # the run itself refuses too
+    assert summary["status"] == "failed" and "unfinished run's checkpoints" in summary["error"]

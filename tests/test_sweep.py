@@ -295,3 +295,27 @@ def test_job_shares_the_sweep_compile_cache_and_skips_only_ok_summaries(tmp_path
     assert start_job(cfg, hydra_cfg) == {"status": "ok", "eval/loss": 0.5}
     assert f"effitrain: skip: {job} already holds an ok summary.json" in capsys.readouterr().out
     assert start_job(OmegaConf.create({"skip_ok_jobs": False}), hydra_cfg) is None
+
+
+@pytest.mark.slow
+def test_a_rerun_skips_a_job_only_when_it_ran_the_same_config(tmp_path):
+    """A plain -m gradient_accumulation_steps=1,2 sweep (effective batch 16 x accumulation), then
+    sweep=accumulation (effective batch fixed at 32) into the same folder: the folders have the same
+    names, but the ok runs in them ran another effective batch, so the sweep is refused up front,
+    naming the job and the key; the same sweep again skips both jobs."""
+    common = ["model=tiny", "data=synthetic", "data.num_train=32", "epochs=1", "max_steps=1", "eval_batch_size=32",
+              "progress_bar=false", "logger=none", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    first = train_py("-m", *common, "gradient_accumulation_steps=1,2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")}
+    assert sorted(s["cfg/effective_batch_size"] for s in summaries.values()) == [16, 32]
+    again = train_py("-m", *common, "gradient_accumulation_steps=1,2")
+    assert again.returncode == 0 and "(2 skipped: ok before)" in again.stdout
+    study = train_py("-m", *common, "sweep=accumulation")
+    assert study.returncode == 2
+    lines = [line for line in study.stderr.splitlines() if line.startswith("effitrain: error:")]
+    assert lines[0] == "effitrain: error: the sweep's job gradient_accumulation_steps=1:"
+    assert lines[1].startswith("effitrain: error: effective_batch_size=32 is invalid: ")
+    assert "holds an ok run with effective_batch_size=None, which this sweep would skip as done" in lines[1]
+    after = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")}
+    assert after == summaries
