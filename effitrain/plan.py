@@ -17,6 +17,7 @@ step time instead.
 from __future__ import annotations
 
 import re
+import sys
 
 from effitrain.config import apply_effective_batch_size, group_options, installed_optimizers, no_checkpointing
 from effitrain.errors import ConfigError
@@ -78,39 +79,50 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     cuda = device == "cuda"
     precisions = precisions or (["bf16", "fp16", "fp32"] if cuda else ["fp32", "bf16"])
     rows = []
+
+    def trace(optimizer, precision, recompute, micro) -> dict:
+        accumulation = effective // micro
+        choice = [f"optimizer={optimizer}", f"precision={precision}", f"effective_batch_size={effective}",
+                  f"gradient_accumulation_steps={accumulation}"]  # fmt: skip
+        if recompute and not chosen:
+            choice.append("gradient_checkpointing=true")
+        cfg = compose_known(list(overrides) + choice)
+        apply_effective_batch_size(cfg)  # micro_batch_size from the effective batch, as a run derives it
+        [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device).values()
+        fits = row["run_peak_bytes"] <= budget * (1 - margin)
+        rows.append({
+            "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
+            "gradient_accumulation_steps": accumulation, "gradient_checkpointing": recompute,
+            "step_peak_bytes_predicted": row["step_peak_bytes"],
+            "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
+            "fits": fits, "command": "python train.py " + " ".join(list(overrides) + choice),
+        })  # fmt: skip
+        print(f"effitrain plan: {len(rows)} traced: {optimizer} {precision} micro {micro} x {accumulation}"
+              f"{' recompute' if recompute else ''}: {row['run_peak_bytes'] / 2**20:.1f} MiB, "
+              f"{'fits' if fits else 'over'}", file=sys.stderr, flush=True)  # fmt: skip
+        return rows[-1]
+
     for precision in precisions:
         for optimizer in optimizers:
             fewest = None  # accumulation steps of the best fit without checkpointing
             for recompute in checkpointing:
-                for micro in micro_batches(effective):
-                    accumulation = effective // micro
-                    if recompute and fewest is not None and accumulation >= fewest:
+                sizes = [m for m in micro_batches(effective)
+                         if not (recompute and fewest is not None and effective // m >= fewest)]  # fmt: skip
+                best = None  # the largest micro batch that fits
+                for index, micro in enumerate(sizes):
+                    row = trace(optimizer, precision, recompute, micro)
+                    if row["fits"]:  # smaller micro batches fit too, and rank lower: no need to trace them
+                        best = row
                         break
-                    choice = [
-                        f"optimizer={optimizer}",
-                        f"precision={precision}",
-                        f"effective_batch_size={effective}",
-                        f"gradient_accumulation_steps={accumulation}",
-                    ]
-                    if recompute and not chosen:
-                        choice.append("gradient_checkpointing=true")
-                    cfg = compose_known(list(overrides) + choice)
-                    # micro_batch_size from the effective batch, as a run derives it
-                    apply_effective_batch_size(cfg)
-                    [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device).values()
-                    fits = row["run_peak_bytes"] <= budget * (1 - margin)
-                    rows.append({
-                        "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
-                        "gradient_accumulation_steps": accumulation, "gradient_checkpointing": recompute,
-                        "step_peak_bytes_predicted": row["step_peak_bytes"],
-                        "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
-                        "fits": fits,
-                        "command": "python train.py " + " ".join(list(overrides) + choice),
-                    })  # fmt: skip
-                    if fits:  # smaller micro batches fit too, and rank lower: no need to trace them
-                        if not recompute:
-                            fewest = accumulation
-                        break
+                    if index == 0 and len(sizes) > 2:
+                        # memory grows with the micro batch: when the smallest is over budget too,
+                        # none in between fits, and tracing them would only take time
+                        best = trace(optimizer, precision, recompute, sizes.pop())
+                        if not best["fits"]:
+                            best = None
+                            break
+                if best is not None and not recompute:
+                    fewest = best["gradient_accumulation_steps"]
     half_first = {"bf16": 0, "fp16": 0, "fp32": 1} if cuda else {"fp32": 0, "bf16": 1, "fp16": 1}
     rows.sort(key=lambda r: (not r["fits"], r["gradient_accumulation_steps"], r["gradient_checkpointing"],
                              half_first[r["precision"]], optimizers.index(r["optimizer"])))  # fmt: skip

@@ -34,7 +34,8 @@ def test_a_budget_between_two_peaks_picks_the_larger_micro_batch_that_fits():
     best = rows[0]
     assert (best["micro_batch_size"], best["gradient_accumulation_steps"], best["fits"]) == (8, 2, True)
     assert best["run_peak_bytes_predicted"] == half
-    assert rows[1]["micro_batch_size"] == 16 and not rows[1]["fits"]
+    # 16 is over: the smallest (1) is traced next, to know that some micro batch fits; then 8 fits
+    assert [(r["micro_batch_size"], r["fits"]) for r in rows] == [(8, True), (1, True), (16, False)]
     assert best["command"].endswith(
         "optimizer=adafactor precision=fp32 effective_batch_size=16 gradient_accumulation_steps=2"
     )
@@ -52,9 +53,10 @@ def test_gradient_checkpointing_is_planned_where_it_saves_accumulation_steps():
     assert (best["micro_batch_size"], best["gradient_checkpointing"], best["fits"]) == (16, True, True)
     assert best["run_peak_bytes_predicted"] == checkpointed
     assert best["command"].endswith("gradient_accumulation_steps=1 gradient_checkpointing=true")
-    # without checkpointing only micro batch 4 fits; with it, micro batches under 16 are not tried
+    # without checkpointing micro batch 4 fits (1 too: traced when 16 did not fit, to know that one
+    # does); with it, micro batches under 16 are not tried
     assert [(r["micro_batch_size"], r["gradient_checkpointing"], r["fits"]) for r in rows[1:]] == [
-        (4, False, True), (16, False, False), (8, False, False)
+        (4, False, True), (1, False, True), (16, False, False), (8, False, False)
     ]  # fmt: skip
     # the real checkpointed step stays under the plan's worst case (shorter texts: less)
     [probed] = [r for r in probe(rows, base, steps=4) if r["gradient_checkpointing"]]
@@ -91,6 +93,19 @@ def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
     assert line.startswith(
         "effitrain: error: --memory-budget='1MiB': nothing fits; the smallest predicted run peak is"
     )
+
+
+def test_a_budget_nothing_fits_traces_the_largest_and_the_smallest_micro_batch_only(capsys):
+    rows = plan(BASE, 1, effective=16, optimizers=["adafactor", "adamw"], precisions=["fp32"],
+                checkpointing=[False])  # fmt: skip
+    # memory grows with the micro batch: with 1 and 16 over budget, 8, 4 and 2 cannot fit either
+    assert [(r["optimizer"], r["micro_batch_size"], r["fits"]) for r in rows] == [
+        ("adafactor", 16, False), ("adafactor", 1, False), ("adamw", 16, False), ("adamw", 1, False)
+    ]  # fmt: skip
+    progress = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(":")[1].strip() for line in progress] == [f"{i} traced" for i in range(1, 5)]
+    assert progress[0].startswith("effitrain plan: 1 traced: adafactor fp32 micro 16 x 1: ")
+    assert progress[0].endswith(f"{rows[0]['run_peak_bytes_predicted'] / 2**20:.1f} MiB, over")
 
 
 def test_too_few_probe_steps_are_refused_before_any_trace(capsys):
