@@ -34,7 +34,7 @@ PARSE = [
     (["optimizr=adamw"], "optimizr='adamw' is not a config key: did you mean optimizer=adamw?"),
     (
         ["optimizr=sgd"],
-        "optimizr='sgd' is not a config key: did you mean optimizer (a config group: adafactor, adam8bit, adamw)?",
+        "optimizr='sgd' is not a config key: did you mean optimizer (a config group: adafactor, adam8bit, adamw, adamw4bit, adamw_fused, apollo, lion)?",
     ),
     (["micro_batchsize=4"], "micro_batchsize='4' is not a config key: did you mean micro_batch_size"),
     (["a=[1,"], "'a=[1,' is not a valid override"),
