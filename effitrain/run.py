@@ -1,195 +1,50 @@
 """One run: config -> model + tokenizer -> data -> optimizer + scheduler -> backend.fit -> summary.
 
-Everything a backend needs is built here, once; the backend gets a :class:`Job` and owns only
-its loop. ``summary.json`` is written at the end whatever happens, with ``status`` saying how
-the run ended.
+Everything a backend needs is built once (:func:`effitrain.job.build_job`); the backend gets a
+:class:`~effitrain.job.Job`, owns only its loop and returns what evaluation runs on
+(:class:`effitrain.backends.Backend`). ``summary.json`` is written at the end whatever happens,
+with ``status`` saying how the run ended.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import signal
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from effitrain import checkpoint, results
+from effitrain.backends import backend_of
 from effitrain.compat import compile_seconds, reset_accelerator_state
 from effitrain.config import (
     apply_effective_batch_size,
     check_output_dir,
     validate,
 )
-from effitrain.data import build_dataloaders, tokenize_cached
-from effitrain.distributed import process_state, world_size
+from effitrain.distributed import process_state
 from effitrain.errors import ConfigError
 from effitrain.flops import mfu_keys
 from effitrain.identity import summary_config_keys
+from effitrain.job import Evaluation, Job, build_job, evaluate_job
 from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
-from effitrain.modeling import build_tokenizer, enable_activation_checkpointing
-from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
-from effitrain.step_memory import StepMemory, predicted_keys, run_peak_keys, trace_run
-from effitrain.tasks import Task, build_task
-from effitrain.training import StepMeter, TrainingDiverged, epoch_batches
+from effitrain.step_memory import predicted_keys, run_peak_keys, trace_run
+from effitrain.training import TrainingDiverged
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Job:
-    """What a backend receives: built objects, the config they came from, and the run's shared steps.
-
-    A backend owns only its loop; the run's lifecycle around it is here. Before the loop the shared
-    code restores the resume point (:func:`train`); each optimizer step of the loop runs inside
-    ``with job.track_step(step):`` (all its micro-batches, clipping and the optimizer step) and is
-    followed by ``job.end_step(...)``; the backend's micro-batches of an epoch come from
-    :meth:`epoch_batches` (a resumed epoch skips what was consumed). Evaluation runs on
-    ``eval_model``/``eval_loader``/``accelerator``, which the backend leaves on the job.
-
-    ``model`` stays the plain module: backends wrap it (DDP, torch.compile) without copying its
-    parameters, so after training it holds the trained weights, and saving it gives keys without
-    an ``_orig_mod.`` prefix.
-    """
-
-    cfg: DictConfig
-    model: torch.nn.Module
-    tokenizer: object
-    train_loader: torch.utils.data.DataLoader
-    eval_loader: torch.utils.data.DataLoader
-    train_sampler: object
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    num_steps: int
-    meter: StepMeter
-    output_dir: Path
-    checkpoints: checkpoint.Checkpointer | None = None
-    resume: checkpoint.ResumePoint | None = None  # the checkpoint this run continues from
-    start: checkpoint.Position = field(default_factory=lambda: checkpoint.Position(0, 0, 0))
-    # the memory tracker: measures one chosen optimizer step inside track_step; None: no tracking
-    step_memory: StepMemory | None = None
-    # set by the backend: what the shared evaluation runs on
-    eval_model: torch.nn.Module | None = None
-    accelerator: object = None
-    task: Task | None = None  # loss, items, evaluation: the hooks backends call (job.task.loss_sum, ...)
-    data_keys: dict | None = None  # summary keys describing the tokenized data (the task's)
-
-    best_eval: tuple[float, int] | None = None  # (eval/loss, step) of the best evaluation so far
-    # (position, generators) a backend that restores weights through the job resumes its data from
-    _data_resume: tuple[checkpoint.Position, dict] | None = None
-
-    @contextlib.contextmanager
-    def track_step(self, step: int):
-        """The context of optimizer step ``step`` (1-based): the meter's clock starts as the first
-        step begins (so a backend's set-up is nobody's step time), and the memory tracker measures
-        the step it chose."""
-        if not self.meter.started:
-            self.meter.start()
-        with self.step_memory(step) if self.step_memory is not None else contextlib.nullcontext():
-            yield
-
-    def end_step(self, step: int, lr: float, grad_norm, trainer_state=None) -> None:
-        """The shared end of optimizer step ``step``, in this order: the meter's line (which raises
-        on a diverged loss), an evaluation when ``eval_every`` says so (its time left out of the
-        next step's), then the checkpoint, so a diverged state is never saved. ``trainer_state``:
-        the Trainer's own state, saved with the checkpoint for its resume."""
-        self.meter.end_step(step, lr, grad_norm)
-        every = self.cfg.get("eval_every")
-        if every and step % every == 0 and step < self.num_steps:  # the last step: the final evaluation
-            started = time.perf_counter()
-            self.log_evaluation(step, evaluate_job(self))
-            self.meter.exclude(time.perf_counter() - started)
-        self.checkpoints.after_step(step, trainer_state=trainer_state)
-
-    def epoch_batches(self, loader, epoch: int):
-        """``epoch``'s micro-batches; in the epoch being resumed, the consumed ones are skipped and the
-        generators then restored (:func:`effitrain.training.epoch_batches`)."""
-        pending, self._data_resume = self._data_resume, None
-        if pending is None or pending[0].epoch != epoch:
-            return epoch_batches(loader, epoch)
-        at, rng = pending
-        return epoch_batches(loader, epoch, at.batches, rng)
-
-    def log_evaluation(self, step: int, metrics: dict) -> None:
-        self.meter.log({"step": step, **metrics}, step)
-        if self.best_eval is None or metrics["eval/loss"] < self.best_eval[0]:
-            self.best_eval = (metrics["eval/loss"], step)
-
-
-def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,
-              resume: checkpoint.ResumePoint | None = None) -> Job:  # fmt: skip
-    """Build data, model, optimizer, scheduler, meter and checkpointer for ``cfg`` (validated already)."""
-    from transformers import set_seed
-
-    set_seed(cfg.seed)
-    task = build_task(cfg)
-    raw = task.load(cfg.data)
-    tokenizer = build_tokenizer(cfg.model)
-    source_key = OmegaConf.to_container(cfg.data, resolve=True)
-    tokenized = tokenize_cached(raw, tokenizer, cfg.max_length, cfg.get("cache_dir"), source_key, task)
-    train_loader, eval_loader, sampler = build_dataloaders(
-        tokenized, task.collator(tokenizer), cfg.micro_batch_size, cfg.eval_batch_size, cfg.seed
-    )
-
-    set_seed(cfg.seed)  # the head's initialization does not depend on how much data was read
-    model = task.build_model(cfg.model, raw, tokenizer)
-    if cfg.get("gradient_checkpointing"):
-        enable_activation_checkpointing(model)
-    optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
-
-    # accelerate shards batches over processes: each process sees ceil(batches / world) of them.
-    batches_per_process = math.ceil(len(train_loader) / world_size())
-    num_steps = num_optimizer_steps(
-        batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
-    )
-    scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
-    meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main, task)
-    job = Job(
-        cfg=cfg,
-        model=model,
-        tokenizer=tokenizer,
-        train_loader=train_loader,
-        eval_loader=eval_loader,
-        train_sampler=sampler,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        num_steps=num_steps,
-        meter=meter,
-        output_dir=output_dir,
-        resume=resume,
-        task=task,
-    )
-    job.data_keys = task.data_summary(tokenized)
-    job.checkpoints = checkpoint.Checkpointer(
-        cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume
-    )
-    # one representative step: the second of this process (the optimizer state exists by then and
-    # the first step's one-off costs are behind), or the last when there are fewer
-    first = resume.step + 1 if resume is not None else 1
-    job.step_memory = StepMemory(model, optimizer, min(first + 1, num_steps), meter)
-    return job
-
-
 def fit(job: Job) -> dict:
     """Train (the backend's loop), then evaluate; the train and eval metrics."""
-    metrics = train(job)
-    metrics.update(evaluate_job(job))
+    metrics, evaluation = train(job)
+    metrics.update(evaluate_job(job, evaluation))
     return metrics
-
-
-def evaluate_job(job: Job) -> dict:
-    """The shared evaluation, on the model and eval loader the backend prepared (the plain module
-    while the Trainer is still training)."""
-    # "is not None": a compiled module (OptimizedModule) refuses len(), so it has no truth value
-    model = job.eval_model if job.eval_model is not None else job.model
-    return job.task.evaluate(model, job.eval_loader, job.accelerator)
 
 
 def predict_step_peak(job: Job) -> dict:
@@ -213,12 +68,12 @@ def predict_step_peak(job: Job) -> dict:
     return {**predicted_keys(trace.step_peak(memory.step > 1), trace.flops), **run_peak_keys(trace)}
 
 
-def train(job: Job) -> dict:
+def train(job: Job) -> tuple[dict, Evaluation]:
     """Restore the resume point, then hand the job to its backend's ``fit`` (the measured region);
-    the train metrics.
+    the train metrics and what the final evaluation runs on.
 
-    A backend whose ``fit`` has ``loads_checkpoint = True`` (the Trainer) loads weights, optimizer,
-    scheduler and generators itself; the shared restore then sets only effitrain's counts.
+    A backend that ``loads_checkpoint`` (the Trainer) loads weights, optimizer, scheduler and
+    generators itself; the shared restore then sets only effitrain's counts.
     """
     from transformers import set_seed
 
@@ -226,13 +81,13 @@ def train(job: Job) -> dict:
     # not inherit the previous job's (Hydra's basic launcher runs a multirun in one process).
     reset_accelerator_state()
     set_seed(job.cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
-    backend = instantiate(job.cfg.backend)
-    loads_itself = getattr(getattr(backend, "func", backend), "loads_checkpoint", False)
+    fit_backend = instantiate(job.cfg.backend)
+    loads_itself = backend_of(job.cfg.backend).loads_checkpoint
     job.start = job.checkpoints.restore(weights=not loads_itself)
     if job.resume is not None and not loads_itself:
         job._data_resume = (job.start, job.resume.rng_state())
-    backend(job)
-    return job.meter.summary()
+    evaluation = fit_backend(job)
+    return job.meter.summary(), evaluation
 
 
 class Interrupted(BaseException):
@@ -356,9 +211,10 @@ def _train_and_evaluate(job: Job, summary: dict, opened: contextlib.ExitStack) -
     opened.callback(lambda: summary.update(tracked.summary()))  # also for a failed run: an OOM's peak
     compiling = compile_seconds()
     with tracked:
-        summary.update(train(job))
+        metrics, evaluation = train(job)
+        summary.update(metrics)
     summary["speed/compile_s"] = compile_seconds() - compiling if cfg.compile.enabled else None
-    final = evaluate_job(job)  # outside the measured region: its batches are not training's
+    final = evaluate_job(job, evaluation)  # outside the measured region: its batches are not training's
     job.log_evaluation(summary["train/steps"], final)
     summary.update(final)
     summary["eval/best_loss"], summary["eval/best_step"] = job.best_eval
