@@ -1,269 +1,37 @@
-"""One run: config -> model + tokenizer -> data -> optimizer + scheduler -> backend.fit -> summary.
+"""One run: prepare -> open sinks -> build -> train -> evaluate -> summarize.
 
-Everything a backend needs is built here, once; the backend gets a :class:`Job` and owns only
-its loop. ``summary.json`` is written at the end whatever happens, with ``status`` saying how
-the run ended.
+:func:`prepare` validates the config, derives the micro batch and decides resume, once; everything a
+backend needs is then built once (:func:`effitrain.job.build_job`); the backend gets a
+:class:`~effitrain.job.Job`, owns only its loop and returns what evaluation runs on
+(:class:`effitrain.backends.Backend`). ``summary.json`` is written at the end whatever happens,
+with ``status`` saying how the run ended (:mod:`effitrain.outcome`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import signal
 import time
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from effitrain import checkpoint, results
+from effitrain.backends import backend_of
 from effitrain.compat import compile_seconds, reset_accelerator_state
-from effitrain.config import (
-    apply_effective_batch_size,
-    check_output_dir,
-    validate,
-)
-from effitrain.data import build_dataloaders, tokenize_cached
-from effitrain.distributed import process_state, world_size
-from effitrain.errors import ConfigError
+from effitrain.config import apply_effective_batch_size, check_output_dir, validate
+from effitrain.distributed import process_state
 from effitrain.flops import mfu_keys
 from effitrain.identity import summary_config_keys
+from effitrain.job import Evaluation, Job, build_job, evaluate_job
 from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
-from effitrain.modeling import build_tokenizer, enable_activation_checkpointing
-from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps
-from effitrain.step_memory import StepMemory, predicted_keys, run_peak_keys, trace_run
-from effitrain.tasks import Task, build_task
-from effitrain.training import StepMeter, TrainingDiverged, epoch_batches
+from effitrain.outcome import interrupts_raise, one_line, recorded
+from effitrain.step_memory import predicted_keys, run_peak_keys, trace_run
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Job:
-    """What a backend receives: built objects, the config they came from, and the run's shared steps.
-
-    A backend owns only its loop; the run's lifecycle around it is here. Before the loop the shared
-    code restores the resume point (:func:`train`); each optimizer step of the loop runs inside
-    ``with job.track_step(step):`` (all its micro-batches, clipping and the optimizer step) and is
-    followed by ``job.end_step(...)``; the backend's micro-batches of an epoch come from
-    :meth:`epoch_batches` (a resumed epoch skips what was consumed). Evaluation runs on
-    ``eval_model``/``eval_loader``/``accelerator``, which the backend leaves on the job.
-
-    ``model`` stays the plain module: backends wrap it (DDP, torch.compile) without copying its
-    parameters, so after training it holds the trained weights, and saving it gives keys without
-    an ``_orig_mod.`` prefix.
-    """
-
-    cfg: DictConfig
-    model: torch.nn.Module
-    tokenizer: object
-    train_loader: torch.utils.data.DataLoader
-    eval_loader: torch.utils.data.DataLoader
-    train_sampler: object
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    num_steps: int
-    meter: StepMeter
-    output_dir: Path
-    checkpoints: checkpoint.Checkpointer | None = None
-    resume: checkpoint.ResumePoint | None = None  # the checkpoint this run continues from
-    start: checkpoint.Position = field(default_factory=lambda: checkpoint.Position(0, 0, 0))
-    # the memory tracker: measures one chosen optimizer step inside track_step; None: no tracking
-    step_memory: StepMemory | None = None
-    # set by the backend: what the shared evaluation runs on
-    eval_model: torch.nn.Module | None = None
-    accelerator: object = None
-    task: Task | None = None  # loss, items, evaluation: the hooks backends call (job.task.loss_sum, ...)
-    data_keys: dict | None = None  # summary keys describing the tokenized data (the task's)
-
-    best_eval: tuple[float, int] | None = None  # (eval/loss, step) of the best evaluation so far
-    # (position, generators) a backend that restores weights through the job resumes its data from
-    _data_resume: tuple[checkpoint.Position, dict] | None = None
-
-    @contextlib.contextmanager
-    def track_step(self, step: int):
-        """The context of optimizer step ``step`` (1-based): the meter's clock starts as the first
-        step begins (so a backend's set-up is nobody's step time), and the memory tracker measures
-        the step it chose."""
-        if not self.meter.started:
-            self.meter.start()
-        with self.step_memory(step) if self.step_memory is not None else contextlib.nullcontext():
-            yield
-
-    def end_step(self, step: int, lr: float, grad_norm, trainer_state=None) -> None:
-        """The shared end of optimizer step ``step``, in this order: the meter's line (which raises
-        on a diverged loss), an evaluation when ``eval_every`` says so (its time left out of the
-        next step's), then the checkpoint, so a diverged state is never saved. ``trainer_state``:
-        the Trainer's own state, saved with the checkpoint for its resume."""
-        self.meter.end_step(step, lr, grad_norm)
-        every = self.cfg.get("eval_every")
-        if every and step % every == 0 and step < self.num_steps:  # the last step: the final evaluation
-            started = time.perf_counter()
-            self.log_evaluation(step, evaluate_job(self))
-            self.meter.exclude(time.perf_counter() - started)
-        self.checkpoints.after_step(step, trainer_state=trainer_state)
-
-    def epoch_batches(self, loader, epoch: int):
-        """``epoch``'s micro-batches; in the epoch being resumed, the consumed ones are skipped and the
-        generators then restored (:func:`effitrain.training.epoch_batches`)."""
-        pending, self._data_resume = self._data_resume, None
-        if pending is None or pending[0].epoch != epoch:
-            return epoch_batches(loader, epoch)
-        at, rng = pending
-        return epoch_batches(loader, epoch, at.batches, rng)
-
-    def log_evaluation(self, step: int, metrics: dict) -> None:
-        self.meter.log({"step": step, **metrics}, step)
-        if self.best_eval is None or metrics["eval/loss"] < self.best_eval[0]:
-            self.best_eval = (metrics["eval/loss"], step)
-
-
-def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,
-              resume: checkpoint.ResumePoint | None = None) -> Job:  # fmt: skip
-    """Build data, model, optimizer, scheduler, meter and checkpointer for ``cfg`` (validated already)."""
-    from datasets.utils import logging as datasets_logging
-    from transformers import set_seed
-
-    # the data library's bars (reading, tokenizing, saving the cache) follow progress_bar too
-    (datasets_logging.enable_progress_bar if cfg.progress_bar else datasets_logging.disable_progress_bar)()
-    set_seed(cfg.seed)
-    task = build_task(cfg)
-    raw = task.load(cfg.data)
-    tokenizer = build_tokenizer(cfg.model)
-    source_key = OmegaConf.to_container(cfg.data, resolve=True)
-    tokenized = tokenize_cached(raw, tokenizer, cfg.max_length, cfg.get("cache_dir"), source_key, task)
-    train_loader, eval_loader, sampler = build_dataloaders(
-        tokenized, task.collator(tokenizer), cfg.micro_batch_size, cfg.eval_batch_size, cfg.seed
-    )
-
-    set_seed(cfg.seed)  # the head's initialization does not depend on how much data was read
-    model = task.build_model(cfg.model, raw, tokenizer)
-    if cfg.get("gradient_checkpointing"):
-        enable_activation_checkpointing(model)
-    optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
-
-    # accelerate shards batches over processes: each process sees ceil(batches / world) of them.
-    batches_per_process = math.ceil(len(train_loader) / world_size())
-    num_steps = num_optimizer_steps(
-        batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
-    )
-    scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
-    meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main, task)
-    job = Job(
-        cfg=cfg,
-        model=model,
-        tokenizer=tokenizer,
-        train_loader=train_loader,
-        eval_loader=eval_loader,
-        train_sampler=sampler,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        num_steps=num_steps,
-        meter=meter,
-        output_dir=output_dir,
-        resume=resume,
-        task=task,
-    )
-    job.data_keys = task.data_summary(tokenized)
-    job.checkpoints = checkpoint.Checkpointer(
-        cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume
-    )
-    # one representative step: the second of this process (the optimizer state exists by then and
-    # the first step's one-off costs are behind), or the last when there are fewer
-    first = resume.step + 1 if resume is not None else 1
-    job.step_memory = StepMemory(model, optimizer, min(first + 1, num_steps), meter)
-    return job
-
-
-def fit(job: Job) -> dict:
-    """Train (the backend's loop), then evaluate; the train and eval metrics."""
-    metrics = train(job)
-    metrics.update(evaluate_job(job))
-    return metrics
-
-
-def evaluate_job(job: Job) -> dict:
-    """The shared evaluation, on the model and eval loader the backend prepared (the plain module
-    while the Trainer is still training)."""
-    # "is not None": a compiled module (OptimizedModule) refuses len(), so it has no truth value
-    model = job.eval_model if job.eval_model is not None else job.model
-    return job.task.evaluate(model, job.eval_loader, job.accelerator)
-
-
-def predict_step_peak(job: Job) -> dict:
-    """The tracked step replayed on fake tensors, with the CUDA kernels where the run trains on
-    CUDA: ``mem/step_peak_bytes_predicted`` and FLOPs; and the run's peak per phase (the first
-    step, a later step, evaluation at ``eval_batch_size`` x ``max_length``, the worst case)."""
-    memory = job.step_memory
-    if memory is None or not memory.batches:
-        return {}
-    device = "cuda" if next(job.model.parameters()).device.type == "cuda" else "cpu"
-    shapes = {key: value for key, value in memory.batches[0].items() if key != "padded"}
-    evaluation = {
-        key: ((job.cfg.eval_batch_size, *(job.cfg.max_length for _ in shape[1:])), dtype)
-        for key, (shape, dtype) in shapes.items()
-    }
-    try:
-        trace = trace_run(job.model.config, job.cfg.optimizer, job.cfg, memory.batches, device, evaluation)
-    except Exception as error:  # a model fake tensors cannot run: the run's own figures stand
-        log.warning("the step peak could not be predicted (%s: %s)", type(error).__name__, error)
-        return {"mem/step_peak_predicted_error": _one_line(error)}
-    return {**predicted_keys(trace.step_peak(memory.step > 1), trace.flops), **run_peak_keys(trace)}
-
-
-def train(job: Job) -> dict:
-    """Restore the resume point, then hand the job to its backend's ``fit`` (the measured region);
-    the train metrics.
-
-    A backend whose ``fit`` has ``loads_checkpoint = True`` (the Trainer) loads weights, optimizer,
-    scheduler and generators itself; the shared restore then sets only effitrain's counts.
-    """
-    from transformers import set_seed
-
-    # accelerate keeps precision and compile settings in a process-wide singleton: a job must
-    # not inherit the previous job's (Hydra's basic launcher runs a multirun in one process).
-    reset_accelerator_state()
-    set_seed(job.cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
-    backend = instantiate(job.cfg.backend)
-    loads_itself = getattr(getattr(backend, "func", backend), "loads_checkpoint", False)
-    job.start = job.checkpoints.restore(weights=not loads_itself)
-    if job.resume is not None and not loads_itself:
-        job._data_resume = (job.start, job.resume.rng_state())
-    backend(job)
-    return job.meter.summary()
-
-
-class Interrupted(BaseException):
-    """SIGTERM (a scheduler, ``kill``) arrived: handled like Ctrl-C, so the run records it."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def interrupts_raise():
-    """SIGTERM raises :class:`Interrupted` in the main thread for the duration (Ctrl-C already
-    raises KeyboardInterrupt), so ``run`` writes an ``interrupted`` summary before exiting."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Interrupted(signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> dict:
@@ -314,35 +82,67 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
     with contextlib.ExitStack() as ending:
         ending.callback(finish_tracker)  # unwound last: also when writing summary.json fails
         ending.callback(write_summary)
-        with contextlib.ExitStack() as opened, _recorded(summary, output_dir, state.is_main_process):
+        with contextlib.ExitStack() as opened, recorded(summary, output_dir, state.is_main_process):
             check_output_dir(output_dir)
-            if cfg.get("resume") == "auto":
-                kept = results.finished_run(cfg, output_dir)
-                if kept is not None:  # resume of a finished run: its results stay as they are
-                    checkpoint.find_resume(cfg, output_dir)  # but a changed config is still named
-                    print(kept)
-                    return previous
+            kept = finished_and_kept(cfg, output_dir)
+            if kept is not None:  # resume of a finished run: its results stay as they are
+                print(kept)
+                return previous
             if state.is_main_process:  # started before validation so a rejected config shows as crashed
                 tracker = build_tracker(cfg, output_dir, keys)
                 summary.update(tracker.identity_keys() if tracker is not None else {})
-            validate(cfg, state.num_processes)
-            results.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
-            if apply_effective_batch_size(cfg, state.num_processes):  # micro_batch_size was derived
-                keys = summary_config_keys(cfg, output_dir, state.num_processes)
-                summary.update(keys)
+            spec = prepare(cfg, output_dir, state.num_processes)
+            if spec.derived:  # micro_batch_size was derived: the config keys say so
+                summary.update(spec.keys)
                 if tracker is not None:
-                    tracker.update_config(run_config(cfg, keys))
+                    tracker.update_config(run_config(cfg, spec.keys))
             summary[results.CONFIG_KEY] = results.config_record(cfg)  # what a rerun is compared with
-            resume = checkpoint.find_resume(cfg, output_dir)  # also checks the number of processes
             loggers = []
             if state.is_main_process:  # the same records to every logger: metrics.jsonl, W&B
-                metrics = results.MetricsFile(output_dir / results.METRICS, resume.step if resume else 0)
+                metrics = results.MetricsFile(
+                    output_dir / results.METRICS, spec.resume.step if spec.resume else 0
+                )
                 opened.callback(metrics.close)
                 loggers = [metrics, *([tracker] if tracker is not None else [])]
-            job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process, resume)
+            job = build_job(cfg, output_dir, loggers, state.device, state.is_main_process, spec.resume)
             opened.callback(_close_job, job, summary)
             _train_and_evaluate(job, summary, opened)
     return summary
+
+
+def finished_and_kept(cfg: DictConfig, output_dir: Path) -> str | None:
+    """With ``resume=auto``, a line saying ``output_dir`` holds a finished ok run that is left as it
+    is (None: there is a run to do). A changed config is still refused, naming the key."""
+    if cfg.get("resume") != "auto":
+        return None
+    kept = results.finished_run(cfg, output_dir)
+    if kept is not None:
+        checkpoint.find_resume(cfg, output_dir)  # raises for a config that changed
+    return kept
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What :func:`prepare` decided for a run."""
+
+    keys: dict  # the summary's config keys (summary_config_keys), after derivation
+    resume: checkpoint.ResumePoint | None  # the checkpoint the run continues from; None: a fresh start
+    derived: bool  # micro_batch_size was derived here from effective_batch_size
+
+
+def prepare(cfg: DictConfig, output_dir: Path, num_processes: int) -> RunSpec:
+    """The run's decisions, once and in this order: validate ``cfg``, refuse to overwrite a finished
+    ok run, derive ``micro_batch_size``, find the checkpoint to resume from (which also checks the
+    number of processes).
+
+    Raises:
+        ConfigError: a bad config, a finished run in the folder, or a checkpoint it cannot resume.
+    """
+    validate(cfg, num_processes)
+    results.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
+    derived = apply_effective_batch_size(cfg, num_processes)
+    keys = summary_config_keys(cfg, output_dir, num_processes)
+    return RunSpec(keys, checkpoint.find_resume(cfg, output_dir), derived)
 
 
 def _train_and_evaluate(job: Job, summary: dict, opened: contextlib.ExitStack) -> None:
@@ -360,9 +160,10 @@ def _train_and_evaluate(job: Job, summary: dict, opened: contextlib.ExitStack) -
     opened.callback(lambda: summary.update(tracked.summary()))  # also for a failed run: an OOM's peak
     compiling = compile_seconds()
     with tracked:
-        summary.update(train(job))
+        metrics, evaluation = train(job)
+        summary.update(metrics)
     summary["speed/compile_s"] = compile_seconds() - compiling if cfg.compile.enabled else None
-    final = evaluate_job(job)  # outside the measured region: its batches are not training's
+    final = evaluate_job(job, evaluation)  # outside the measured region: its batches are not training's
     job.log_evaluation(summary["train/steps"], final)
     summary.update(final)
     summary["eval/best_loss"], summary["eval/best_step"] = job.best_eval
@@ -374,6 +175,56 @@ def _train_and_evaluate(job: Job, summary: dict, opened: contextlib.ExitStack) -
     summary["status"] = "ok"
 
 
+def train(job: Job) -> tuple[dict, Evaluation]:
+    """Restore the resume point, then hand the job to its backend's ``fit`` (the measured region);
+    the train metrics and what the final evaluation runs on.
+
+    A backend that ``loads_checkpoint`` (the Trainer) loads weights, optimizer, scheduler and
+    generators itself; the shared restore then sets only effitrain's counts.
+    """
+    from transformers import set_seed
+
+    # accelerate keeps precision and compile settings in a process-wide singleton: a job must
+    # not inherit the previous job's (Hydra's basic launcher runs a multirun in one process).
+    reset_accelerator_state()
+    set_seed(job.cfg.seed)  # dropout draws the same stream in both backends (the Trainer re-seeds too)
+    fit_backend = instantiate(job.cfg.backend)
+    loads_itself = backend_of(job.cfg.backend).loads_checkpoint
+    job.start = job.checkpoints.restore(weights=not loads_itself)
+    if job.resume is not None and not loads_itself:
+        job._data_resume = (job.start, job.resume.rng_state())
+    evaluation = fit_backend(job)
+    return job.meter.summary(), evaluation
+
+
+def fit(job: Job) -> dict:
+    """Train (the backend's loop), then evaluate; the train and eval metrics."""
+    metrics, evaluation = train(job)
+    metrics.update(evaluate_job(job, evaluation))
+    return metrics
+
+
+def predict_step_peak(job: Job) -> dict:
+    """The tracked step replayed on fake tensors, with the CUDA kernels where the run trains on
+    CUDA: ``mem/step_peak_bytes_predicted`` and FLOPs; and the run's peak per phase (the first
+    step, a later step, evaluation at ``eval_batch_size`` x ``max_length``, the worst case)."""
+    memory = job.step_memory
+    if memory is None or not memory.batches:
+        return {}
+    device = "cuda" if next(job.model.parameters()).device.type == "cuda" else "cpu"
+    shapes = {key: value for key, value in memory.batches[0].items() if key != "padded"}
+    evaluation = {
+        key: ((job.cfg.eval_batch_size, *(job.cfg.max_length for _ in shape[1:])), dtype)
+        for key, (shape, dtype) in shapes.items()
+    }
+    try:
+        trace = trace_run(job.model.config, job.cfg.optimizer, job.cfg, memory.batches, device, evaluation)
+    except Exception as error:  # a model fake tensors cannot run: the run's own figures stand
+        log.warning("the step peak could not be predicted (%s: %s)", type(error).__name__, error)
+        return {"mem/step_peak_predicted_error": one_line(error)}
+    return {**predicted_keys(trace.step_peak(memory.step > 1), trace.flops), **run_peak_keys(trace)}
+
+
 def _close_job(job: Job, summary: dict) -> None:
     """After the run, however it ended: no tracker left active, the progress bar closed."""
     if summary["status"] == "interrupted":
@@ -382,32 +233,3 @@ def _close_job(job: Job, summary: dict) -> None:
         job.step_memory.end()  # a step that failed while tracked leaves no dispatch mode behind
         summary.update(job.step_memory.summary())
     job.meter.close()  # the progress bar, also after a failed step
-
-
-@contextlib.contextmanager
-def _recorded(summary: dict, output_dir: Path, is_main: bool):
-    """How the run ended, into ``summary``: a failure, a divergence, an OOM or an interruption is
-    recorded, not raised. Anything else that stops the process (SystemExit) passes through; the
-    stack around still writes the failed summary and finishes the W&B run."""
-    try:
-        yield
-    except ConfigError as error:
-        summary["error"] = str(error)
-        summary["error_type"] = "config"
-    except TrainingDiverged as error:
-        summary["status"], summary["error"] = "diverged", str(error)
-    except torch.OutOfMemoryError as error:
-        summary["status"], summary["error"] = "oom", _one_line(error)
-    except Exception as error:  # any other failure is recorded, with its traceback beside the summary
-        summary["error"] = _one_line(error)
-        if is_main and output_dir.is_dir():
-            (output_dir / "traceback.txt").write_text(traceback.format_exc())
-    except (KeyboardInterrupt, Interrupted) as error:  # Ctrl-C or SIGTERM: recorded, W&B ends as crashed
-        signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
-        summary["status"], summary["signal"] = "interrupted", int(signum)
-        summary["error"] = f"interrupted by {signal.Signals(signum).name}"
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}"[:2000]

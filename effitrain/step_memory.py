@@ -224,7 +224,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     from effitrain.optim import build_optimizer
     from effitrain.schema import DEVICES
     from effitrain.tasks import build_task
-    from effitrain.training import StepMeter, window_step
+    from effitrain.training import StepMeter, StepOps, window_step
 
     if device not in DEVICES:
         raise ValueError(f"device={device!r}: expected one of {', '.join(DEVICES)}")
@@ -277,13 +277,14 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
             if b is not None and "attention_mask" in b and not s.get("padded", True)
         }
 
+        ops = StepOps(
+            backward=lambda loss: loss.backward(),
+            no_sync=contextlib.nullcontext,
+            clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=cuda or None),
+        )
+
         def step(optimizer, before_forward=None):
-            return window_step(
-                task, model, optimizer, window, items, 1, meter, lambda loss: loss.backward(),
-                contextlib.nullcontext,
-                lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=cuda or None),
-                before_forward,
-            )  # fmt: skip
+            return window_step(task, model, optimizer, window, items, meter, ops, before_forward)
 
         def tracked(phase, run):
             tracker = step_tracker()

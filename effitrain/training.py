@@ -7,10 +7,13 @@ depends on which backend ran.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import islice
 
 import torch
@@ -54,38 +57,38 @@ def step_loss(micro_loss: torch.Tensor, step_items: int, num_processes: int) -> 
     return micro_loss * num_processes / step_items
 
 
-def window_step(
-    task,
-    model,
-    optimizer,
-    window,
-    step_items: int,
-    num_processes: int,
-    meter,
-    backward,
-    no_sync,
-    clip,
-    before_forward=None,
-):
+@dataclass(frozen=True)
+class StepOps:
+    """The backend's operations in one optimizer step (:func:`window_step`).
+
+    ``backward(loss)``; ``no_sync()``: a context for every micro-batch but the last, so DDP syncs
+    once per step; ``clip()``: clips the gradients and returns their norm; ``num_processes``: the
+    processes whose gradients DDP averages (:func:`step_loss`).
+    """
+
+    backward: Callable[[torch.Tensor], None]
+    no_sync: Callable[[], contextlib.AbstractContextManager]
+    clip: Callable[[], object]
+    num_processes: int = 1
+
+
+def window_step(task, model, optimizer, window, step_items: int, meter, ops: StepOps, before_forward=None):
     """One optimizer step over ``window`` (its micro-batches): forward, backward, clip, step, zero;
     ``task.loss_sum`` gives each micro-batch's summed loss.
 
-    ``backward``, ``no_sync`` (a context for every micro-batch but the last, so DDP syncs once) and
-    ``clip`` (returns the gradient norm) come from the backend; the memory prediction runs this same
+    ``ops`` (backward, no_sync, clip) come from the backend; the memory prediction runs this same
     function on fake tensors, so what it predicts is what this step allocates. ``before_forward(batch)``
     is called as each micro-batch starts (the memory tracker's hook).
     """
-    import contextlib
-
     for index, batch in enumerate(window):
         last = index == len(window) - 1
         if before_forward is not None:
             before_forward(batch)
-        with contextlib.nullcontext() if last else no_sync():
+        with contextlib.nullcontext() if last else ops.no_sync():
             micro_loss = task.loss_sum(model, batch)
             meter.add(micro_loss, batch)
-            backward(step_loss(micro_loss, step_items, num_processes))
-    grad_norm = clip()
+            ops.backward(step_loss(micro_loss, step_items, ops.num_processes))
+    grad_norm = ops.clip()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm

@@ -95,10 +95,8 @@ def test_backends_compute_the_same_decoder_training(tmp_path):
         assert accel_metrics[key] == pytest.approx(trainer_metrics[key], rel=1e-5)
 
     # eval/loss is the token mean over the eval split: transformers' own loss of the trained model
-    # on the whole split as one batch (16 rows) says the same
-    from effitrain.run import evaluate_job
-
-    final = evaluate_job(job)
+    # on the whole split as one batch (16 rows) says the same; final: fit's final evaluation
+    final = {key: value for key, value in accel_metrics.items() if key.startswith("eval/")}
     [batch] = list(job.eval_loader)
     with torch.no_grad():
         reference = job.model(**batch).loss.item()

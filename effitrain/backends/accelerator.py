@@ -5,8 +5,8 @@ the task's items (samples, or real target tokens) in the whole step before any b
 gradients are synchronized once per window (``no_sync`` on every micro-batch but the last), as
 accelerate's own variable-window example (gradient_accumulation_for_autoregressive_models.py) does.
 Restoring, the meter, the end of a step and evaluation are the run's shared code
-(:class:`effitrain.run.Job`); the backend leaves the prepared model, eval loader and accelerator on
-the job for evaluation.
+(:class:`effitrain.job.Job`); ``fit`` returns the prepared model, eval loader and accelerator that
+evaluation runs on (:class:`effitrain.job.Evaluation`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from __future__ import annotations
 from accelerate import Accelerator
 from accelerate.utils import TorchDynamoPlugin
 
-from effitrain.training import accumulation_windows, step_items, window_step
+from effitrain.job import Evaluation
+from effitrain.training import StepOps, accumulation_windows, step_items, window_step
+
+loads_checkpoint = False  # the shared restore loads weights, optimizer, scheduler and generators
 
 
 def make_accelerator(cfg) -> Accelerator:
@@ -27,18 +30,20 @@ def make_accelerator(cfg) -> Accelerator:
     return Accelerator(mixed_precision=cfg.precision.mixed_precision, dynamo_plugin=dynamo)
 
 
-def fit(job) -> None:
+def fit(job) -> Evaluation:
     """Train ``job`` from ``job.start`` to ``job.num_steps`` optimizer steps."""
     cfg = job.cfg
     accelerator = make_accelerator(cfg)
     model, optimizer, train_loader = accelerator.prepare(job.model, job.optimizer, job.train_loader)
-    job.eval_model, job.eval_loader, job.accelerator = (
-        model,
-        accelerator.prepare(job.eval_loader),
-        accelerator,
-    )
+    evaluation = Evaluation(model, accelerator.prepare(job.eval_loader), accelerator)
     scheduler = job.scheduler  # stepped by hand once per optimizer step, not per process
     max_norm = cfg.max_grad_norm or float("inf")  # inf: measure the norm without clipping
+    ops = StepOps(
+        backward=accelerator.backward,
+        no_sync=lambda: accelerator.no_sync(model),
+        clip=lambda: accelerator.clip_grad_norm_(model.parameters(), max_norm),
+        num_processes=accelerator.num_processes,
+    )
 
     model.train()
     step, epoch = job.start.step, job.start.epoch
@@ -48,17 +53,15 @@ def fit(job) -> None:
         ):
             with job.track_step(step + 1):
                 lr = optimizer.param_groups[0]["lr"]
+                items = step_items(job.task, window, accelerator.device)
                 grad_norm = window_step(
-                    job.task, model, optimizer, window, step_items(job.task, window, accelerator.device),
-                    accelerator.num_processes, job.meter, accelerator.backward,
-                    lambda: accelerator.no_sync(model),
-                    lambda: accelerator.clip_grad_norm_(model.parameters(), max_norm),
-                    job.step_memory.saw,
-                )  # fmt: skip
+                    job.task, model, optimizer, window, items, job.meter, ops, job.step_memory.saw
+                )
             if not accelerator.optimizer_step_was_skipped:
                 scheduler.step()
             step += 1
-            job.end_step(step, lr, grad_norm)
+            job.end_step(step, lr, grad_norm, evaluation)
             if step >= job.num_steps:
                 break
         epoch += 1
+    return evaluation

@@ -13,6 +13,8 @@ would make it differ from the accelerate backend is replaced:
 
 It resumes through its own ``resume_from_checkpoint`` (effitrain's checkpoints use the Trainer's
 file names), so the shared restore gives it only effitrain's counts (``loads_checkpoint``).
+Evaluations during training run on the plain module; ``fit`` returns the Trainer's wrapped model for
+the final one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ import contextlib
 import torch
 from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
+from effitrain.job import Evaluation
 from effitrain.training import step_items, step_loss
+
+loads_checkpoint = True  # fit loads weights, optimizer, scheduler and generators (the Trainer's resume)
 
 
 class _EffitrainTrainer(Trainer):
@@ -54,10 +59,12 @@ class _StepCallback(TrainerCallback):
     """Each optimizer step runs inside ``job.track_step(step)``: entered at ``on_step_begin`` (after
     the step's micro-batches were fetched), left at ``on_step_end`` (after the optimizer and
     scheduler steps), the same span as the accelerate loop's ``with``. The step's end
-    (``logging_steps=1`` logs every one) goes to the shared ``job.end_step``."""
+    (``logging_steps=1`` logs every one) goes to the shared ``job.end_step``, with ``evaluation``:
+    what an evaluation during training runs on."""
 
-    def __init__(self, job):
+    def __init__(self, job, evaluation: Evaluation):
         self.job = job
+        self.evaluation = evaluation
         self._window: contextlib.ExitStack | None = None
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -76,7 +83,11 @@ class _StepCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "grad_norm" in logs:
             self.job.end_step(
-                state.global_step, logs["learning_rate"], logs["grad_norm"], trainer_state=state
+                state.global_step,
+                logs["learning_rate"],
+                logs["grad_norm"],
+                self.evaluation,
+                trainer_state=state,
             )
 
 
@@ -109,22 +120,22 @@ def training_arguments(cfg, num_steps: int, output_dir) -> TrainingArguments:
     )
 
 
-def fit(job) -> None:
+def fit(job) -> Evaluation:
     """Train ``job`` with a ``Trainer``, resumed by the Trainer itself from ``job.resume``."""
     cfg = job.cfg
-    steps = _StepCallback(job)
     trainer = _EffitrainTrainer(
         model=job.model,
         args=training_arguments(cfg, job.num_steps, job.output_dir),
         optimizers=(job.optimizer, job.scheduler),
         job=job,
-        callbacks=[steps],
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)  # the shared meter draws the progress bar
+    # evaluations during training (eval_every) run on the plain module, with the Trainer's accelerator
+    eval_loader = trainer.accelerator.prepare(job.eval_loader)
+    steps = _StepCallback(job, Evaluation(job.model, eval_loader, trainer.accelerator))
+    trainer.add_callback(steps)
 
-    job.accelerator = trainer.accelerator  # evaluations during training (eval_every) use it
-    job.eval_loader = trainer.accelerator.prepare(job.eval_loader)
     # The Trainer loads weights, optimizer, scheduler and generators from effitrain's checkpoint
     # (its file names are the Trainer's) and skips the consumed batches itself.
     resume = str(job.resume.folder) if job.resume is not None else None
@@ -133,7 +144,4 @@ def fit(job) -> None:
     except BaseException as error:  # a step that fails inside track_step leaves its context too
         steps.leave(error)
         raise
-    job.eval_model = trainer.model_wrapped
-
-
-fit.loads_checkpoint = True  # the shared restore leaves weights, optimizer and generators to the Trainer
+    return Evaluation(trainer.model_wrapped, eval_loader, trainer.accelerator)
