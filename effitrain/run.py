@@ -94,8 +94,9 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
             spec = prepare(cfg, output_dir, state.num_processes)
             if spec.derived:  # micro_batch_size was derived: the config keys say so
                 summary.update(spec.keys)
-                if tracker is not None:
+                if tracker is not None:  # the started run's own W&B keys, not the config's defaults
                     tracker.update_config(run_config(cfg, spec.keys))
+                    summary.update(tracker.identity_keys())
             summary[results.CONFIG_KEY] = results.config_record(cfg)  # what a rerun is compared with
             loggers = []
             if state.is_main_process:  # the same records to every logger: metrics.jsonl, W&B
