@@ -118,7 +118,7 @@ def test_a_file_rewritten_with_the_same_size_and_time_is_read_anew(tmp_path):
     second = Classification().load(cfg.data)
     assert first.eval["text"] == ["fine", "vile"] and second.eval["text"] == ["nice", "grim"]
     tokenizer = build_tokenizer(cfg.model)
-    tokens = tokenize_cached(second, tokenizer, 16, str(tmp_path / "cache"), {"k": 1})
+    tokens = tokenize_cached(second, tokenizer, 16, str(tmp_path / "cache"), {"k": 1}, Classification())
     assert tokens["eval"]["input_ids"] == [tokenizer(t)["input_ids"] for t in ("nice", "grim")]
 
 

@@ -234,8 +234,10 @@ def test_compare_table_on_known_summaries(jobs, title, rows):
     columns = ["optimizer", "status", "opt state MiB", title, "step peak MiB", title]
     if jobs[0][:2] == ("sgd", 0):  # no job has a ratio of the optimizer state: that column is left out
         columns.remove(title)
-    assert headers == columns[: len(rows[0])]
-    assert table == rows
+    # the job numbers of the page and its plots come first
+    assert headers[0] == "#" and [row[0] for row in table] == [str(i) for i in range(1, len(jobs) + 1)]
+    assert headers[1:] == columns[: len(rows[0])]
+    assert [row[1:] for row in table] == rows
 
 
 def test_compare_table_names_jobs_by_their_choices_or_their_folder():
@@ -246,13 +248,13 @@ def test_compare_table_names_jobs_by_their_choices_or_their_folder():
         _job(1, "adamw", 800, 2000, choices={"optimizer": "adamw", "gradient_accumulation_steps": "4"}),
     ]
     headers, rows = table_rows(jobs)
-    assert headers[:3] == ["optimizer", "gradient_accumulation_steps", "status"]
-    assert [row[:3] for row in rows] == [["adamw", "", "ok"], ["adamw", "4", "ok"]]
+    assert headers[:4] == ["#", "optimizer", "gradient_accumulation_steps", "status"]
+    assert [row[:4] for row in rows] == [["1", "adamw", "", "ok"], ["2", "adamw", "4", "ok"]]
     headers, rows = table_rows(
         [_job(0, "adamw", 800, 4000, choices={}), _job(1, "adamw", 400, 4000, choices={})]
     )
-    assert headers[:2] == ["job", "status"]
-    assert [row[:2] for row in rows] == [["job0", "ok"], ["job1", "ok"]]
+    assert headers[:3] == ["#", "job", "status"]
+    assert [row[:3] for row in rows] == [["1", "job0", "ok"], ["2", "job1", "ok"]]
 
 
 MODELS = sorted(
