@@ -121,7 +121,7 @@ def test_the_wandb_comparison_is_one_run_per_sweep_in_the_jobs_project_and_short
 
 def jobs_by_number(folder):
     """The summaries in the order compare numbers the jobs (folder order)."""
-    from effitrain.sweep import job_folders
+    from effitrain.sweep_report import job_folders
 
     return [json.loads((f / "summary.json").read_text()) for f in job_folders(folder)]
 

@@ -64,7 +64,7 @@ def first_step(tmp_path, task: str, backend: str):
     snapshots.model = model = job.model
     names = {param: name for name, param in model.named_parameters()}
 
-    job.train_sampler.set_epoch(0)
+    job.train_loader.sampler.set_epoch(0)
     window = [batch for _, batch in zip(range(2), job.train_loader)]
     big = one_batch(window, pad_id=0)
     rows = big["labels"] if task == "classification" else big["labels"][:, 1:]
