@@ -285,3 +285,17 @@ def test_no_decay_holds_exactly_the_one_dimensional_parameters_of_every_shipped_
         if cfg.model.architecture.get("model_type") == "llama":  # 2 per layer and the final one
             assert len(norms) == 2 * cfg.model.architecture.num_hidden_layers + 1
             assert all(id(m.weight) in {id(p) for p in no_decay["params"]} for m in norms)
+
+
+def test_a_job_that_did_not_finish_ok_holds_no_best_value():
+    """An interrupted job's short wall time or partial state is not a column's best."""
+    from effitrain.compare.report import best_cells
+
+    headers = ["#", "status", "opt state MiB", "wall s"]
+    rows = [
+        ["1", "interrupted", "12.23", "27.4"],
+        ["2", "ok", "173.30", "816.0"],
+        ["3", "ok", "16.50", "1036.4"],
+    ]
+    assert best_cells(headers, rows, [False, True, True]) == {(2, 2), (1, 3)}
+    assert best_cells(headers, rows) == {(0, 2), (0, 3)}

@@ -90,13 +90,21 @@ LOWER_IS_BETTER = {"opt state MiB", "step peak MiB", "predicted MiB", "train los
 HIGHER_IS_BETTER = {"accuracy", "F1", "samples/s"}
 
 
-def best_cells(headers: list[str], rows: list[list[str]]) -> set[tuple[int, int]]:
-    """(row, column) of each column's best value, where the values differ; ties are all marked."""
+def best_cells(
+    headers: list[str], rows: list[list[str]], ok: list[bool] | None = None
+) -> set[tuple[int, int]]:
+    """(row, column) of each column's best value among the jobs that finished ok (``ok``, one per
+    row; all when None): a failed or interrupted job's short wall time or partial state is no
+    best. Only where the values differ; ties are all marked."""
     best = set()
     for col, title in enumerate(headers):
         if title not in LOWER_IS_BETTER | HIGHER_IS_BETTER:
             continue
-        values = {r: float(row[col]) for r, row in enumerate(rows) if row[col] not in ("", "nan")}
+        values = {
+            r: float(row[col])
+            for r, row in enumerate(rows)
+            if row[col] not in ("", "nan") and (ok is None or ok[r])
+        }
         if len(set(values.values())) < 2:
             continue
         top = (min if title in LOWER_IS_BETTER else max)(values.values())
@@ -192,7 +200,7 @@ def write_markdown(headers, rows, jobs: list[JobResult], plots: list[Path], path
         if verdict.rows:
             lines += [markdown_table(verdict.headers, verdict.rows), ""]
         lines += [f"- {note}" for note in verdict.notes] + ["", "## All jobs", ""]
-    marked = best_cells(headers, rows)
+    marked = best_cells(headers, rows, [job.ok for job in jobs])
     shown = [
         [f"**{cell}**" if (r, c) in marked else cell for c, cell in enumerate(row)]
         for r, row in enumerate(rows)
@@ -280,7 +288,12 @@ def write_html(headers, rows, jobs: list[JobResult], plots: list[Path], path: Pa
                seeds=None, verdict=None) -> None:  # fmt: skip
     """One page that needs nothing else: the verdict first, the tables (each column's best value
     marked), the jobs not ok and every figure as base64 data with a line on how to read it."""
-    table = html_table(headers, rows, ["" if job.ok else "failed" for job in jobs], best_cells(headers, rows))
+    table = html_table(
+        headers,
+        rows,
+        ["" if job.ok else "failed" for job in jobs],
+        best_cells(headers, rows, [job.ok for job in jobs]),
+    )
     seeds_table = ""
     if seeds:
         seeds_table = "<h2>Repeated seeds (mean &plusmn; standard deviation)</h2>" + html_table(*seeds)
