@@ -148,7 +148,11 @@ def config_record(cfg) -> dict:
 
     derived = copy.deepcopy(cfg)
     apply_effective_batch_size(derived, int(os.environ.get("WORLD_SIZE", "1")))
-    return json.loads(json.dumps(trajectory_config(derived), default=str))
+    record = json.loads(json.dumps(trajectory_config(derived), default=str))
+    secret = os.environ.get("WANDB_API_KEY")  # a key pulled in by interpolation is never written
+    return {
+        k: "<redacted>" if secret and isinstance(v, str) and secret in v else v for k, v in record.items()
+    }
 
 
 def config_change(previous: dict, cfg) -> tuple[str, object, object] | None:
