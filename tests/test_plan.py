@@ -89,7 +89,9 @@ def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 2
-    [line] = done.stderr.strip().splitlines()
+    # the progress lines (one per traced candidate), then the one error line
+    *progress, line = done.stderr.strip().splitlines()
+    assert progress and all(" traced: adafactor " in p for p in progress)
     assert line.startswith(
         "effitrain: error: --memory-budget='1MiB': nothing fits; the smallest predicted run peak is"
     )
