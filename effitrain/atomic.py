@@ -16,6 +16,18 @@ import uuid
 from pathlib import Path
 
 
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read in blocks: what a checkpoint's and a cache entry's
+    manifest records, and what is checked when they are read back."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def fsync_path(path: Path) -> None:
     """Flush ``path`` to disk: a file's content, or a folder's entries."""
     fd = os.open(path, os.O_RDONLY)

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from effitrain.atomic import publish
+from effitrain.atomic import publish, sha256
 from effitrain.distributed import barrier, rank, world_size
 from effitrain.errors import invalid
 
@@ -124,16 +124,6 @@ def set_rng_state(state: dict) -> None:
             torch.cuda.random.set_rng_state(state["cuda"])
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def inspect(folder: Path) -> tuple[dict | None, str | None]:
     """``(metadata, None)`` for a whole checkpoint; ``(None, why)`` when it cannot be resumed from
     (incomplete, or a file whose bytes differ from the checksum stored when it was saved)."""
@@ -141,7 +131,7 @@ def inspect(folder: Path) -> tuple[dict | None, str | None]:
     if meta is None:
         return None, "incomplete (a file is missing or of the wrong size)"
     for name, expected in meta.get("sha256", {}).items():
-        if _sha256(folder / name) != expected:
+        if sha256(folder / name) != expected:
             return None, f"{name} differs from its checksum (damaged)"
     return meta, None
 
@@ -328,7 +318,7 @@ class Checkpointer:
                 "config": trajectory_config(self.cfg),
                 "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())},
                 # verified before resuming: a flipped byte must not resume silently
-                "sha256": {p.name: _sha256(p) for p in sorted(tmp.iterdir())},
+                "sha256": {p.name: sha256(p) for p in sorted(tmp.iterdir())},
             }
             with open(tmp / META, "w") as handle:
                 json.dump(meta, handle, indent=2, sort_keys=True, default=str)

@@ -22,7 +22,7 @@ import torch
 from datasets import ClassLabel, Dataset, DatasetDict, load_from_disk
 from torch.utils.data import DataLoader, Sampler
 
-from effitrain.atomic import atomic_path
+from effitrain.atomic import atomic_path, sha256
 from effitrain.compat import dataset_fingerprint
 from effitrain.errors import invalid
 
@@ -327,7 +327,7 @@ def tokenize_cached(
         with atomic_path(target) as partial:  # removed if anything fails; never replaces another's entry
             tokenized.save_to_disk(str(partial))
             manifest = {
-                str(p.relative_to(partial)): _sha256(p) for p in sorted(partial.rglob("*")) if p.is_file()
+                str(p.relative_to(partial)): sha256(p) for p in sorted(partial.rglob("*")) if p.is_file()
             }
             (partial / CACHE_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     except OSError as error:
@@ -345,14 +345,6 @@ def tokenize_cached(
 CACHE_MANIFEST = "effitrain-sha256.json"  # every file of a cache entry with its SHA-256
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _cache_damage(entry: Path) -> str | None:
     """Why a tokenized cache entry may not be used (a file missing, added or with other bytes than
     its manifest lists, as checkpoints are verified), or None when it is whole."""
@@ -364,7 +356,7 @@ def _cache_damage(entry: Path) -> str | None:
     if files != set(manifest):
         return "does not hold the files its checksum list names"
     for name, expected in sorted(manifest.items()):
-        if _sha256(entry / name) != expected:
+        if sha256(entry / name) != expected:
             return f"has other bytes than written in {name}"
     return None
 
