@@ -38,6 +38,12 @@ def _end_with_the_sweep() -> None:
 
 
 def main(spec_path: str) -> int:
+    import signal
+
+    # Until the task runs, Ctrl-C forwarded by the sweep ends this process outright, as SIGTERM
+    # does: a KeyboardInterrupt raised in this start-up (imports, unpickling) could be caught on
+    # its way out and the job would sleep on until the sweep's kill_grace_s ran out.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     _pin_to_cores()
     _end_with_the_sweep()
     import pickle
@@ -51,6 +57,7 @@ def main(spec_path: str) -> int:
         spec = pickle.load(handle)
     Singleton.set_state(spec["singletons"])
     setup_globals()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the run records Ctrl-C as interrupted
     job = run_job(
         hydra_context=spec["hydra_context"],
         task_function=spec["task_function"],

@@ -235,7 +235,8 @@ def test_a_signal_to_the_sweep_reaches_every_running_job(tmp_path, signum):
     assert f"the sweep was stopped by {signal.Signals(signum).name}" in err
     for seed in (1, 2):
         stopped = summary(tmp_path, seed)
-        assert (stopped["status"], stopped["signal"]) == ("interrupted", signum)
+        (log,) = tmp_path.glob(f"*seed={seed}/job.log")
+        assert (stopped["status"], stopped["signal"]) == ("interrupted", signum), log.read_text()[-2000:]
     assert "effitrain: not started: +sleep_s=60,seed=3" in out
     assert "(0 skipped: ok before, 1 not started)" in out
     assert not any(alive(pid) for pid in pids)

@@ -144,17 +144,34 @@ def test_plain_multirun_runs_each_job_in_its_own_process(tmp_path):
         assert summary["env/cpu_affinity"] == sorted(os.sched_getaffinity(0))  # one at a time: all cores
 
 
+def _split(summary: dict) -> str:
+    (override,) = [o for o in summary["job/overrides"] if o.startswith("data.eval_split=")]
+    return override.split("=")[1]
+
+
 @pytest.mark.slow
-def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path):
-    # an empty eval split is found when the job reads its data: only that job fails, in its own
-    # process (a value validate() rejects stops the whole sweep before it starts); two jobs run at
-    # once, each with its own device and cores, which also keeps this test short.
+def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path, tmp_path_factory):
+    # a label missing from one eval file is found only when that job reads its data: only that job
+    # fails, in its own process (a value validate() rejects stops the whole sweep before it starts);
+    # two jobs run at once, each with its own device and cores, which also keeps this test short.
+    def write(name, count, missing_label=False):
+        rows = [(f"the {'good' if i % 2 else 'bad'} one {i}", i % 2) for i in range(count)]
+        lines = [f"{text},{'' if missing_label and i == count - 1 else label}" for i, (text, label) in enumerate(rows)]
+        (data / f"{name}.csv").write_text("text,label\n" + "\n".join(lines) + "\n")
+
+    data = tmp_path_factory.mktemp("csv")
+    for name, count in (("train", 32), ("e16", 16), ("e24", 24)):
+        write(name, count)
+    write("e0", 8, missing_label=True)
+    files = ", ".join(f"{n}: {data}/{n}.csv" for n in ("train", "e16", "e24", "e0"))
     args = [
         "-m",
-        *TINY,
+        *[o for o in TINY if o != "data=synthetic"],
+        "data=hub",
+        "data.load_args.path=csv",
+        f"+data.load_args.data_files={{{files}}}",
         "max_steps=2",
-        "data.num_train=32",
-        "data.num_eval=16,24,0",
+        "data.eval_split=e16,e24,e0",
         "hydra.launcher.max_parallel=2",
         "hydra.launcher.devices=[0,1]",
         f"hydra.sweep.dir={tmp_path}",
@@ -163,9 +180,11 @@ def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path
     assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
     assert "effitrain: 1 of 3 jobs failed (0 skipped: ok before)" in first.stdout
     before = _summaries(tmp_path)
-    by_length = {name.split("data.num_eval=")[1].split(",")[0]: s for name, s in before.items()}
+    # folder names this long are shortened with a hash: each job's eval split is read from its summary
+    split_of = {name: _split(s) for name, s in before.items()}
+    by_length = {split_of[name][1:]: s for name, s in before.items()}
     assert by_length["0"]["status"] == "failed"
-    assert "data (eval split)=0 is invalid: the split is empty" in by_length["0"]["error"]
+    assert "a label is missing: every sample needs one" in by_length["0"]["error"]
     assert by_length["16"]["status"] == by_length["24"]["status"] == "ok"
     # the devices and cores each job was given are in its summary; jobs running at once share none
     launched = {line["pid"]: line for line in _launches(tmp_path)}
@@ -188,7 +207,7 @@ def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path
     assert second.stdout.count("effitrain: ok (skipped: ok before):") == 2
     after = _summaries(tmp_path)
     for name, summary in after.items():
-        rerun = "data.num_eval=0," in name
+        rerun = split_of[name] == "e0"
         assert (summary["env/pid"] != before[name]["env/pid"]) == rerun
         assert ((tmp_path / name / "summary.json").stat().st_mtime_ns != mtimes[name]) == rerun
 
@@ -196,10 +215,10 @@ def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path
 
     main(["compare", str(tmp_path)])
     rows = list(csv.DictReader(open(tmp_path / "comparison.csv")))
-    assert sorted((row["data.num_eval"], row["status"]) for row in rows) == [
-        ("0", "failed"),
-        ("16", "ok"),
-        ("24", "ok"),
+    assert sorted((row["data.eval_split"], row["status"]) for row in rows) == [
+        ("e0", "failed"),
+        ("e16", "ok"),
+        ("e24", "ok"),
     ]
     failed = next(row for row in rows if row["status"] == "failed")
     assert failed["error"] == by_length["0"]["error"]
