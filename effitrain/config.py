@@ -243,6 +243,9 @@ def _seed(cfg: DictConfig) -> None:
         raise invalid("seed", seed, f"must be an integer in 0..{MAX_SEED}")
 
 
+SYNTHETIC_MAX_LABELS = 6  # the keyword classes effitrain.data.load_synthetic makes (a test holds them equal)
+
+
 def _synthetic(cfg: DictConfig) -> None:
     """The generated data's sizes (``data=synthetic``), before the loader would fail on them."""
     data = cfg.get("data")
@@ -256,6 +259,11 @@ def _synthetic(cfg: DictConfig) -> None:
             lambda: _at_least(data, "min_words_per_text", 1, allow_null=True),
         ]
     )
+    labels = data.get("num_labels")
+    if isinstance(labels, bool) or not isinstance(labels, int) or not 2 <= labels <= SYNTHETIC_MAX_LABELS:
+        problems.append(
+            invalid("num_labels", labels, f"must be an integer between 2 and {SYNTHETIC_MAX_LABELS}").args[0]
+        )
     minimum, words = data.get("min_words_per_text"), data.get("words_per_text")
     if not problems and minimum is not None and minimum > words:
         problems.append(

@@ -75,6 +75,7 @@ VALUES = [
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint' is invalid: no such checkpoint folder"),
     (["data=hub"], "data.load_args.path='???' is invalid: a value is required"),
     (["data.num_eval=0"], "data.num_eval=0 is invalid: must be an integer >= 1"),
+    (["data.num_labels=7"], "data.num_labels=7 is invalid: must be an integer between 2 and 6"),
     (["data.words_per_text=0"], "data.words_per_text=0 is invalid: must be an integer >= 1"),
     (["data.min_words_per_text=20"], "data.min_words_per_text=20 is invalid: must be at most words_per_text = 12"),
     (["seed=4294967296"], "seed=4294967296 is invalid: must be an integer in 0..4294967295"),

@@ -139,3 +139,12 @@ def test_a_cache_entry_with_altered_bytes_is_rebuilt(tmp_path, capsys):
     assert [list(row) for row in _tokenize(tmp_path, cache)["train"]["input_ids"]] == fresh
     assert "has other bytes than written in" in capsys.readouterr().err
     assert [p.name for p in cache.iterdir()] == [entry.name]
+
+
+def test_check_allows_exactly_the_synthetic_classes_the_loader_makes():
+    from effitrain import data
+    from effitrain.config import SYNTHETIC_MAX_LABELS
+
+    assert SYNTHETIC_MAX_LABELS == len(data._KEYWORDS) == 6
+    raw = data.load_synthetic(num_train=12, num_eval=6, num_labels=6, words_per_text=4, seed=0)
+    assert sorted(set(raw.train["label"])) == [0, 1, 2, 3, 4, 5]
