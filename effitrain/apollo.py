@@ -54,8 +54,12 @@ class APOLLOAdamW(_APOLLOAdamW):
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
         if scale_type not in ("channel", "tensor"):
             raise ValueError(f"scale_type must be channel or tensor, got {scale_type!r}")
-        if proj not in ("random", "svd"):
-            raise ValueError(f"proj must be random or svd, got {proj!r}")
+        if proj != "random":  # svd (GaLore's projector): its state is not modeled by effitrain's estimate
+            raise ValueError(f"proj must be random, got {proj!r}")
+        if proj_type not in ("std", "reverse_std", "right", "left"):
+            raise ValueError(f"proj_type must be std, reverse_std, right or left, got {proj_type!r}")
+        if isinstance(update_proj_gap, bool) or not isinstance(update_proj_gap, int) or update_proj_gap < 1:
+            raise ValueError(f"update_proj_gap must be an integer >= 1, got {update_proj_gap!r}")
         projection = {"rank": rank, "scale": scale, "scale_type": scale_type, "proj": proj,
                       "proj_type": proj_type, "update_proj_gap": update_proj_gap}  # fmt: skip
         params = list(params)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from effitrain.config import compose, compose_known
 from effitrain.errors import ConfigError, fail
-from effitrain.hydra_task import preflight, train
+from effitrain.hydra_task import MULTIRUN_FLAGS, preflight, train
 from effitrain.plan import DEFAULT_MARGIN
 from effitrain.schema import DEVICES
 
@@ -22,6 +22,9 @@ def default_device() -> str:
 
 
 def _check(args) -> None:
+    for flag in (a for a in args.overrides if a.startswith("-") and a not in MULTIRUN_FLAGS):
+        # preflight leaves other flags (--cfg, --config-dir, ...) to Hydra and checks nothing then
+        raise ConfigError(f"{flag} is invalid: effitrain check takes overrides and -m/--multirun only")
     checked: list[int] = []
     preflight(args.overrides, jobs_checked=checked)
     if checked:  # a sweep
@@ -112,6 +115,23 @@ def _estimate(args) -> None:
         print(f"{mark}{name:<11}" + "".join(f"{c:>14.1f}" for c in cells))
 
 
+def _check_optimizer_options(names: list[str]) -> None:
+    """``--optimizers``: each an option of conf/optimizer whose package is installed (one line if not)."""
+    from omegaconf import OmegaConf
+
+    from effitrain.config import CONF_DIR, group_options, install_hint, missing_module
+
+    options = group_options("optimizer")
+    for name in names:
+        if name not in options:
+            raise ConfigError(f"--optimizers={name!r} is invalid: choose from {', '.join(options)}")
+        missing = missing_module(OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml"))
+        if missing is not None:
+            raise ConfigError(
+                f"--optimizers={name!r} is invalid: {missing} is not installed ({install_hint(missing)})"
+            )
+
+
 def _plan(args) -> None:
     import json
 
@@ -126,7 +146,11 @@ def _plan(args) -> None:
             f"--probe-steps={args.probe_steps} is invalid: give 0 (no probe) or at least 4 (the first two "
             "steps and the memory-tracked one are not timed)"
         )
+    if not 0 <= args.margin < 1:
+        raise ConfigError(f"--margin={args.margin} is invalid: give the share of the budget kept free, in [0, 1)")
     optimizers = args.optimizers.split(",") if args.optimizers else None
+    if optimizers:
+        _check_optimizer_options(optimizers)
     device = args.device or default_device()
     rows = plan(
         args.overrides, budget, args.effective_batch_size, optimizers, device=device, margin=args.margin

@@ -19,7 +19,7 @@ from effitrain.errors import ConfigError, fail
 
 # Hydra's command-line flags that are not overrides; any other flag (--cfg, --info, --help...) is
 # left to Hydra with the overrides unchecked.
-_MULTIRUN_FLAGS = ("-m", "--multirun")
+MULTIRUN_FLAGS = ("-m", "--multirun")
 MAX_JOBS_CHECKED = 64  # a sweep's first jobs validated before any starts; the rest when they start
 
 
@@ -57,7 +57,7 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     from effitrain.overrides import parse
 
     flags = [a for a in argv if a.startswith("-")]
-    if any(flag not in _MULTIRUN_FLAGS for flag in flags):
+    if any(flag not in MULTIRUN_FLAGS for flag in flags):
         return None
     overrides = [a for a in argv if not a.startswith("-")]
     parsed = parse(overrides)

@@ -239,7 +239,12 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
         with torch.device("meta"):
             shapes_only = auto.from_config(config)
         state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
-        analytic_state = state.bytes if state is not None else 0
+        if state is None:  # neither replayed nor counted: a prediction without it would be too low
+            raise ConfigError(
+                f"optimizer._target_={str(optimizer_cfg.get('_target_'))!r} is invalid: with these settings "
+                "its state can be neither replayed on fake tensors nor counted by effitrain's estimate"
+            )
+        analytic_state = state.bytes
     phases = {}
     with fake_tensor_mode():
         with torch.device("cpu"):

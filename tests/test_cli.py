@@ -75,6 +75,14 @@ def test_check_refuses_a_bad_input_in_one_line_with_exit_2(capsys, overrides, me
     assert err.startswith(f"effitrain: error: {message}")
 
 
+@pytest.mark.parametrize("flag", ["--cfg", "-x", "--config-dir=conf"])
+def test_check_refuses_a_flag_it_would_not_check(capsys, flag):
+    # Hydra's flags would leave the overrides unchecked: "valid" would be a claim about nothing
+    code, out, err = check(capsys, *TINY, "optimizer=nonexistent", flag)
+    assert (code, out) == (2, "")
+    assert err == f"effitrain: error: {flag} is invalid: effitrain check takes overrides and -m/--multirun only\n"
+
+
 def test_check_names_every_problem_one_per_line(capsys):
     code, _, err = check(capsys, *TINY, "seed=x", "compile.mode=fast", "epochs=0", "max_grad_norm=nan")
     assert code == 2

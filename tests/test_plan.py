@@ -123,6 +123,39 @@ def test_too_few_probe_steps_are_refused_before_any_trace(capsys):
     assert line.startswith("effitrain: error: --probe-steps=2 is invalid: give 0 (no probe) or at least 4")
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--margin", "-0.5"], "--margin=-0.5 is invalid: give the share of the budget kept free, in [0, 1)"),
+        (["--margin", "1"], "--margin=1.0 is invalid: give the share of the budget kept free, in [0, 1)"),
+        (["--optimizers", "adamw,nonsense"], "--optimizers='nonsense' is invalid: choose from adafactor, adam8bit"),
+    ],
+)
+def test_plan_s_bad_flags_are_one_line_before_any_trace(capsys, flags, message):
+    # a negative margin would call candidates above the budget "fits"
+    from effitrain.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--memory-budget", "1GiB", *flags, *BASE])
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"effitrain: error: {message}")
+
+
+def test_plan_names_an_optimizer_whose_package_is_missing_in_one_line(capsys, monkeypatch):
+    import importlib.util
+
+    from effitrain.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lion_pytorch" else real(name, *a))
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--memory-budget", "1GiB", "--optimizers", "adamw,lion", *BASE])
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("effitrain: error: --optimizers='lion' is invalid: lion_pytorch is not installed")
+
+
 def test_budget_sizes_parse_and_bad_ones_are_refused():
     assert [parse_bytes(t) for t in ("8GiB", "500MiB", "24GB", "1024")] == [
         8 * 2**30,
