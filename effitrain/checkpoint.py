@@ -55,6 +55,20 @@ class Position:
     batches: int
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask would change it for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o022)  # no /proc (not Linux): the one way left, for an instant
+    os.umask(umask)
+    return umask
+
+
 def position(step: int, batches_per_epoch: int, accumulation: int) -> Position:
     """Every optimizer step but an epoch's last takes ``accumulation`` micro-batches.
 
@@ -293,10 +307,8 @@ class Checkpointer:
         barrier()
         if is_main:
             save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            umask = os.umask(0)
-            os.umask(umask)
             # safetensors writes 0600: the weights follow the umask as every other result file
-            os.chmod(tmp / "model.safetensors", 0o666 & ~umask)
+            os.chmod(tmp / "model.safetensors", 0o666 & ~_umask())
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             if trainer_state is not None:

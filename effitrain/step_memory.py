@@ -97,9 +97,10 @@ class StepMemory:
         # torch.compile cannot run under the tracker's dispatch mode: the tracked step runs eagerly
         # (a compiled model falls back to eager there anyway; torchao's optimizers compile their
         # update with fullgraph=True, which would fail instead)
-        self._eager = contextlib.ExitStack()
-        self._eager.enter_context(torch.compiler.set_stance("force_eager"))
-        tracker.__enter__()
+        with contextlib.ExitStack() as entered:  # both or neither: a failed enter leaves no stance behind
+            entered.enter_context(torch.compiler.set_stance("force_eager"))
+            entered.enter_context(tracker)
+            self._entered = entered.pop_all()
         self._tracker = tracker
         if self.meter is not None:
             self.meter.leave_untimed()
@@ -121,8 +122,7 @@ class StepMemory:
         tracker, self._tracker = self._tracker, None
         if tracker is None:
             return
-        tracker.__exit__(None, None, None)
-        self._eager.close()
+        self._entered.close()  # the tracker, then the stance (also when the tracker's exit raises)
         self.peak = breakdown(tracker.get_tracker_snapshot("peak"))
         tracker.reset_mod_stats()
 

@@ -130,6 +130,8 @@ class SweepReport(Callback):
         failed += busy + not_started  # not done by this sweep either: the exit status says so
         if failed:
             args = [arg for arg in sys.argv if not arg.startswith("hydra.sweep.dir=")]
+            if not any(arg.startswith("resume=") for arg in args) and _left_checkpoints(outcomes):
+                args.append("resume=auto")  # a fresh start into a folder with checkpoints is refused
             resume = shlex.join(["python", *args, f"hydra.sweep.dir={sweep_dir}"])
             print(f"effitrain: rerun the jobs that are not ok: {resume}")
         sys.stdout.flush()
@@ -138,6 +140,13 @@ class SweepReport(Callback):
             sys.exit(128 + RECORD.signal)
         if failed:
             sys.exit(1)
+
+
+def _left_checkpoints(outcomes: list[JobOutcome]) -> bool:
+    """Whether a job that is not ok left checkpoints in its folder (a rerun then needs resume=auto)."""
+    from effitrain.checkpoint import list_checkpoints
+
+    return any(job.status != "ok" and list_checkpoints(job.folder) for job in outcomes)
 
 
 def _recheck(job: JobOutcome) -> JobOutcome:

@@ -26,6 +26,8 @@ def task(cfg) -> float:
     marker = cfg.get("die_marker")
     if marker and Path(marker, str(cfg.seed)).exists():
         Path(marker, str(cfg.seed)).unlink()  # dies once: a rerun of the same command runs normally
+        if cfg.get("checkpoint_first"):  # as a run does at checkpoint_every before it is killed
+            (folder / "checkpoints" / "step-00000001").mkdir(parents=True)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(float(cfg.get("sleep_s", 0)))
     record = {

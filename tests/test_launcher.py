@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -160,6 +161,22 @@ def test_killed_job_is_recorded_the_others_finish_and_a_rerun_repeats_only_it(tm
     assert [line.get("pid") is not None for line in rerun] == [False, True, False]
     assert [line["job"] for line in rerun if line.get("pid")] == [1]
     assert summary(sweep, 2)["status"] == "ok"
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_the_printed_rerun_command_resumes_a_job_that_left_checkpoints(tmp_path, checkpointed):
+    # a fresh start into a folder holding checkpoints is refused: the command must say resume=auto
+    marker = tmp_path / "die"
+    marker.mkdir()
+    (marker / "2").touch()
+    sweep = tmp_path / "sweep"
+    args = ["seed=1,2", f"+die_marker={marker}", f"+checkpoint_first={checkpointed}"]
+    first = run_app(sweep, *args)
+    assert first.returncode == 1, first.stdout + first.stderr
+    [line] = [line for line in first.stdout.splitlines() if line.startswith("effitrain: rerun the jobs")]
+    command = shlex.split(line.removeprefix("effitrain: rerun the jobs that are not ok: "))
+    assert command[0] == "python" and command[1] == str(APP)
+    assert command[2:] == ["-m", *args, *(["resume=auto"] if checkpointed else []), f"hydra.sweep.dir={sweep}"]
 
 
 def test_a_rerun_skips_only_the_ok_jobs(tmp_path):
