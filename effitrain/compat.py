@@ -120,6 +120,32 @@ def adam_step_dtype(fused: bool | None = None):
     return scalar_dtype(is_fused=fused) if fused is not None else scalar_dtype()
 
 
+def tree_map(fn, tree):
+    """``fn`` on every leaf of nested tuples, lists and dicts (``torch.utils._pytree.tree_map``).
+    No fallback: the CUDA autocast replay casts a call's arguments with it."""
+    from torch.utils import _pytree
+
+    mapped = private("torch", _pytree, "tree_map")
+    if mapped is None:
+        raise _missing("torch", "torch.utils._pytree.tree_map")
+    return mapped(fn, tree)
+
+
+# CUDA's fused attention kernels, each its own aten op with a meta function (underscore names)
+SDPA_KERNEL_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+
+
+def sdpa_kernel_op(name: str):
+    """The aten op of one of :data:`SDPA_KERNEL_OPS`. No fallback: the CUDA replay of attention
+    runs the kernel's own op, so that autograd keeps what its backward keeps."""
+    import torch
+
+    op = private("torch", torch.ops.aten, name)
+    if op is None:
+        raise _missing("torch", f"torch.ops.aten.{name}")
+    return op
+
+
 def compile_seconds() -> float:
     """Seconds torch.compile has spent compiling in this process so far (dynamo's own timing,
     ``torch._dynamo.utils.compilation_time_metrics``). Fallback: NaN (unknown), not 0."""
@@ -174,6 +200,12 @@ def checkpointing_wrapped(model, wrap) -> int:
             )
             wrapped += 1
     return wrapped
+
+
+def attention_implementation(config) -> str:
+    """The attention a transformers model runs (``PretrainedConfig._attn_implementation``).
+    Fallback: sdpa, transformers' default where torch has it."""
+    return private("transformers", config, "_attn_implementation") or "sdpa"
 
 
 # --- accelerate --------------------------------------------------------------------------------

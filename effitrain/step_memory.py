@@ -20,6 +20,7 @@ import math
 import torch
 
 from effitrain.compat import (
+    attention_implementation,
     checkpointing_wrapped,
     fake_tensor_mode,
     mask_skipping_replaced,
@@ -249,7 +250,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     with fake_tensor_mode():
         with torch.device("cpu"):
             model = auto.from_config(config)
-        attention = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        attention = attention_implementation(model.config)
         if cuda and attention not in ("sdpa", "eager"):
             raise ConfigError(
                 f"the CUDA replay models the sdpa and eager attention of transformers, not {attention!r}: "

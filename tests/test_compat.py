@@ -172,3 +172,31 @@ def test_dataset_fingerprint_follows_the_content():
     changed = data.map(lambda row: {"text": row["text"] + "!"})
     assert compat.dataset_fingerprint(changed) != fingerprint
     assert compat.dataset_fingerprint(data) == fingerprint
+
+
+def test_tree_map_reaches_every_leaf_of_a_call_s_arguments():
+    args = (1, [2, {"k": 3}], {"m": (4,)})
+    assert compat.tree_map(lambda x: x * 10, args) == (10, [20, {"k": 30}], {"m": (40,)})
+
+
+@pytest.mark.parametrize("name", compat.SDPA_KERNEL_OPS)
+def test_cuda_attention_kernel_ops_run_on_fake_tensors_and_return_the_logsumexp(name):
+    # the replay's premise: each kernel is its own op whose meta function gives what backward keeps
+    op = compat.sdpa_kernel_op(name)
+    with compat.fake_tensor_mode():
+        q, k, v = (torch.ones(2, 3, 5, 8, dtype=torch.float16) for _ in range(3))
+        if name.endswith("flash_attention"):
+            out, logsumexp = op(q, k, v, 0.0, False, False)[:2]
+        else:
+            out, logsumexp = op(q, k, v, None, True, 0.0, False)[:2]
+    assert tuple(out.shape) == (2, 3, 5, 8) and out.dtype == torch.float16
+    assert logsumexp.dtype == torch.float32 and tuple(logsumexp.shape)[:2] == (2, 3)
+
+
+def test_attention_implementation_is_what_the_model_runs():
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)
+    for chosen in ("eager", "sdpa"):
+        config._attn_implementation = chosen  # noqa: SLF001 (what from_pretrained sets)
+        assert compat.attention_implementation(BertModel(config).config) == chosen

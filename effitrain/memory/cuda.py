@@ -29,6 +29,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from effitrain.compat import sdpa_kernel_op, tree_map
+
 # The order torch tries SDPA's kernels on CUDA (torch._C._get_sdp_priority_order(): flash,
 # memory-efficient, math; cuDNN after math, so never chosen by default).
 FLASH, EFFICIENT, MATH = "flash", "efficient", "math"
@@ -111,7 +113,7 @@ def cuda_sdpa(
     if kernel == FLASH:
         size = query.shape[-1]
         q, k, v = (_pad_last(t, 8) for t in (query, key, value))
-        out = torch.ops.aten._scaled_dot_product_flash_attention(
+        out = sdpa_kernel_op("_scaled_dot_product_flash_attention")(
             q, k, v, dropout_p, is_causal, False, scale=scale
         )[0]
         return out if out.shape[-1] == size else out[..., :size]
@@ -120,7 +122,7 @@ def cuda_sdpa(
         if mask is not None:
             mask = _pad_last(mask, 16).expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-        return torch.ops.aten._scaled_dot_product_efficient_attention(
+        return sdpa_kernel_op("_scaled_dot_product_efficient_attention")(
             query, key, value, mask, needs_grad, dropout_p, is_causal, scale=scale
         )[0]
     return _math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -220,8 +222,8 @@ class CudaAutocast(torch.overrides.TorchFunctionMode):
         dtype = self.dtype if name in _LOWER else torch.float32 if name in _FP32 else None
         if dtype is not None:
             cast = functools.partial(self._cast, dtype=dtype)
-            args = torch.utils._pytree.tree_map(cast, args)
-            kwargs = torch.utils._pytree.tree_map(cast, kwargs)
+            args = tree_map(cast, args)
+            kwargs = tree_map(cast, kwargs)
         return func(*args, **kwargs)
 
 
