@@ -13,8 +13,9 @@ from pathlib import Path
 
 def run_isolated(overrides: list[str], timeout: float | None = None) -> dict:
     """``effitrain train OVERRIDES logger=none progress_bar=false`` in a fresh Python process;
-    its ``summary.json``. A process that ends without one (killed, timed out, crashed before the
-    summary) gives ``{"status": "failed", "error": ...}``: the caller records it and goes on."""
+    its ``summary.json``. A process that ends without one (killed, crashed before the summary)
+    gives ``{"status": "failed", "error": ...}``, one that runs past ``timeout`` seconds
+    ``{"status": "timeout", "error": ...}``: the caller records it and goes on."""
     with tempfile.TemporaryDirectory() as folder:
         command = [sys.executable, "-m", "effitrain.cli", "train", *overrides, "logger=none",
                    "progress_bar=false", f"hydra.run.dir={folder}"]  # fmt: skip
