@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from effitrain.config import compose_known  # noqa: E402
+from effitrain.composition import compose_known  # noqa: E402
 from effitrain.estimate import estimate_memory  # noqa: E402
 from effitrain.memory import MIB  # noqa: E402
 from effitrain.modeling import build_model  # noqa: E402

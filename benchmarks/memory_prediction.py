@@ -24,13 +24,11 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from effitrain.config import (
-    compose_known,  # noqa: E402
-    group_options,  # noqa: E402
-)
+from effitrain.composition import compose_known  # noqa: E402
 from effitrain.estimate import estimate_memory  # noqa: E402
 from effitrain.isolated import run_isolated  # noqa: E402
 from effitrain.memory import MIB  # noqa: E402
+from effitrain.registry import group_options  # noqa: E402
 from effitrain.step_memory import CATEGORIES  # noqa: E402
 
 MODEL = {"distilbert_base_cased": ["model.init=random"]}

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from effitrain.config import ConfigError
-from effitrain.sweep import LAUNCHER_DIR, LAUNCHES, launcher_settings
+from effitrain.errors import ConfigError
+from effitrain.sweep import LAUNCHER_DIR, LAUNCHES
+from effitrain.sweep_slots import launcher_settings
 from tests.conftest import REPO, wait_for_lines
 
 APP = REPO / "tests" / "launcher_app.py"
