@@ -317,6 +317,35 @@ def test_launcher_settings_are_checked_in_one_line():
             launcher_settings(params)
 
 
+def test_launcher_settings_are_typed_when_composed():
+    """The settings' types come from schema.LauncherConfig in the ConfigStore: a wrong type fails
+    while the sweep's config is composed, in one line (the sweep's, not each job's)."""
+    from omegaconf import OmegaConf
+
+    from effitrain.composition import compose
+    from effitrain.hydra_task import preflight
+    from effitrain.schema import LauncherConfig
+
+    cfg = compose(["hydra.launcher.max_parallel=3", "hydra.launcher.timeout_min=0.5"])
+    assert OmegaConf.get_type(cfg.hydra.launcher) is LauncherConfig
+    assert launcher_settings(cfg.hydra.launcher)["max_parallel"] == 3
+    assert launcher_settings(cfg.hydra.launcher)["timeout_min"] == 0.5
+    bad = [
+        ("hydra.launcher.max_parallel=x", "hydra.launcher.max_parallel='x' is invalid: must be an integer"),
+        (
+            "hydra.launcher.cpu_pinning=maybe",
+            "hydra.launcher.cpu_pinning='maybe' is invalid: must be true or false",
+        ),
+    ]
+    for override, message in bad:
+        with pytest.raises(ConfigError) as error:
+            preflight(["-m", "seed=1,2", override])
+        assert str(error.value) == message
+    with pytest.raises(ConfigError) as error:  # a plain dict (the launcher's own check) is typed alike
+        launcher_settings({"cpu_pinning": "maybe"})
+    assert str(error.value) == "hydra.launcher.cpu_pinning='maybe' is invalid: true or false"
+
+
 @pytest.mark.slow
 def test_bad_launcher_settings_stop_train_py_before_anything_runs(tmp_path):
     from tests.conftest import TINY, train_py
