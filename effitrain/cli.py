@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from effitrain.composition import compose, compose_known
+from effitrain.composition import compose
 from effitrain.errors import ConfigError, fail
 from effitrain.hydra_task import preflight, train
 from effitrain.plan import DEFAULT_MARGIN
@@ -57,7 +57,7 @@ def _estimate(args) -> None:
     parsed = parse(args.overrides)
     base = [o.input_line for o in parsed if not names(o, "optimizer")]
     own = [o.input_line for o in parsed if names(o, "optimizer") and o.key_or_group != "optimizer"]
-    cfg = compose_known(args.overrides)  # unknown keys named with the nearest real ones
+    cfg = compose(args.overrides)  # unknown keys named with the nearest real ones
     from effitrain.target_checks import check_max_length
 
     check_max_length(cfg)  # as train and check refuse it

@@ -1,9 +1,10 @@
 """Composition: the one way a run config is made from command-line overrides, typed by
 effitrain's schema, with its Hydra node (``cfg.hydra``), as ``train.py`` would compose it.
 
-:func:`compose` is Hydra's compose with one-line errors; :func:`compose_checked` also names an
-unknown key with the nearest real ones and keeps composing past a value of the wrong type, so
-that every problem of a command line is reported at once (:func:`compose_known` raises them).
+:func:`compose` is the one public way: Hydra's compose, with an unknown key named with the nearest
+real ones and every problem in one line. :func:`compose_checked` is its form for the front door
+(:func:`effitrain.config.load`): it keeps composing past a value of the wrong type and returns the
+problems, so that they are reported with validation's, all at once.
 """
 
 from __future__ import annotations
@@ -31,13 +32,9 @@ def plain_open_overrides(overrides: list[str]) -> list[str]:
     return result
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """The run config ``train.py`` would compose for these overrides, typed by effitrain's schema,
-    with its Hydra node (``cfg.hydra``), as Hydra's compose API gives it.
-
-    Raises:
-        ConfigError: an option that does not exist, or a value of the wrong type (one line).
-    """
+def _compose(overrides: list[str]) -> DictConfig:
+    """Hydra's compose API with one-line errors: an option that does not exist, a key Hydra does not
+    know (its own words), or a value the schema's type rejects (:class:`WrongType`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.hydra_config import HydraConfig
@@ -91,7 +88,7 @@ def compose_checked(overrides: list[str]) -> tuple[DictConfig, list[str]]:
     kept, problems = [o.input_line for o in parsed], []
     for _ in range(len(kept) + 1):
         try:
-            cfg = compose(kept)
+            cfg = _compose(kept)
             break
         except WrongType as error:
             bad = [o.input_line for o in parse(kept) if o.key_or_group == error.key]
@@ -101,7 +98,7 @@ def compose_checked(overrides: list[str]) -> tuple[DictConfig, list[str]]:
             kept.remove(bad[0])
         except ConfigError:  # an unknown key, most likely: name it with the nearest real ones
             _check_keys_exist(
-                compose([o.input_line for o in parsed if _is_choice(o, groups)]), parsed, groups
+                _compose([o.input_line for o in parsed if _is_choice(o, groups)]), parsed, groups
             )
             raise
     # composed, so every key exists; a +key outside the nodes whose keys a target reads is refused
@@ -113,8 +110,15 @@ def _is_choice(override, groups: set[str]) -> bool:
     return override.key_or_group in groups or _is_hydra(override.key_or_group)
 
 
-def compose_known(overrides: list[str]) -> DictConfig:
-    """:func:`compose_checked`'s config; ConfigError (ConfigErrors for several) for any problem."""
+def compose(overrides: list[str]) -> DictConfig:
+    """The run config ``train.py`` would compose for these overrides, typed by effitrain's schema,
+    with its Hydra node (``cfg.hydra``), as Hydra's compose API gives it (not validated: that is
+    :func:`effitrain.config.load`).
+
+    Raises:
+        ConfigError: an option or key that does not exist (named with the nearest real ones), a
+            ``+key`` nothing reads, a value of the wrong type; ConfigErrors for several.
+    """
     cfg, problems = compose_checked(overrides)
     raise_problems(problems)
     return cfg
