@@ -1,5 +1,6 @@
-"""Multiruns: effitrain's launcher (the job-side preparation is :mod:`effitrain.sweep_job`, the
-closing report :mod:`effitrain.sweep_report`).
+"""Multiruns: effitrain's launcher. Its settings and the GPU and CPU slots they make are
+:mod:`effitrain.sweep_slots`, how a launched job ended :mod:`effitrain.sweep_outcome`; the job-side
+preparation is :mod:`effitrain.sweep_job`, the closing report :mod:`effitrain.sweep_report`.
 
     python train.py sweep=optimizers max_steps=20      # a named study from multirun_sweeps/
     python train.py -m optimizer=adamw,adafactor       # a plain Hydra multirun gets the same
