@@ -66,7 +66,7 @@ def timing_cases() -> list[dict]:
 
 def dry_run(cases: list[dict]) -> None:
     """Compose and validate every case as ``effitrain check`` does; nothing is built or run."""
-    from effitrain.config import ConfigError
+    from effitrain.errors import ConfigError
     from effitrain.hydra_task import preflight
 
     bad = 0

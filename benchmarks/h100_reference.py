@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from effitrain.config import compose_known  # noqa: E402
+from effitrain.composition import compose  # noqa: E402
 from effitrain.estimate import estimate_memory  # noqa: E402
 from effitrain.memory import MIB  # noqa: E402
 from effitrain.modeling import build_model  # noqa: E402
@@ -46,7 +46,7 @@ def main() -> None:
     print("optimizer | recompute | " + " | ".join(CATEGORIES) + " | step peak | largest |replayed - H100| "
           "of a category, MiB | step peak replayed / H100  (MiB: H100 / replayed as measured / estimate's worst case)")  # fmt: skip
     for checkpointing in (False, True):
-        cfg = compose_known([*DISTILBERT, f"gradient_checkpointing={checkpointing}"])
+        cfg = compose([*DISTILBERT, f"gradient_checkpointing={checkpointing}"])
         task = build_task(cfg)
         model = build_model(cfg.model, 3, None, device="meta", auto_class=task.auto_class)
         tokens = ((16, 128), torch.int64)
@@ -56,9 +56,7 @@ def main() -> None:
             "labels": ((16,), torch.int64),
             "padded": False,
         }
-        optimizers = {
-            o: compose_known([f"optimizer={o}"]).optimizer for o in ("adafactor", "adam8bit", "adamw")
-        }
+        optimizers = {o: compose([f"optimizer={o}"]).optimizer for o in ("adafactor", "adam8bit", "adamw")}
         worst = estimate_memory(cfg, optimizers, device="cuda")
         for name, optimizer_cfg in optimizers.items():
             peak, _ = trace_step(model.config, optimizer_cfg, cfg, [batch], True, device="cuda")

@@ -24,13 +24,11 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from effitrain.config import (
-    compose_known,  # noqa: E402
-    group_options,  # noqa: E402
-)
+from effitrain.composition import compose  # noqa: E402
 from effitrain.estimate import estimate_memory  # noqa: E402
 from effitrain.isolated import run_isolated  # noqa: E402
 from effitrain.memory import MIB  # noqa: E402
+from effitrain.registry import group_options  # noqa: E402
 from effitrain.step_memory import CATEGORIES  # noqa: E402
 
 MODEL = {"distilbert_base_cased": ["model.init=random"]}
@@ -82,9 +80,9 @@ def main() -> None:
               f"{cuda / MIB if cuda else float('nan'):.1f} | {predicted / cuda if cuda else float('nan'):.3f}")  # fmt: skip
     print("\nmodel | seconds for `effitrain estimate` (all optimizers)")
     for model in args.models:
-        cfg = compose_known([f"model={model}", *MODEL.get(model, []), f"max_length={args.max_length}",
+        cfg = compose([f"model={model}", *MODEL.get(model, []), f"max_length={args.max_length}",
                                   "data=synthetic"])  # fmt: skip
-        optimizers = {name: compose_known([f"model={model}", f"optimizer={name}"]).optimizer
+        optimizers = {name: compose([f"model={model}", f"optimizer={name}"]).optimizer
                       for name in args.optimizers}  # fmt: skip
         started = time.perf_counter()
         estimate_memory(cfg, optimizers)

@@ -19,10 +19,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from effitrain import memory
-from effitrain.config import compose, group_options
+from effitrain.composition import compose
 from effitrain.estimate import estimate_memory
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer
+from effitrain.registry import group_options
 
 MODELS = {
     "minilm": ["model=minilm"],

@@ -33,7 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 import torch.nn.functional as F
 
-from effitrain.config import compose
+from effitrain.composition import compose
 from effitrain.run import build_job, run
 
 BASE = [

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from effitrain.config import compose, compose_known
+from effitrain.composition import compose
 from effitrain.errors import ConfigError, fail
 from effitrain.hydra_task import MULTIRUN_FLAGS, preflight, train
 from effitrain.plan import DEFAULT_MARGIN
@@ -49,19 +49,19 @@ def _estimate(args) -> None:
     """Static memory of the run these overrides describe, for every option of the optimizer group."""
     import json
 
-    from effitrain.config import group_options, installed_optimizers
     from effitrain.estimate import estimate_memory
     from effitrain.memory import MIB
 
     # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
     # the other optimizers may have no such key.
     from effitrain.overrides import names, parse
+    from effitrain.registry import group_options, installed_optimizers
 
     parsed = parse(args.overrides)
     base = [o.input_line for o in parsed if not names(o, "optimizer")]
     own = [o.input_line for o in parsed if names(o, "optimizer") and o.key_or_group != "optimizer"]
-    cfg = compose_known(args.overrides)  # unknown keys named with the nearest real ones
-    from effitrain.config import check_max_length
+    cfg = compose(args.overrides)  # unknown keys named with the nearest real ones
+    from effitrain.target_checks import check_max_length
 
     check_max_length(cfg)  # as train and check refuse it
     chosen = cfg.hydra.runtime.choices.optimizer

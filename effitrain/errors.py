@@ -14,9 +14,25 @@ class ConfigError(ValueError):
     """A configuration a run cannot start with; the message is one line for the user."""
 
 
+class ConfigErrors(ConfigError):
+    """Several problems of one config, each a one-line message; ``str()`` puts one per line."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
 def invalid(key: str, value, allowed: str) -> ConfigError:
     shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as typed: true, not True
     return ConfigError(f"{key}={shown} is invalid: {allowed}")
+
+
+def raise_problems(problems: list[str]) -> None:
+    """Nothing for no problem, a ConfigError for one, ConfigErrors for several."""
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigErrors(problems)
 
 
 def fail(message: str, code: int = 2):

@@ -10,12 +10,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from effitrain.config import (
-    check_group_overrides,
-    check_output_folder,
-    check_output_overrides,
-)
-from effitrain.errors import ConfigError, fail
+from effitrain.errors import ConfigError, fail, raise_problems
+from effitrain.registry import check_group_overrides
+from effitrain.validation import check_output_folder, check_output_overrides
 
 # Hydra's command-line flags that are not overrides; any other flag (--cfg, --info, --help...) is
 # left to Hydra with the overrides unchecked.
@@ -53,7 +50,8 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     Raises:
         ConfigError: the first grammar problem, or every problem of the first bad job.
     """
-    from effitrain.config import checked, compose_checked, load
+    from effitrain.composition import compose_checked
+    from effitrain.config import checked, load
     from effitrain.overrides import parse
 
     flags = [a for a in argv if a.startswith("-")]
@@ -77,8 +75,9 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
         check_output_folder("hydra.run.dir", str(cfg.hydra.run.dir))
         return cfg
     check_output_folder("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
+    raise_problems([p for p in problems if p.startswith("hydra.launcher.")])  # the sweep's, not a job's
     if str(cfg.hydra.launcher.get("_target_", "")).endswith(".EffitrainLauncher"):
-        from effitrain.sweep import launcher_settings
+        from effitrain.sweep_slots import launcher_settings
 
         launcher_settings(cfg.hydra.launcher)
     jobs = sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]
@@ -170,10 +169,10 @@ def train(argv: list[str]) -> None:
     """``python train.py ARGS`` and ``effitrain train ARGS``: check, then hand over to Hydra."""
     import hydra
 
-    from effitrain.config import CONF_SOURCE
+    from effitrain.registry import CONF_SOURCE
 
     check_overrides_or_exit(argv)
-    from effitrain.config import plain_open_overrides
+    from effitrain.composition import plain_open_overrides
 
     argv = share_run_dir_across_ranks(plain_open_overrides(argv))
     from effitrain.sweep import expose_launcher_plugin

@@ -18,7 +18,7 @@ def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
     """The keys that make ``summary.json`` self-describing: ``cfg/<group>`` for every config group's
     choice, the run-shaping scalars, the job's identity (its result-changing overrides, a short
     name, its sweep folder) and where its W&B run goes. Compare and W&B read these, never Hydra's
-    files. The job's Hydra record is ``cfg.hydra`` (see :func:`effitrain.config.with_hydra_node`); without one (a
+    files. The job's Hydra record is ``cfg.hydra`` (see :func:`effitrain.composition.with_hydra_node`); without one (a
     config built by hand) there are no choices or overrides."""
     from hydra.types import RunMode
     from omegaconf import OmegaConf

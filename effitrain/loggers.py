@@ -105,8 +105,8 @@ def job_identity(output_dir: Path, cfg_keys: dict) -> dict:
     run keeps its W&B run in its own output folder. The name is the short one
     (``adam8bit | trainer | ga4``); the full overrides are in the run's config.
     """
-    from effitrain.config import group_names
     from effitrain.overrides import parse
+    from effitrain.registry import group_names
 
     sweep_dir = cfg_keys.get("job/sweep_dir")
     groups = set(group_names())

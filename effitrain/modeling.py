@@ -69,14 +69,14 @@ _SIZING_TOKENIZERS: dict = {}
 def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None, causal: bool = False):
     """The architecture: ``name_or_path``'s own config for ``init=pretrained``, for a local folder
     holding a ``config.json``, and when ``model.architecture`` is empty; else ``model.architecture``
-    (the rule of :func:`effitrain.config.uses_named_config`, which the checks read too).
+    (the rule of :func:`effitrain.architecture.uses_named_config`, which the checks read too).
 
     ``num_labels``: the classification head's size (None: a model without one, a causal LM).
     ``causal``: built as a decoder (``is_decoder=True``: an encoder type such as BERT then masks
     later tokens; decoder types ignore it)."""
     from transformers import AutoConfig
 
-    from effitrain.config import uses_named_config
+    from effitrain.architecture import uses_named_config
 
     overrides = OmegaConf.to_container(model_cfg.config_overrides, resolve=True)
     architecture = OmegaConf.to_container(model_cfg.architecture, resolve=True)

@@ -19,8 +19,10 @@ from __future__ import annotations
 import re
 import sys
 
-from effitrain.config import apply_effective_batch_size, group_options, installed_optimizers, no_checkpointing
+from effitrain.architecture import no_checkpointing
+from effitrain.config import apply_effective_batch_size
 from effitrain.errors import ConfigError
+from effitrain.registry import group_options, installed_optimizers
 
 # The share of the budget kept free: the allocator rounds every block up (512 bytes on CUDA) and
 # cannot always reuse a freed block for a larger one, so what it reserves exceeds what tensors hold.
@@ -57,11 +59,11 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     larger than the largest that fits without it are tried: recomputation only pays where it
     saves accumulation steps.
     """
-    from effitrain.config import compose_known
+    from effitrain.composition import compose
     from effitrain.estimate import estimate_memory
     from effitrain.overrides import names, parse
 
-    base = compose_known(overrides)
+    base = compose(overrides)
     chosen = any(names(o, "gradient_checkpointing") for o in parse(overrides))
     if chosen:  # the user's own setting is the only one tried
         checkpointing = [bool(base.gradient_checkpointing)]
@@ -86,7 +88,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                   f"gradient_accumulation_steps={accumulation}"]  # fmt: skip
         if recompute and not chosen:
             choice.append("gradient_checkpointing=true")
-        cfg = compose_known(list(overrides) + choice)
+        cfg = compose(list(overrides) + choice)
         apply_effective_batch_size(cfg)  # micro_batch_size from the effective batch, as a run derives it
         [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device).values()
         fits = row["run_peak_bytes"] <= budget * (1 - margin)

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from effitrain import checkpoint, results
 from effitrain.backends import backend_of
 from effitrain.compat import compile_seconds, reset_accelerator_state
-from effitrain.config import apply_effective_batch_size, check_output_dir, validate
+from effitrain.config import apply_effective_batch_size
 from effitrain.distributed import process_state
 from effitrain.flops import mfu_keys
 from effitrain.identity import summary_config_keys
@@ -30,6 +30,7 @@ from effitrain.loggers import build_tracker, run_config
 from effitrain.memory import TrainingMemory
 from effitrain.outcome import interrupts_raise, one_line, recorded
 from effitrain.step_memory import predicted_keys, run_peak_keys, trace_run
+from effitrain.validation import check_output_dir, validate
 
 log = logging.getLogger(__name__)
 

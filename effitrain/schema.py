@@ -4,7 +4,7 @@ config is composed, before anything is built.
 
 ``conf/config.yaml`` lists ``effitrain_schema`` first in its defaults: every YAML file merges into
 these types. Groups whose keys are a target's arguments (optimizer, data, logger, ...) stay open
-(``Any``); their arguments are checked against the target's signature by ``config.validate``.
+(``Any``); their arguments are checked against the target's signature by ``validation.validate``.
 A root key added to ``conf/config.yaml`` needs its field here.
 """
 
@@ -101,8 +101,23 @@ class RunConfig:
     run_invariant_keys: List[str] = field(default_factory=list)
 
 
+@dataclass
+class LauncherConfig:
+    """``hydra/launcher=effitrain``'s settings (``conf/hydra/launcher/effitrain.yaml`` merges into it),
+    as hydra_submitit_launcher types its own; ranges are ``sweep_slots.launcher_settings``'s."""
+
+    _target_: str = "hydra_plugins.effitrain_launcher.effitrain_launcher.EffitrainLauncher"
+    max_parallel: int = 1
+    devices: Any = None  # an id, a list of ids or null (OmegaConf has no Union): checked by hand
+    gpus_per_job: int = 1
+    cpu_pinning: bool = True
+    timeout_min: Any = 1440  # minutes, an int or a float (0.5): a float field would show 1440.0
+    kill_grace_s: Any = 30  # seconds, likewise
+
+
 def register() -> None:
     ConfigStore.instance().store(name="effitrain_schema", node=RunConfig)
+    ConfigStore.instance().store(group="hydra/launcher", name="effitrain_schema", node=LauncherConfig)
 
 
 # What a user is told a typed key accepts, in validate's words (a composition error names the type).

@@ -1,5 +1,6 @@
-"""Multiruns: effitrain's launcher (the job-side preparation is :mod:`effitrain.sweep_job`, the
-closing report :mod:`effitrain.sweep_report`).
+"""Multiruns: effitrain's launcher. Its settings and the GPU and CPU slots they make are
+:mod:`effitrain.sweep_slots`, how a launched job ended :mod:`effitrain.sweep_outcome`; the job-side
+preparation is :mod:`effitrain.sweep_job`, the closing report :mod:`effitrain.sweep_report`.
 
     python train.py sweep=optimizers max_steps=20      # a named study from multirun_sweeps/
     python train.py -m optimizer=adamw,adafactor       # a plain Hydra multirun gets the same
@@ -18,7 +19,6 @@ ended. In each job's process: :func:`effitrain.sweep_job.start_job` (also under 
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import signal
@@ -26,138 +26,21 @@ import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from effitrain import results
-from effitrain.errors import ConfigError, fail, invalid
+from effitrain.errors import ConfigError, fail
+from effitrain.sweep_outcome import JOB_LOG, LaunchedJob, file_id, job_outcome
 from effitrain.sweep_report import RECORD, JobOutcome, signal_name
+from effitrain.sweep_slots import cpu_sets, launcher_settings, visible_gpus
 
 # The launcher's bookkeeping lives in a dot-folder of the sweep.
 LAUNCHER_DIR = ".effitrain"  # <sweep>/.effitrain: launches.jsonl, each running job's spec
 LAUNCHES = "launches.jsonl"  # one line per job: folder, pid, devices, start and end, how it ended
-JOB_LOG = "job.log"  # a job's stdout and stderr, in its own folder
 # Set for a job's process: the folder its launcher holds locked for it (see results.folder_lock).
 LOCKED_ENV = "EFFITRAIN_FOLDER_LOCKED"
 CPUS_ENV = "EFFITRAIN_CPUS"  # the cores a job's process pins itself to
 PARENT_ENV = "EFFITRAIN_LAUNCHER_PID"  # a job's process ends when this one dies
-
-LAUNCHER_DEFAULTS = {
-    "max_parallel": 1,
-    "devices": None,
-    "gpus_per_job": 1,
-    "cpu_pinning": True,
-    "timeout_min": 1440,
-    "kill_grace_s": 30,
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# The launcher (runs in the sweep's process)
-
-
-def launcher_settings(params) -> dict:
-    """``hydra.launcher``'s settings, checked.
-
-    Raises:
-        ConfigError: an unknown key or a bad value (one line naming it).
-    """
-    params = {
-        k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
-        for k, v in dict(params).items()
-        if k != "_target_"
-    }
-    unknown = sorted(set(params) - set(LAUNCHER_DEFAULTS))
-    if unknown:
-        known = ", ".join(LAUNCHER_DEFAULTS)
-        raise ConfigError(
-            f"hydra.launcher.{unknown[0]} is not a setting of effitrain's launcher: use {known}"
-        )
-    settings = {**LAUNCHER_DEFAULTS, **params}
-    for key in ("max_parallel", "gpus_per_job"):
-        if not isinstance(settings[key], int) or isinstance(settings[key], bool) or settings[key] < 1:
-            raise invalid(f"hydra.launcher.{key}", settings[key], "a whole number >= 1")
-    for key in ("timeout_min", "kill_grace_s"):
-        if (
-            not isinstance(settings[key], (int, float))
-            or isinstance(settings[key], bool)
-            or settings[key] <= 0
-        ):
-            raise invalid(f"hydra.launcher.{key}", settings[key], "a number > 0")
-    if not isinstance(settings["cpu_pinning"], bool):
-        raise invalid("hydra.launcher.cpu_pinning", settings["cpu_pinning"], "true or false")
-    devices = settings["devices"]
-    if devices is not None:
-        if isinstance(devices, (int, str)):
-            devices = [devices]
-        if not isinstance(devices, list) or not devices or len(set(map(str, devices))) != len(devices):
-            raise invalid(
-                "hydra.launcher.devices", settings["devices"], "a list of distinct GPU ids, e.g. [0,1]"
-            )
-        settings["devices"] = [str(d) for d in devices]
-        if len(devices) < settings["gpus_per_job"]:
-            raise invalid(
-                "hydra.launcher.gpus_per_job",
-                settings["gpus_per_job"],
-                f"at most the {len(devices)} devices of hydra.launcher.devices",
-            )
-    return settings
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` as given, else every one torch sees."""
-    given = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if given is not None:
-        return [d.strip() for d in given.split(",") if d.strip() and not d.strip().startswith("-")]
-    if "torch" not in sys.modules and not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd")):
-        return []  # no GPU device files: not worth importing torch (seconds) to count none
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def cpu_sets(parallel: int, pinning: bool) -> list[list[int] | None]:
-    """One set of cores per concurrently running job: disjoint while there are enough cores."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if parallel == 1 or not pinning:
-        return [None] * parallel
-    if len(cpus) < parallel:  # more jobs than cores: one core each, shared round-robin
-        return [[cpus[i % len(cpus)]] for i in range(parallel)]
-    share = len(cpus) // parallel
-    return [cpus[i * share : (i + 1) * share] for i in range(parallel)]
-
-
-def _file_id(path: Path):
-    """What tells a file rewritten by the job (an atomic write makes a new inode) from the old one."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-
-
-@dataclass
-class _Job:
-    idx: int
-    overrides: list
-    config: DictConfig
-    folder: Path
-    name: str  # the folder relative to the sweep's
-    lock: contextlib.ExitStack | None = None
-    process: subprocess.Popen | None = None
-    slot: int | None = None
-    gpus: list | None = None
-    cpus: list | None = None
-    started: float = 0.0
-    summary_before: tuple | None = None
-    metrics_before: tuple | None = None
-    stop_signal: int | None = None  # what the launcher sent it (a timeout or the sweep's stop)
-    kill_at: float | None = None
-    timed_out: bool = False
-    outcome: JobOutcome | None = None
-    value: object = None
 
 
 class LocalSweep:
@@ -187,13 +70,13 @@ class LocalSweep:
         )
         self.cpu_slots = cpu_sets(self.parallel, self.settings["cpu_pinning"])
         self.free_slots = deque(range(self.parallel))
-        self.running: list[_Job] = []
+        self.running: list[LaunchedJob] = []
         self.stop_signal: int | None = None
         self._pending_signals: list[int] = []
 
     # -- preparing -----------------------------------------------------------------------------
 
-    def _prepare(self, overrides: list, idx: int) -> _Job:
+    def _prepare(self, overrides: list, idx: int) -> LaunchedJob:
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import open_dict
 
@@ -210,9 +93,9 @@ class LocalSweep:
         finally:
             HydraConfig.instance().cfg = previous
         name = os.path.relpath(folder, self.sweep_dir)
-        return _Job(idx, overrides, config, folder, name)
+        return LaunchedJob(idx, overrides, config, folder, name)
 
-    def _decide_without_process(self, job: _Job) -> bool:
+    def _decide_without_process(self, job: LaunchedJob) -> bool:
         """Settle a job that needs no process: outside the sweep folder, already ok, or in use."""
         sweep = self.sweep_dir.resolve()
         target = job.folder.resolve()
@@ -242,7 +125,7 @@ class LocalSweep:
 
     # -- starting ------------------------------------------------------------------------------
 
-    def _start(self, job: _Job) -> None:
+    def _start(self, job: LaunchedJob) -> None:
         import cloudpickle
         from hydra.core.singleton import Singleton
 
@@ -273,8 +156,8 @@ class LocalSweep:
             threads = str(len(job.cpus))  # torch's intra-op pool: one thread per core of its own
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = threads
         env["PYTHONPATH"] = os.pathsep.join(_import_roots() + [p for p in [env.get("PYTHONPATH")] if p])
-        job.summary_before = _file_id(job.folder / results.SUMMARY)
-        job.metrics_before = _file_id(job.folder / results.METRICS)
+        job.summary_before = file_id(job.folder / results.SUMMARY)
+        job.metrics_before = file_id(job.folder / results.METRICS)
         log = open(job.folder / JOB_LOG, "wb")
         job.started = time.time()
         with log:
@@ -319,7 +202,7 @@ class LocalSweep:
                 for job in self.running:
                     self._send(job, signal.SIGKILL, grace=False)
 
-    def _send(self, job: _Job, signum: int, grace: bool) -> None:
+    def _send(self, job: LaunchedJob, signum: int, grace: bool) -> None:
         if job.process.poll() is not None:
             return
         job.stop_signal = job.stop_signal or signum
@@ -384,7 +267,7 @@ class LocalSweep:
 
     # -- finishing -----------------------------------------------------------------------------
 
-    def _finish(self, job: _Job, code: int) -> None:
+    def _finish(self, job: LaunchedJob, code: int) -> None:
         self.running.remove(job)
         self.free_slots.append(job.slot)
         if job.gpus is not None:
@@ -400,7 +283,7 @@ class LocalSweep:
         (self.sweep_dir / LAUNCHER_DIR / f"job-{job.idx}.pkl").unlink(missing_ok=True)
         result_path.unlink(missing_ok=True)
         try:
-            job.outcome = self._outcome(job, code, result)
+            job.outcome = job_outcome(job, code, result, self.settings["timeout_min"])
         finally:
             if job.lock is not None:  # released only now: the killed record is written under it
                 job.lock.close()
@@ -412,74 +295,7 @@ class LocalSweep:
         line = f"effitrain: job {job.idx} {outcome.status}: {job.name} ({ended - job.started:.1f} s)"
         print(line if outcome.status == "ok" else f"{line}: {outcome.error}", flush=True)
 
-    def _outcome(self, job: _Job, code: int, result: dict | None) -> JobOutcome:
-        """How the job ended, from its exit and what it wrote; a job that could not write its own
-        summary (killed outright, timed out) gets one written here."""
-        log = job.folder / JOB_LOG
-        summary_path = job.folder / results.SUMMARY
-        written = _file_id(summary_path) != job.summary_before  # by this attempt
-        summary = results.read_summary(job.folder) if summary_path.exists() else None
-        if written and summary is not None and summary.get("status") == "ok":
-            return JobOutcome(job.folder, "ok", False, None, log)
-        signum = -code if code < 0 else None
-        if job.timed_out:
-            how = signal_name(signum or job.stop_signal)
-            error = (
-                f"ran longer than hydra.launcher.timeout_min={self.settings['timeout_min']}: stopped by {how}"
-            )
-            self._write_stopped(
-                job, "timeout", signum or job.stop_signal, error, summary if written else None
-            )
-            return JobOutcome(job.folder, "timeout", False, error, log)
-        if job.stop_signal is not None and signum != signal.SIGKILL and not written:
-            # the sweep stopped it (Ctrl-C, SIGTERM) before it could say so itself (still starting)
-            error = f"interrupted by {signal_name(job.stop_signal)} (the sweep was stopped)"
-            self._write_stopped(job, "interrupted", job.stop_signal, error, None)
-            return JobOutcome(job.folder, "interrupted", False, error, log)
-        if signum is not None and not (
-            written and summary is not None and summary.get("status") == "interrupted"
-        ):
-            error = f"killed by {signal_name(signum)}"
-            if signum == signal.SIGKILL and job.stop_signal is None:
-                error += " (from outside: the kernel's OOM killer sends it when memory runs out)"
-            elif signum == signal.SIGKILL:
-                error += f" after {signal_name(job.stop_signal)}: it did not stop within hydra.launcher.kill_grace_s"
-            self._write_stopped(job, "killed", signum, error, summary if written else None)
-            return JobOutcome(job.folder, "killed", False, error, log)
-        if written and summary is not None:
-            return JobOutcome(job.folder, summary.get("status", "failed"), False, summary.get("error"), log)
-        if result is not None and not result.get("completed"):
-            return JobOutcome(job.folder, "failed", False, result.get("error"), log)
-        if code == 0 and result is not None:
-            # the task wrote no new summary: a finished run resume=auto kept, or a task that writes none
-            status = summary.get("status", "failed") if summary else "ok"
-            return JobOutcome(job.folder, status, False, summary.get("error") if summary else None, log)
-        error = f"its process exited with code {code} and no summary.json: see {log}"
-        return JobOutcome(job.folder, "failed", False, error, log)
-
-    def _write_stopped(self, job: _Job, status: str, signum: int, error: str, summary: dict | None) -> None:
-        """The summary of a job stopped from outside: what it wrote itself, if anything (an
-        interrupted run's measurements), else its config keys and the steps its metrics show."""
-        if summary is None:
-            summary = {}
-            try:
-                from effitrain.identity import summary_config_keys
-
-                summary.update(summary_config_keys(job.config, job.folder, 1))
-            except Exception:  # the keys are context; the status must be written regardless
-                pass
-            if _file_id(job.folder / results.METRICS) != job.metrics_before:
-                steps = [
-                    r["step"] for r in results.read_metrics(job.folder / results.METRICS) if "train/loss" in r
-                ]
-                summary["train/steps"] = max(steps, default=0)
-            summary["env/pid"] = job.process.pid
-            summary["env/cuda_visible_devices"] = ",".join(job.gpus) if job.gpus is not None else None
-            summary["env/cpu_affinity"] = job.cpus
-        summary.update({"status": status, "error": error, "signal": int(signum)})
-        results.write_json_atomic(job.folder / results.SUMMARY, summary)
-
-    def _record(self, job: _Job, **fields) -> None:
+    def _record(self, job: LaunchedJob, **fields) -> None:
         """A line of ``<sweep>/.effitrain/launches.jsonl``: where and when each job ran."""
         line = {"job": job.idx, "folder": job.name}
         if job.process is not None:
@@ -492,7 +308,7 @@ class LocalSweep:
         with open(self.sweep_dir / LAUNCHER_DIR / LAUNCHES, "a") as handle:
             handle.write(json.dumps(line) + "\n")
 
-    def _job_return(self, job: _Job):
+    def _job_return(self, job: LaunchedJob):
         from hydra.core.utils import JobReturn, JobStatus
 
         ret = JobReturn()

@@ -181,7 +181,7 @@ class CausalLM(Task):
         """The decoder (encoder types built with ``is_decoder=True``); refused when the built model
         still lets a position see later tokens (``validate`` checks a miniature of it up front)."""
         from effitrain.causality import sees_later_tokens
-        from effitrain.config import not_causal
+        from effitrain.target_checks import not_causal
 
         model = super().build_model(model_cfg, raw, tokenizer, device)
         if device != "meta" and sees_later_tokens(model):

@@ -68,7 +68,7 @@ def _fresh_dynamo():
 
 def compose(*overrides: str, tiny: bool = True):
     """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""
-    from effitrain.config import compose
+    from effitrain.composition import compose
 
     return compose((TINY if tiny else []) + list(overrides))
 
@@ -131,9 +131,9 @@ def fit_with_snapshots(tmp_path: Path, *overrides: str):
 
     Returns (snapshots, metrics from fit, the job).
     """
-    from effitrain.config import validate
     from effitrain.distributed import process_state
     from effitrain.run import build_job, fit
+    from effitrain.validation import validate
 
     cfg = compose(*overrides)
     validate(cfg)
@@ -150,7 +150,7 @@ def optimizer_option(name: str):
     extra such as torchao) is not installed."""
     from omegaconf import OmegaConf
 
-    from effitrain.config import CONF_DIR, install_hint, missing_module
+    from effitrain.registry import CONF_DIR, install_hint, missing_module
 
     missing = missing_module(OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml"))
     reason = f"{missing} is not installed ({install_hint(missing)})" if missing else ""

@@ -16,7 +16,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 
 from effitrain import results
-from effitrain.config import CONF_DIR
+from effitrain.registry import CONF_DIR
 from effitrain.sweep import expose_launcher_plugin
 
 

@@ -11,8 +11,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from effitrain.backends import Backend, backend_of
-from effitrain.config import group_options
 from effitrain.errors import ConfigError
+from effitrain.registry import group_options
 from effitrain.training import StepOps, window_step
 from tests.conftest import compose
 

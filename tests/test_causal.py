@@ -18,7 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from effitrain.config import ConfigError, load
+from effitrain.config import load
+from effitrain.errors import ConfigError
 from effitrain.tasks import IGNORE_INDEX
 from tests.bad_inputs import HUB, files
 from tests.conftest import REPO, compose, read_metrics, run_job, train_py
@@ -39,10 +40,10 @@ def causal(*overrides: str):
 
 
 def fit(tmp_path, *overrides: str):
-    from effitrain.config import validate
     from effitrain.distributed import process_state
     from effitrain.run import build_job
     from effitrain.run import fit as fit_job
+    from effitrain.validation import validate
     from tests.conftest import ParamSnapshots
 
     cfg = causal(*overrides)
@@ -290,7 +291,8 @@ def test_the_lm_memory_study_runs_and_compares(tmp_path):
 
 def causal_lm_models() -> list[str]:
     """Every option of conf/model that task=causal_lm accepts (``effitrain check`` passes)."""
-    from effitrain.config import group_options, validate
+    from effitrain.registry import group_options
+    from effitrain.validation import validate
 
     accepted = []
     for option in group_options("model"):

@@ -8,10 +8,13 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from effitrain.config import CONF_DIR, ConfigError, ConfigErrors, group_options, load, validate
+from effitrain.config import load
+from effitrain.errors import ConfigError, ConfigErrors
 from effitrain.hydra_task import preflight
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer, param_groups
+from effitrain.registry import CONF_DIR, group_options
+from effitrain.validation import validate
 from tests.bad_inputs import PREFLIGHT, fill
 from tests.conftest import TINY, compose, optimizer_option
 
@@ -56,7 +59,7 @@ def test_an_optimizer_whose_package_is_missing_is_refused_in_one_line(monkeypatc
     import importlib.util
     import sys
 
-    from effitrain.config import installed_optimizers
+    from effitrain.registry import installed_optimizers
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(

@@ -8,9 +8,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from effitrain.config import ConfigError
 from effitrain.data import tokenize_cached
-from effitrain.errors import instantiate_node
+from effitrain.errors import ConfigError, instantiate_node
 from effitrain.modeling import build_tokenizer
 from effitrain.tasks import Classification, macro_f1
 from tests.conftest import compose, run_job
@@ -143,7 +142,7 @@ def test_a_cache_entry_with_altered_bytes_is_rebuilt(tmp_path, capsys):
 
 def test_check_allows_exactly_the_synthetic_classes_the_loader_makes():
     from effitrain import data
-    from effitrain.config import SYNTHETIC_MAX_LABELS
+    from effitrain.validation import SYNTHETIC_MAX_LABELS
 
     assert SYNTHETIC_MAX_LABELS == len(data._KEYWORDS) == 6
     raw = data.load_synthetic(num_train=12, num_eval=6, num_labels=6, words_per_text=4, seed=0)

@@ -103,7 +103,7 @@ def test_effective_batch_size_sets_the_micro_batch(tmp_path):
 
 
 def test_trust_remote_code_is_off_in_every_model_option():
-    from effitrain.config import group_options
+    from effitrain.registry import group_options
     from tests.conftest import compose
 
     for option in group_options("model"):

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from effitrain.config import ConfigError
-from effitrain.sweep import LAUNCHER_DIR, LAUNCHES, launcher_settings
+from effitrain.errors import ConfigError
+from effitrain.sweep import LAUNCHER_DIR, LAUNCHES
+from effitrain.sweep_slots import launcher_settings
 from tests.conftest import REPO, wait_for_lines
 
 APP = REPO / "tests" / "launcher_app.py"
@@ -331,6 +332,35 @@ def test_launcher_settings_are_checked_in_one_line():
     for params, message in bad:
         with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
             launcher_settings(params)
+
+
+def test_launcher_settings_are_typed_when_composed():
+    """The settings' types come from schema.LauncherConfig in the ConfigStore: a wrong type fails
+    while the sweep's config is composed, in one line (the sweep's, not each job's)."""
+    from omegaconf import OmegaConf
+
+    from effitrain.composition import compose
+    from effitrain.hydra_task import preflight
+    from effitrain.schema import LauncherConfig
+
+    cfg = compose(["hydra.launcher.max_parallel=3", "hydra.launcher.timeout_min=0.5"])
+    assert OmegaConf.get_type(cfg.hydra.launcher) is LauncherConfig
+    assert launcher_settings(cfg.hydra.launcher)["max_parallel"] == 3
+    assert launcher_settings(cfg.hydra.launcher)["timeout_min"] == 0.5
+    bad = [
+        ("hydra.launcher.max_parallel=x", "hydra.launcher.max_parallel='x' is invalid: must be an integer"),
+        (
+            "hydra.launcher.cpu_pinning=maybe",
+            "hydra.launcher.cpu_pinning='maybe' is invalid: must be true or false",
+        ),
+    ]
+    for override, message in bad:
+        with pytest.raises(ConfigError) as error:
+            preflight(["-m", "seed=1,2", override])
+        assert str(error.value) == message
+    with pytest.raises(ConfigError) as error:  # a plain dict (the launcher's own check) is typed alike
+        launcher_settings({"cpu_pinning": "maybe"})
+    assert str(error.value) == "hydra.launcher.cpu_pinning='maybe' is invalid: true or false"
 
 
 @pytest.mark.slow

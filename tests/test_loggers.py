@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from effitrain import loggers
-from effitrain.config import ConfigError
+from effitrain.errors import ConfigError
 from tests.conftest import TINY, compose, read_metrics, run_job, train_py
 
 FEW_STEPS = ["max_steps=3", "data.num_train=48", "data.num_eval=16"]

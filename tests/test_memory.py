@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from effitrain import memory
-from effitrain.config import group_options, installed_optimizers
 from effitrain.estimate import estimate_memory
 from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer
+from effitrain.registry import group_options, installed_optimizers
 from tests.conftest import REPO, compose, optimizer_option, read_metrics, run_job, train_py
 
 # every option of conf/optimizer, no list kept here; those whose optional package is missing are

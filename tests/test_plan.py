@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from effitrain.config import ConfigError
+from effitrain.errors import ConfigError
 from effitrain.estimate import estimate_memory
 from effitrain.plan import parse_bytes, plan, probe
 from tests.conftest import REPO, compose, run_job

@@ -54,8 +54,8 @@ def first_step(tmp_path, task: str, backend: str):
 
     Returns (reference loss, reference gradients, parameters before, the step's gradients as the
     optimizer saw them, the parameters after it, the step's metrics line, the job)."""
-    from effitrain.config import validate
     from effitrain.run import build_job, fit
+    from effitrain.validation import validate
 
     cfg = compose(*TASKS[task], f"backend={backend}", *ONE_STEP, tiny=False)
     validate(cfg)

@@ -13,8 +13,11 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from effitrain.config import ConfigError, apply_effective_batch_size, check_group_overrides, validate
+from effitrain.config import apply_effective_batch_size
+from effitrain.errors import ConfigError
+from effitrain.registry import check_group_overrides
 from effitrain.sweep import LAUNCHER_DIR, LAUNCHES
+from effitrain.validation import validate
 from tests.conftest import REPO, TINY, compose, train_py, wait_for_lines
 
 # Each job starts its own Python (about 3 s of imports here), so jobs are few and short.

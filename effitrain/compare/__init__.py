@@ -14,6 +14,7 @@ and a self-contained ``comparison.html``.
                noise; the front; the decision in words (first in the terminal, Markdown and page)
     report.py  the table as text, Markdown, CSV and HTML
     plots.py   the figures
+    labels.py  how the figures name jobs (short labels; one name for identical curves)
 """
 
 from __future__ import annotations

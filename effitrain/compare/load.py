@@ -57,7 +57,7 @@ def choices_label(choices: dict[str, str]) -> str:
 @functools.cache
 def _label_groups() -> frozenset[str]:
     """The keys a label shows by their value alone: the config groups, and the sweep folder."""
-    from effitrain.config import group_names
+    from effitrain.registry import group_names
 
     return frozenset(group_names()) | {"sweep"}
 
@@ -67,7 +67,7 @@ def _run_invariant_keys() -> frozenset[str]:
     """``run_invariant_keys`` of ``conf/config.yaml``: the keys that change neither results nor memory."""
     from omegaconf import OmegaConf
 
-    from effitrain.config import CONF_DIR
+    from effitrain.registry import CONF_DIR
 
     return frozenset(OmegaConf.load(CONF_DIR / "config.yaml").get("run_invariant_keys") or [])
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
+from effitrain.compare.labels import identical_groups, job_labels, joined_numbers, merged_label
 from effitrain.compare.load import MIB, JobResult, _is_value
 from effitrain.step_memory import CATEGORIES
 
@@ -80,7 +80,7 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
             )
     if not any(left):
         ax.text(0.5, 0.5, "no step peak in these summaries", ha="center", va="center", transform=ax.transAxes)
-    ax.set_yticks(ys, [f"{i + 1}. {label}" for i, label in enumerate(_labels(jobs))], fontsize=8)
+    ax.set_yticks(ys, [f"{i + 1}. {label}" for i, label in enumerate(job_labels(jobs))], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("MiB at the step peak (tensor memory of one optimizer step)")
     ax.set_title("Step peak by category")
@@ -120,39 +120,6 @@ def _colors(count: int) -> list:
     return [cmap(i % cmap.N) for i in range(count)]
 
 
-def _identical(jobs: list[JobResult], series) -> list[list[int]]:
-    """Indices of the jobs grouped by identical ``series(job)`` (empty series left out), in job order."""
-    groups: dict[tuple, list[int]] = {}
-    for index, job in enumerate(jobs):
-        values = series(job)
-        if values:
-            groups.setdefault(tuple(round(v, 10) if _is_value(v) else v for v in values), []).append(index)
-    return list(groups.values())
-
-
-def _numbers(indices: list[int]) -> str:
-    """Jobs' numbers (1-based) of identical curves: ``1=4``, runs shortened (``9-24``)."""
-    runs: list[list[int]] = []
-    for number in sorted(i + 1 for i in indices):
-        if runs and number == runs[-1][-1] + 1:
-            runs[-1].append(number)
-        else:
-            runs.append([number])
-    return "=".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else "=".join(map(str, r)) for r in runs)
-
-
-def _merged(labels: list[str], width: int = 44) -> str:
-    """One name for several jobs: the parts they share once, the parts that differ joined by ``/``
-    (``adamw | accelerator/trainer``)."""
-    split = [label.split(" | ") for label in labels]
-    if len(split) == 1:
-        return labels[0]
-    merged = " / ".join(labels)
-    if len({len(parts) for parts in split}) == 1:
-        merged = " | ".join("/".join(dict.fromkeys(column)) for column in zip(*split))
-    return merged if len(merged) <= width else f"{len(labels)} jobs (named on the right)"
-
-
 def _legend(ax, entries: int, title: str | None = None) -> None:
     """Below its own panel, never over the curves it names."""
     longest = max(
@@ -169,16 +136,16 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
     panel, named by all their numbers (``1=4``); on the time panel each job keeps its own curve
     (their times differ), in its group's colour, with a legend of its own."""
     plt, fig, axes = _figure(4.8, columns=2)
-    labels = _labels(jobs)
-    groups = _identical(jobs, lambda job: _curves(job)[2])
+    labels = job_labels(jobs)
+    groups = identical_groups(jobs, lambda job: _curves(job)[2])
     colors = _colors(len(groups))
     styles = ["-", "--", ":", "-."]
     for group, color in zip(groups, colors):
-        numbers = _numbers(group)
+        numbers = joined_numbers(group)
         first = jobs[group[0]]
         steps, _, losses = _curves(first)
         axes[0].plot(steps, losses, "-", color=color, linewidth=1.8,
-                     label=f"{numbers}. {_merged([labels[i] for i in group])}")  # fmt: skip
+                     label=f"{numbers}. {merged_label([labels[i] for i in group])}")  # fmt: skip
         for member, index in enumerate(group):
             job = jobs[index]
             steps, seconds, losses = _curves(job)
@@ -217,19 +184,19 @@ def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
     """Learning rate and gradient norm per optimizer step; identical curves drawn once, named by
     all their jobs' numbers."""
     plt, fig, axes = _figure(4.2, columns=2)
-    labels = _labels(jobs)
+    labels = job_labels(jobs)
 
     def points(job, key):
         return [(m["step"], m[key]) for m in job.metrics if "train/loss" in m and _is_value(m.get(key))]
 
     for ax, key in ((axes[0], "lr"), (axes[1], "grad_norm")):
-        groups = _identical(jobs, lambda job, key=key: [v for pair in points(job, key) for v in pair])
+        groups = identical_groups(jobs, lambda job, key=key: [v for pair in points(job, key) for v in pair])
         for group, color in zip(groups, _colors(len(groups))):
-            name = "all jobs" if len(group) == len(jobs) > 1 else _merged([labels[i] for i in group])
+            name = "all jobs" if len(group) == len(jobs) > 1 else merged_label([labels[i] for i in group])
             if name.endswith("(named on the right)"):
                 name = f"{len(group)} jobs"
             ax.plot(*zip(*points(jobs[group[0]], key)), color=color, linewidth=1.4,
-                    label=f"{_numbers(group)}. {name}")  # fmt: skip
+                    label=f"{joined_numbers(group)}. {name}")  # fmt: skip
         if groups:
             _legend(ax, len(groups))
     axes[0].set_title("Learning rate")
@@ -255,7 +222,7 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
     step peak. Points are numbered as in the other plots, labels placed where they overlap no other
     label; the key below names the numbers."""
     plt, fig, axes = _figure(4.8, columns=2)
-    labels = _labels(jobs)
+    labels = job_labels(jobs)
     numbered = [(i + 1, job) for i, job in enumerate(jobs)]
     panels = []
     placed = [(n, j) for n, j in numbered if _is_value(j.summary.get("mem/step_peak_bytes"))
@@ -358,35 +325,6 @@ def _at_least_a_thousandth(ax) -> None:
     middle, span = (low + high) / 2, 1e-3 * max(abs(low), abs(high))
     if high - low < span:
         ax.set_ylim(middle - span / 2, middle + span / 2)
-
-
-def _labels(jobs: list[JobResult], width: int = 48) -> list[str]:
-    """The jobs' labels for the plots, at most about ``width`` characters: a prefix every job
-    shares in one choice (``data.path=/long/shared/folder/``) becomes ``…``, and a part still too
-    long loses its middle, so the part that tells the jobs apart stays."""
-    from effitrain.compare.load import _label_groups
-    from effitrain.overrides import short_part
-
-    keys = list(dict.fromkeys(key for job in jobs for key in job.choices))
-    values = {key: [str(job.choices.get(key, "")) for job in jobs] for key in keys}
-    for key, column in values.items():
-        shared = os.path.commonprefix(column) if len(set(column)) > 1 else ""
-        cut = max((shared.rfind(c) for c in "/_-.=,"), default=-1) + 1
-        if cut > 6:
-            values[key] = ["…" + value[cut:] for value in column]
-    labels = []
-    for index, job in enumerate(jobs):
-        parts = [short_part(key, values[key][index], _label_groups()) for key in keys if values[key][index]]
-        if not parts:
-            labels.append(job.folder.name[:width])
-            continue
-        room = max(8, (width - 3 * (len(parts) - 1)) // len(parts))
-        if len(" | ".join(parts)) > width:
-            parts = [
-                p if len(p) <= room else p[: room // 2 - 1] + "…" + p[-(room - room // 2) :] for p in parts
-            ]
-        labels.append(" | ".join(parts))
-    return labels
 
 
 PLOTS = {

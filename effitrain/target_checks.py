@@ -1,0 +1,282 @@
+"""Checks of what a config group's target will build, before it is built: the model's paths and
+weights, its config keys, the optimizer's arguments (against its class, then on one parameter), the
+model type against the task, the sequence length against the model's positions, and local data
+files. :func:`effitrain.validation.validate` runs them after the plain values are known to be sane.
+Each raises a :class:`ConfigError` whose message is one line naming the key."""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig
+
+from effitrain.architecture import (
+    local_config_file,
+    max_positions,
+    model_architecture,
+    no_checkpointing,
+    task_class,
+    task_mapping,
+    uses_named_config,
+)
+from effitrain.composition import command_line_overrides
+from effitrain.errors import ConfigError, invalid
+from effitrain.registry import CONF_DIR, install_hint, missing_module
+
+
+def check_model(cfg: DictConfig) -> None:
+    # model.init and trust_remote_code are typed by the schema: composition has checked them
+    for key in ("name_or_path", "tokenizer"):
+        value = cfg.model.get(key)
+        if value and looks_like_path(value) and not os.path.exists(os.path.expanduser(value)):
+            raise invalid(f"model.{key}", value, "no such folder (give an existing path or a hub id)")
+
+
+def check_weights(cfg: DictConfig) -> None:
+    if cfg.model.get("init") == "pretrained" and not has_weights(str(cfg.model.get("name_or_path"))):
+        raise invalid(
+            "model.init", "pretrained",
+            f"model.name_or_path={cfg.model.get('name_or_path')!r} has no weights here (no *.safetensors or "
+            "*.bin in the folder, or the hub id is neither reachable nor cached): give model.init=random",
+        )  # fmt: skip
+
+
+def has_weights(name_or_path: str) -> bool:
+    """Pretrained weights can be loaded: a local folder holding weight files, or a hub id that is
+    cached or reachable (a local path that does not exist is ``check_model``'s to name)."""
+    path = os.path.expanduser(name_or_path)
+    if os.path.isdir(path):
+        names = os.listdir(path)
+        return any(n.endswith((".safetensors", ".bin", ".pt", ".pth", ".index.json")) for n in names)
+    if looks_like_path(name_or_path):
+        return True
+    from effitrain.assets import hub_unreachable
+
+    if not hub_unreachable():
+        return True  # the hub answers: its own error names a missing repository
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name_or_path, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repository id
+        return False
+
+
+def check_named_is_built(cfg: DictConfig) -> None:
+    """What ``model.name_or_path`` names is what is built: a model described by ``model.architecture``
+    (``init=random``) is refused under another model's name, and ``model.architecture.*`` given with
+    a folder whose own config.json decides the architecture is refused rather than ignored."""
+    model = cfg.model
+    given = [o for o in command_line_overrides(cfg) if o.key_or_group.startswith("model.architecture.")]
+    if local_config_file(model.get("name_or_path")) and uses_named_config(model) and given:
+        key = given[0].key_or_group
+        raise invalid(key, given[0].value(),
+                      f"model.name_or_path={model.name_or_path!r} holds a config.json, which decides the "
+                      f"architecture: give model.config_overrides.{key.rpartition('.')[2]} instead")  # fmt: skip
+    name = str(model.get("name_or_path"))
+    if uses_named_config(model) or (looks_like_path(name) and not os.path.exists(os.path.expanduser(name))):
+        return  # a path that does not exist: check_model names it
+    hydra = cfg.get("hydra")
+    choice = hydra.runtime.choices.get("model") if hydra is not None else None
+    path = CONF_DIR / "model" / f"{choice}.yaml"
+    if not choice or not path.is_file():
+        return
+    from omegaconf import OmegaConf
+
+    own = OmegaConf.load(path).get("name_or_path")
+    if isinstance(own, str) and "${" not in own and own != model.name_or_path:
+        raise invalid(
+            "model.name_or_path", model.name_or_path,
+            f"with model.init=random, model={choice} builds its own model.architecture ({own}), not this "
+            "model: give a local folder holding a config.json, model.init=pretrained, or model.architecture={}",
+        )  # fmt: skip
+
+
+# Keys effitrain sets itself in the model's config: a value in model.config_overrides would be replaced.
+SET_BY_EFFITRAIN = {
+    "num_labels": "the data's label column decides the number of classes",
+    "id2label": "the data's label column decides the classes",
+    "label2id": "the data's label column decides the classes",
+}
+
+
+def check_config_overrides(cfg: DictConfig) -> None:
+    """Every ``model.config_overrides`` key is a setting of the model's config class, not one that
+    effitrain sets itself, and not one that ``model.architecture`` sets too."""
+    import difflib
+    import inspect
+
+    from omegaconf import OmegaConf
+
+    overrides = OmegaConf.to_container(cfg.model.config_overrides, resolve=True)
+    if not overrides:
+        return
+    from_architecture = not uses_named_config(cfg.model)
+    architecture = OmegaConf.to_container(cfg.model.architecture, resolve=True) if from_architecture else {}
+    causal = not task_class(cfg).uses_labels
+    for key, value in overrides.items():
+        name = f"model.config_overrides.{key}"
+        if key in SET_BY_EFFITRAIN:
+            raise invalid(name, value, f"{SET_BY_EFFITRAIN[key]}: leave it out")
+        if key == "vocab_size" and cfg.model.init == "random":
+            raise invalid(name, value, "a random model's embedding is sized to its tokenizer: leave it out")
+        if key == "is_decoder" and causal:
+            raise invalid(name, value, "task=causal_lm builds every model as a decoder: leave it out")
+        if key in architecture:
+            raise invalid(
+                name,
+                value,
+                f"model.architecture.{key}={architecture[key]!r} sets it too: give it in one place",
+            )
+    model_type = model_architecture(cfg.model).get("model_type")
+    try:
+        from transformers import CONFIG_MAPPING
+
+        config_class = CONFIG_MAPPING[model_type]
+        known = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}))
+        known |= set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+    except Exception:  # noqa: BLE001 - a type transformers does not know (remote code): unchecked
+        return
+    for key, value in overrides.items():
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+            hint = f": did you mean {' or '.join(near)}?" if near else ""
+            raise invalid(
+                f"model.config_overrides.{key}", value, f"{config_class.__name__} has no such setting{hint}"
+            )
+
+
+def check_optimizer(cfg: DictConfig) -> None:
+    """Arguments against the target's signature, then the optimizer built on one dummy parameter,
+    so a value the class rejects (``betas=[0.9]``) fails here rather than after the model loaded."""
+    import inspect
+
+    import torch
+    from hydra.utils import get_class, instantiate
+
+    target = cfg.optimizer.get("_target_")
+    try:
+        cls = get_class(target)
+    except Exception:
+        missing = missing_module(cfg.optimizer)
+        if missing:  # an optional optimizer's package
+            raise invalid(
+                "optimizer._target_",
+                target,
+                f"needs {missing}, which is not installed: {install_hint(missing)}",
+            ) from None
+        raise invalid(
+            "optimizer._target_", target, "no such class: give an importable optimizer class"
+        ) from None
+    parameters = inspect.signature(cls.__init__).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    known = [name for name in parameters if name not in ("self", "params")]
+    for key in cfg.optimizer:
+        if not str(key).startswith("_") and key not in parameters and not accepts_any:
+            raise invalid(
+                f"optimizer.{key}",
+                cfg.optimizer[key],
+                f"{cls.__name__} takes no such argument: choose from {', '.join(known)}",
+            )
+    try:
+        instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(2, 2))])
+    except Exception as error:  # the class's own check of its arguments
+        from omegaconf import OmegaConf
+
+        cause = error.__cause__ or error
+        reason = str(cause).split("full_key:")[0]
+        reason = " ".join(reason.split()) or type(cause).__name__
+        given = {k: v for k, v in OmegaConf.to_container(cfg.optimizer).items() if not k.startswith("_")}
+        raise invalid("optimizer", given, f"{cls.__name__} rejects these arguments ({reason})") from None
+
+
+def check_task_model(cfg: DictConfig) -> None:
+    """The model type has the head the task builds (a decoder for causal_lm), from its config alone;
+    with ``gradient_checkpointing=true``, a model class that can recompute its layers."""
+    task, model_type, mapping = task_mapping(cfg)
+    if model_type and mapping is not None and model_type not in mapping:
+        raise invalid(
+            "model", cfg.model.get("name_or_path"),
+            f"task={task.name} needs a model type that {task.auto_class} builds; {model_type} is not one",
+        )  # fmt: skip
+    if not task.uses_labels and model_type and mapping is not None:
+        from transformers import AutoConfig
+
+        from effitrain.causality import causal_check
+
+        values = {k: v for k, v in model_architecture(cfg.model).items() if k != "model_type"}
+        try:
+            config = AutoConfig.for_model(model_type, **values)
+        except Exception:  # noqa: BLE001 - the build reports a config it cannot make
+            config = None
+        if config is not None and causal_check(config, bool(cfg.model.get("trust_remote_code"))):
+            raise not_causal(cfg.model.get("name_or_path"), mapping[model_type])
+    unable = no_checkpointing(cfg) if cfg.get("gradient_checkpointing") is True else None
+    if unable:
+        raise invalid("gradient_checkpointing", True, f"{unable} cannot recompute activations: give false")
+
+
+def not_causal(name_or_path, class_name: str) -> ConfigError:
+    return invalid(
+        "model", name_or_path,
+        f"task=causal_lm needs a causal model: {class_name} lets position t see later tokens even built "
+        "as a decoder (is_decoder=true), so its next-token loss would be meaningless: choose a decoder "
+        "such as model=llama_small",
+    )  # fmt: skip
+
+
+def check_max_length(cfg: DictConfig) -> None:
+    """ConfigError when ``max_length`` exceeds the model's positions (``validate`` and the commands
+    that do not validate call it)."""
+    limit = max_positions(cfg.model)
+    if limit is not None and cfg.max_length > limit:
+        raise invalid("max_length", cfg.max_length, f"the model has {limit} positions: give at most {limit}")
+
+
+def check_data_files(cfg: DictConfig) -> None:
+    """Local files named by ``data.load_args.data_files``: they exist, CSV headers agree and hold the
+    configured columns, and the splits used are not empty. Read from the files' heads, cheaply."""
+    import csv
+    import glob
+
+    from omegaconf import OmegaConf
+
+    load_args = cfg.data.get("load_args")
+    if not load_args or "data_files" not in load_args:
+        return
+    files = OmegaConf.to_container(load_args.data_files, resolve=True)
+    if isinstance(files, (str, list)):
+        files = {"train": files}
+    headers = {}
+    for split, paths in files.items():
+        for pattern in [paths] if isinstance(paths, str) else paths:
+            if "://" in str(pattern):
+                continue
+            matches = glob.glob(os.path.expanduser(str(pattern)))
+            if not matches:
+                raise invalid(f"data.load_args.data_files.{split}", pattern, "no such file")
+            for path in matches:
+                if load_args.get("path") == "csv" and path.endswith(".csv"):
+                    with open(path, newline="") as handle:
+                        rows = csv.reader(handle)
+                        header = next(rows, [])
+                        empty = next(rows, None) is None
+                    headers[path] = header
+                    used = (cfg.data.get("train_split"), cfg.data.get("eval_split"))
+                    if empty and split in used:
+                        raise invalid(f"data.load_args.data_files.{split}", path, "the file holds no rows")
+    distinct = {tuple(h) for h in headers.values()}
+    if len(distinct) > 1:
+        listing = "; ".join(f"{p}: {','.join(h)}" for p, h in headers.items())
+        raise invalid("data.load_args.data_files", "...", f"the CSV files' columns differ ({listing})")
+    read = ("text_column", "label_column") if task_class(cfg).uses_labels else ("text_column",)
+    for header in distinct:
+        for key in read:
+            column = cfg.data.get(key)
+            if column and column not in header:
+                raise invalid(f"data.{key}", column, f"no such column: choose one of {', '.join(header)}")
+
+
+def looks_like_path(value: str) -> bool:
+    """A local path rather than a hub id (``org/name``): absolute, relative to ., or home."""
+    return value.startswith(("/", "./", "../", "~")) or value.count("/") > 1
