@@ -119,7 +119,7 @@ def _check_optimizer_options(names: list[str]) -> None:
     """``--optimizers``: each an option of conf/optimizer whose package is installed (one line if not)."""
     from omegaconf import OmegaConf
 
-    from effitrain.config import CONF_DIR, group_options, install_hint, missing_module
+    from effitrain.registry import CONF_DIR, group_options, install_hint, missing_module
 
     options = group_options("optimizer")
     for name in names:
