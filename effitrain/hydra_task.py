@@ -224,5 +224,12 @@ def train_job(cfg: DictConfig) -> float | None:
         sys.exit(128 + summary["signal"])
     if hydra_cfg.mode == RunMode.MULTIRUN:
         print(f"effitrain: job {hydra_cfg.job.num} {message}", file=sys.stderr)
+        from effitrain.results import read_summary
+
+        kept = read_summary(Path(hydra_cfg.runtime.output_dir))
+        if kept is not None and kept.get("status") == "ok":
+            # the folder's ok summary.json stays (never overwritten by a failure): a launcher reading
+            # the folder would take this job for ok, so the failure is raised to it instead
+            raise ConfigError(summary["error"])
         return None
     fail(message, 2 if summary.get("error_type") == "config" else 1)

@@ -341,3 +341,29 @@ def test_a_rerun_skips_a_job_only_when_it_ran_the_same_config(tmp_path):
     assert "holds an ok run with effective_batch_size=None, which this sweep would skip as done" in lines[1]
     after = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")}
     assert after == summaries
+
+
+@pytest.mark.slow
+def test_a_job_whose_folder_holds_another_config_s_ok_run_is_failed_never_reported_ok(tmp_path):
+    """Past preflight (here: a Hydra flag it leaves to Hydra), the launcher itself compares the
+    recorded config; and a job whose run refuses its ok folder is failed, not read back as ok."""
+    alt = tmp_path / "conf"
+    alt.mkdir()
+    (alt / "alt.yaml").write_text("defaults:\n  - config\n  - _self_\nweight_decay: 0.123\n")
+    sweep = tmp_path / "sweep"
+    common = ["-m", *TINY, "data.num_train=32", "max_steps=1", "seed=1", f"hydra.sweep.dir={sweep}"]
+    first = train_py(*common)
+    assert first.returncode == 0, first.stderr[-2000:]
+    [(name, before)] = _summaries(sweep).items()
+    changed = train_py(*common, "--config-dir", str(alt), "--config-name", "alt")
+    assert changed.returncode == 1, changed.stdout[-2000:] + changed.stderr[-2000:]
+    assert "effitrain: 1 of 1 jobs failed (0 skipped: ok before)" in changed.stdout
+    assert (
+        f"effitrain: failed: {name}: weight_decay=0.123 is invalid: {sweep / name} holds an ok run with "
+        "weight_decay=0.01, which this sweep would skip as done: give another hydra.sweep.dir"
+    ) in changed.stdout
+    rerun = train_py(*common, "skip_ok_jobs=false")
+    assert rerun.returncode == 1, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert f"effitrain: failed: {name}: ConfigError: hydra.run.dir=" in rerun.stdout
+    assert "it holds a finished ok run (summary.json)" in rerun.stdout
+    assert _summaries(sweep) == {name: before}  # the ok result is kept as it was
