@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from effitrain.atomic import probe_write
 from effitrain.errors import ConfigError, invalid
 
 # conf/ at the top of the checkout is the package effitrain.conf (pyproject.toml maps it, into the
@@ -108,6 +108,10 @@ def check_output_folder(key: str, value: str) -> None:
         raise invalid(key, value, f"{existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise invalid(key, value, f"{existing} cannot be written")
+    try:
+        probe_write(existing)  # a full disk: refused here, before Hydra writes its record
+    except OSError as error:
+        raise invalid(key, value, f"{existing} cannot be written ({error.strerror})") from None
 
 
 def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
@@ -796,9 +800,7 @@ def check_output_dir(path: Path) -> None:
     """Raises ConfigError when results could not be written to ``path``."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        # a name of its own: ranks of one job probe the same folder at the same moment
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".effitrain-write-probe-"):
-            pass
+        probe_write(path)  # a file of its own: ranks of one job probe one folder at one moment
     except OSError as error:
         raise invalid(
             "hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})"
