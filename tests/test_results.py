@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from effitrain.results import LOCK, folder_lock
 from tests.conftest import REPO
 
@@ -78,6 +80,7 @@ def test_a_stale_lock_file_of_a_dead_process_is_taken_and_removed(tmp_path, monk
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_concurrent_lockers_never_both_hold_the_folder(tmp_path):
     """Four processes take and let go of one folder's lock 150 times each. Each holder removes the
     file as it lets go, so a waiter often locks a file already removed while another process makes
