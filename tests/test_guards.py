@@ -174,7 +174,8 @@ def test_a_run_whose_summary_cannot_be_written_is_not_ok(tmp_path):
     )
     assert "effitrain: ok" not in done.stdout and "Traceback" not in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hydra", "metrics.jsonl"]
-    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][:2] == [1, 2]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "train/loss" in line] == [1, 2]  # it trained
 
 
 @pytest.mark.slow

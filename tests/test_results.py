@@ -51,8 +51,10 @@ def clean_env() -> dict:
 
 def other_process_owner(folder) -> str:
     """What folder_lock says in another process: ``None`` (it got the lock) or the holder's pid."""
-    code = f"from effitrain.results import folder_lock\nwith folder_lock(__import__('pathlib').Path({str(folder)!r})) as o: print(o)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
+    code = f"from pathlib import Path\nfrom effitrain.results import folder_lock\nwith folder_lock(Path({str(folder)!r})) as o: print(o)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
@@ -64,7 +66,7 @@ def test_the_lock_file_is_there_while_held_and_gone_after(tmp_path, monkeypatch)
     with folder_lock(folder) as owner:
         assert owner is None
         assert (folder / LOCK).read_text() == str(os.getpid())
-        assert other_process_owner(folder) == str(os.getpid())  # a second locker is refused, told who holds it
+        assert other_process_owner(folder) == str(os.getpid())  # a second locker: refused, told by whom
     assert os.listdir(folder) == []  # let go: nothing left
     assert other_process_owner(folder) == "None"  # and the next one gets it
     assert os.listdir(folder) == []
