@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -84,3 +85,16 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "wb" if isinstance(data, bytes) else "w") as handle:
             handle.write(data)
+
+
+PROBE_BYTES = 4096  # one file-system block: what a full disk or a spent quota refuses
+
+
+def probe_write(folder: Path) -> None:
+    """Write and flush a nameless block in ``folder``, then drop it: raises OSError (no space left,
+    quota exceeded, read-only) where results could not be written. An empty file would not show a
+    full disk: it takes no block."""
+    with tempfile.TemporaryFile(dir=folder, prefix=".effitrain-write-probe-") as probe:
+        probe.write(bytes(PROBE_BYTES))
+        probe.flush()
+        os.fsync(probe.fileno())

@@ -60,7 +60,8 @@ def recorded(summary: dict, output_dir: Path, is_main: bool):
     except Exception as error:  # any other failure is recorded, with its traceback beside the summary
         summary["error"] = one_line(error)
         if is_main and output_dir.is_dir():
-            (output_dir / "traceback.txt").write_text(traceback.format_exc())
+            with contextlib.suppress(OSError):  # a full disk: the summary's line says what failed
+                (output_dir / "traceback.txt").write_text(traceback.format_exc())
     except (KeyboardInterrupt, Interrupted) as error:  # Ctrl-C or SIGTERM: recorded, W&B ends as crashed
         signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
         summary["status"], summary["signal"] = "interrupted", int(signum)

@@ -41,7 +41,12 @@ LOCK = ".effitrain.lock"
 def folder_lock(folder: Path):
     """Hold an exclusive lock on ``folder`` (a lock file in it); yields None when this process has
     it, else the pid of the process that does. Released when the process dies, however it dies.
-    Ranks of one data-parallel job share their folder: only rank 0 locks it."""
+    Ranks of one data-parallel job share their folder: only rank 0 locks it.
+
+    The lock file is removed when the lock is let go, so a finished run leaves none behind. It is
+    removed while still held, and a process that gets the lock keeps it only if the file it locked is
+    still the one at the path (:func:`_lock_file`): one that waited on a file removed meanwhile tries
+    again on the file now there, so two processes never hold the folder at once."""
     if int(os.environ.get("RANK", "0")) != 0:
         yield None
         return
@@ -51,27 +56,62 @@ def folder_lock(folder: Path):
         return
     import fcntl
 
+    path = Path(folder) / LOCK
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        handle = open(folder / LOCK, "a+")
+        handle, owner = _lock_file(path)
     except OSError:  # an unwritable folder is reported by the run itself, with its own message
         yield None
         return
+    if handle is None:
+        yield owner
+        return
     with handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
             handle.seek(0)
-            yield handle.read().strip() or "unknown"
-            return
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+        except OSError:  # a full disk: the lock holds all the same, only its pid is not written
+            pass
         try:
             yield None
         finally:
+            if _same_file(handle, path):  # removed while held: see _lock_file
+                path.unlink(missing_ok=True)
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _lock_file(path: Path):
+    """``(handle, None)``: ``path`` opened and flock'ed by this process, still the file at ``path``;
+    or ``(None, owner)``: another process holds it (the pid it wrote, or ``"unknown"``).
+
+    A holder removes the file before letting go, so a file locked here may no longer be the one at
+    ``path`` (its holder removed it between our open and our flock, and a third process may have
+    made a new one since): then it is closed and the file now at ``path`` is tried."""
+    import fcntl
+
+    while True:
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with handle:
+                handle.seek(0)
+                return None, handle.read().strip() or "unknown"
+        if _same_file(handle, path):
+            return handle, None
+        handle.close()
+
+
+def _same_file(handle, path: Path) -> bool:
+    """Whether the open ``handle`` is the file at ``path`` now (not one removed since)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(handle.fileno())
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def read_summary(folder: Path) -> dict | None:

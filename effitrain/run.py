@@ -78,7 +78,13 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
             if previous and previous.get("status") == "ok" and summary["status"] != "ok":
                 log.error("not overwriting the ok summary.json in %s with a failed run", output_dir)
             elif output_dir.is_dir():
-                results.write_json_atomic(output_dir / results.SUMMARY, summary)
+                try:
+                    results.write_json_atomic(output_dir / results.SUMMARY, summary)
+                except OSError as error:  # a full disk: the run failed, and says so in one line
+                    unwritten = f"summary.json could not be written in {output_dir} ({error.strerror})"
+                    summary["error"] = f"{summary['error']}; {unwritten}" if summary["error"] else unwritten
+                    if summary["status"] == "ok":  # its results are not on disk: not ok
+                        summary["status"] = "failed"
 
     with contextlib.ExitStack() as ending:
         ending.callback(finish_tracker)  # unwound last: also when writing summary.json fails

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from effitrain.atomic import probe_write
 from effitrain.composition import command_line_overrides
 from effitrain.errors import ConfigError, ConfigErrors, invalid, raise_problems
 from effitrain.target_checks import (
@@ -69,15 +69,17 @@ def check_output_folder(key: str, value: str) -> None:
         raise invalid(key, value, f"{existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise invalid(key, value, f"{existing} cannot be written")
+    try:
+        probe_write(existing)  # a full disk: refused here, before Hydra writes its record
+    except OSError as error:
+        raise invalid(key, value, f"{existing} cannot be written ({error.strerror})") from None
 
 
 def check_output_dir(path: Path) -> None:
     """Raises ConfigError when results could not be written to ``path``."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        # a name of its own: ranks of one job probe the same folder at the same moment
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".effitrain-write-probe-"):
-            pass
+        probe_write(path)  # a file of its own: ranks of one job probe one folder at one moment
     except OSError as error:
         raise invalid(
             "hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})"

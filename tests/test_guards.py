@@ -3,15 +3,18 @@ no summary marked ok, and the results already in the run folder left byte for by
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.bad_inputs import DATA, VALUES, fill
-from tests.conftest import TINY, run_job, train_py
+from tests.conftest import REPO, TINY, run_job, train_py
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -90,6 +93,89 @@ def test_output_folder_that_cannot_be_written_is_refused_before_hydra(tmp_path):
         f"effitrain: error: hydra.run.dir='{blocker}/run' is invalid: {blocker} is a file, not a folder"
     )
     assert blocker.read_text() == "not a folder"
+
+
+# ``python train.py ARGS`` in a process where writes fail as on a full disk: os.fsync (every
+# flush to disk: a probe, an atomic write) raises ENOSPC, or, with a second argument, so does
+# ``effitrain.results.write_json_atomic`` (summary.json) alone.
+FULL_DISK = """
+import errno, os, runpy, sys
+
+def full(*args):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+if sys.argv[1] == "summary":
+    import effitrain.results
+    effitrain.results.write_json_atomic = full
+else:
+    os.fsync = full
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def train_py_on_a_full_disk(what: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", FULL_DISK, what, str(REPO / "train.py"), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, **kwargs)  # fmt: skip
+
+
+def test_a_full_disk_before_the_run_is_one_line_and_writes_nothing(tmp_path):
+    done = train_py_on_a_full_disk("all", *TINY, f"hydra.run.dir={tmp_path}/run")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"effitrain: error: hydra.run.dir='{tmp_path}/run' is invalid: {tmp_path} cannot be written "
+        "(No space left on device)"
+    ]
+    assert list(tmp_path.iterdir()) == []  # refused before Hydra made the folder
+
+
+def test_a_file_size_limit_is_refused_as_a_full_disk_is(tmp_path):
+    """A real refusal by the kernel: no byte may be written (RLIMIT_FSIZE 0; EFBIG, not a signal)."""
+    import resource
+    import signal
+
+    def no_bytes():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    done = subprocess.run([sys.executable, str(REPO / "train.py"), *TINY, f"hydra.run.dir={tmp_path}/run"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, preexec_fn=no_bytes)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"effitrain: error: hydra.run.dir='{tmp_path}/run' is invalid: {tmp_path} cannot be written (File too large)"
+    )
+    assert "Traceback" not in done.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_a_disk_full_at_the_runs_first_write_is_a_failed_summary(tmp_path, monkeypatch):
+    """The disk fills between the command's check and the run: the run's own probe refuses the
+    folder, the summary cannot be written either, and the returned summary says both: no traceback."""
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    summary = run_job(tmp_path, "max_steps=1")
+    assert summary["status"] == "failed" and summary["error_type"] == "config"
+    assert summary["error"] == (
+        f"hydra.run.dir={str(tmp_path)!r} is invalid: the output folder cannot be written (No space left on "
+        f"device); summary.json could not be written in {tmp_path} (No space left on device)"
+    )
+    assert "params/total" not in summary  # nothing heavy was built
+    assert os.listdir(tmp_path) == []  # no summary, no half-written one, no lock file
+
+
+def test_a_run_whose_summary_cannot_be_written_is_not_ok(tmp_path):
+    """It trained, but its record is not on disk: exit 1 with one line, never "ok"."""
+    done = train_py_on_a_full_disk("summary", *TINY, "max_steps=2", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"effitrain: error: failed: summary.json could not be written in {tmp_path} (No space left on device)"
+    )
+    assert "effitrain: ok" not in done.stdout and "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hydra", "metrics.jsonl"]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "train/loss" in line] == [1, 2]  # it trained
 
 
 @pytest.mark.slow

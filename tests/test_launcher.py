@@ -79,6 +79,11 @@ def test_running_jobs_never_share_a_device_or_a_core(tmp_path):
     assert "effitrain: 0 of 4 jobs failed (0 skipped: ok before)" in done.stdout
     seen = records(tmp_path)
     assert sorted(seen) == [1, 2, 3, 4]
+    folders = list(tmp_path.glob("*seed=*"))
+    assert len(folders) == 4
+    left = [".hydra", "job.log", "record.json", "summary.json"]
+    for folder in folders:  # the launcher held each job's lock: no lock file left
+        assert sorted(p.name for p in folder.iterdir()) == left
     # what the processes saw is what the launcher recorded
     by_pid = {line["pid"]: line for line in launches(tmp_path)}
     for record in seen.values():

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from tests.conftest import REPO, compose, read_metrics, run_job
+from tests.conftest import REPO, TINY, compose, read_metrics, run_job, train_py
 
 REQUIRED_KEYS = {
     "status", "error",
@@ -305,3 +305,26 @@ def test_each_optimizer_step_runs_inside_job_track_step(tmp_path, backend, monke
     for step in (1, 2, 3):  # lr 0 at step 1 (warm-up): the weights move from step 2 on
         expected += [("enter", step, step - 1), ("exit", step, step - 1, step > 1)]
     assert events == expected
+
+
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
+def test_a_finished_run_leaves_only_its_results(tmp_path, backend):
+    """No lock file, no empty train.log, no empty trainer/ folder (the Trainer's own output folder,
+    where effitrain saves nothing): the folder holds what the run wrote."""
+    done = train_py(*TINY, "max_steps=2", f"backend={backend}", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hydra", "metrics.jsonl", "summary.json"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["cfg/backend"] == backend
+    assert [line["step"] for line in read_metrics(tmp_path)] == [1, 2]
+    assert [line["step"] for line in read_metrics(tmp_path, "eval")] == [2]
+
+
+def test_a_run_that_logs_keeps_its_train_log(tmp_path):
+    """train.log is made at the first log line, and then kept."""
+    done = train_py(*TINY, "max_steps=1", "resume=auto", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = (tmp_path / "train.log").read_text()
+    assert logged.endswith(f"resume=auto: no checkpoint in {tmp_path}, starting from scratch\n")
+    left = [".hydra", "metrics.jsonl", "summary.json", "train.log"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == left

@@ -140,6 +140,9 @@ def test_plain_multirun_runs_each_job_in_its_own_process(tmp_path):
     for name, summary in summaries.items():
         # each job's output in its own folder, named in the report's line for it
         log = tmp_path / name / "job.log"
+        # no lock file, no empty train.log, no empty trainer/ folder left
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == [".hydra", "job.log", "metrics.jsonl",
+                                                                        "summary.json"]  # fmt: skip
         assert f"effitrain: ok: train/loss {summary['train/loss']:.4f}" in log.read_text()
         assert f"effitrain: ok: {name} (log: {log})" in result.stdout
         # start-up: process creation to the first step, within the job's process lifetime

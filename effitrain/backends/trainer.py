@@ -20,6 +20,7 @@ the final one.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
@@ -144,4 +145,7 @@ def fit(job) -> Evaluation:
     except BaseException as error:  # a step that fails inside track_step leaves its context too
         steps.leave(error)
         raise
+    finally:  # the Trainer makes its output folder; effitrain saves nothing there: no empty folder left
+        with contextlib.suppress(OSError):
+            os.rmdir(trainer.args.output_dir)
     return Evaluation(trainer.model_wrapped, eval_loader, trainer.accelerator)
