@@ -209,8 +209,12 @@ def config_change(previous: dict, cfg) -> tuple[str, object, object] | None:
 
 
 def folder_in_use(folder: Path) -> str | None:
-    """The pid of the process holding ``folder``'s lock (:func:`folder_lock`), or None; writes nothing."""
+    """The pid of the process holding ``folder``'s lock (:func:`folder_lock`), or None; writes nothing.
+    Only rank 0 asks, as only rank 0 locks: another rank would find its own job's rank 0 there."""
     import fcntl
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
 
     try:
         handle = open(Path(folder) / LOCK)

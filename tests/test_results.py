@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from effitrain.results import LOCK, folder_lock
+from effitrain.results import LOCK, folder_in_use, folder_lock
 from tests.conftest import REPO
 
 # One process of the race below: takes the folder's lock ROUNDS times (retrying while another
@@ -70,6 +70,21 @@ def test_the_lock_file_is_there_while_held_and_gone_after(tmp_path, monkeypatch)
     assert os.listdir(folder) == []  # let go: nothing left
     assert other_process_owner(folder) == "None"  # and the next one gets it
     assert os.listdir(folder) == []
+
+
+def test_the_in_use_probe_names_the_holder_to_rank_0_only(tmp_path, monkeypatch):
+    # a data-parallel job's other ranks find their own rank 0 holding the folder: not "in use"
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("EFFITRAIN_FOLDER_LOCKED", raising=False)
+    assert folder_in_use(tmp_path) is None
+    with folder_lock(tmp_path) as owner:
+        assert owner is None
+        code = f"from effitrain.results import folder_in_use; print(folder_in_use({str(tmp_path)!r}))"
+        for rank, said in (("0", str(os.getpid())), ("1", "None")):
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  env=dict(clean_env(), RANK=rank), timeout=120)  # fmt: skip
+            assert (done.returncode, done.stdout.strip()) == (0, said), done.stderr
+    assert folder_in_use(tmp_path) is None and os.listdir(tmp_path) == []
 
 
 def test_a_stale_lock_file_of_a_dead_process_is_taken_and_removed(tmp_path, monkeypatch):
