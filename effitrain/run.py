@@ -10,6 +10,7 @@ with ``status`` saying how the run ended (:mod:`effitrain.outcome`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -91,7 +92,7 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
         ending.callback(write_summary)
         with contextlib.ExitStack() as opened, recorded(summary, output_dir, state.is_main_process):
             check_output_dir(output_dir)
-            kept = finished_and_kept(cfg, output_dir)
+            kept = finished_and_kept(cfg, output_dir, state.num_processes)
             if kept is not None:  # resume of a finished run: its results stay as they are
                 print(kept)
                 return previous
@@ -118,14 +119,16 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
     return summary
 
 
-def finished_and_kept(cfg: DictConfig, output_dir: Path) -> str | None:
+def finished_and_kept(cfg: DictConfig, output_dir: Path, num_processes: int = 1) -> str | None:
     """With ``resume=auto``, a line saying ``output_dir`` holds a finished ok run that is left as it
     is (None: there is a run to do). A changed config is still refused, naming the key."""
     if cfg.get("resume") != "auto":
         return None
     kept = results.finished_run(cfg, output_dir)
     if kept is not None:
-        checkpoint.find_resume(cfg, output_dir)  # raises for a config that changed
+        derived = copy.deepcopy(cfg)  # compared as the run would train it: micro_batch_size derived
+        apply_effective_batch_size(derived, num_processes)
+        checkpoint.find_resume(derived, output_dir)  # raises for a config that changed
     return kept
 
 

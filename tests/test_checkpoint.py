@@ -319,3 +319,16 @@ def test_checkpoint_files_follow_the_umask(tmp_path):
     files = [p for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()]
     assert any(p.name == "model.safetensors" for p in files)
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o666 & ~umask for p in files}
+
+
+def test_resume_auto_of_a_finished_run_with_a_derived_micro_batch_keeps_it_from_the_api(tmp_path):
+    # run(cfg) called from Python gets cfg underived (micro_batch_size from the config's default):
+    # the finished run's checkpoint is compared with what the run would train, not with that default
+    args = [o for o in TINY if not o.startswith("micro_batch_size=")]  # derived, not given
+    args += ["max_steps=2", "checkpoint_every=1", "effective_batch_size=4", "gradient_accumulation_steps=2"]
+    first = run_job(tmp_path, *args, tiny=False)
+    assert first["status"] == "ok" and first["cfg/micro_batch_size"] == 2
+    summary_before = (tmp_path / "summary.json").read_bytes()
+    again = run_job(tmp_path, *args, "resume=auto", tiny=False)
+    assert again == first
+    assert (tmp_path / "summary.json").read_bytes() == summary_before
