@@ -100,3 +100,13 @@ def test_apollo_resumes_from_a_weights_only_checkpoint_bit_identically():
     steps(resumed_model, resumed)
     for original, again in zip(model.parameters(), resumed_model.parameters()):
         assert torch.equal(original, again)
+
+
+def test_a_parameter_named_like_a_bias_does_not_decay():
+    # torch's own attention names its input projection's bias in_proj_bias: no decay, as any bias
+    attention = torch.nn.MultiheadAttention(embed_dim=8, num_heads=2)
+    decay, no_decay = param_groups(attention, weight_decay=0.1)
+    names = {id(p): n for n, p in attention.named_parameters()}
+    assert sorted(names[id(p)] for p in no_decay["params"]) == ["in_proj_bias", "out_proj.bias"]
+    assert sorted(names[id(p)] for p in decay["params"]) == ["in_proj_weight", "out_proj.weight"]
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
