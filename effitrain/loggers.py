@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.errors import invalid
-from effitrain.results import plain
+from effitrain.results import plain, without_secret
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +60,6 @@ def resolve_mode(mode: str | None) -> str:
     if env_mode == "dryrun":  # wandb's old name for offline
         return "offline"
     return "online" if has_credentials() else "offline"
-
-
-def _without(value, secret: str | None):
-    """``value`` with every string equal to or containing ``secret`` replaced, so the key is never logged."""
-    if not secret:
-        return value
-    if isinstance(value, dict):
-        return {k: _without(v, secret) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_without(v, secret) for v in value]
-    if isinstance(value, str) and secret in value:
-        return "<redacted>"
-    return value
 
 
 def group_name(sweep_dir: str | None) -> str | None:
@@ -188,7 +175,7 @@ class WandbLogger:
             "reinit": "finish_previous",
         }
         # the name too: Hydra resolves an override like +x=${oc.env:WANDB_API_KEY} in override_dirname
-        init = {key: value if key == "dir" else _without(value, secret) for key, value in init.items()}
+        init = {key: value if key == "dir" else without_secret(value, secret) for key, value in init.items()}
         # silent: the one line below replaces wandb's banner, which a sweep would print per job
         settings = {"silent": True, "init_timeout": init_timeout_s}
         modes = [self.mode] + (["offline"] if self.mode == "online" else [])
@@ -256,7 +243,7 @@ class WandbLogger:
             return
         try:
             secret = os.environ.get("WANDB_API_KEY")
-            self.run.config.update(_without(config, secret), allow_val_change=True)
+            self.run.config.update(without_secret(config, secret), allow_val_change=True)
         except Exception as error:
             self._warn(f"updating the config failed ({type(error).__name__}: {error})")
 
@@ -273,7 +260,7 @@ class WandbLogger:
         try:
             if summary:
                 secret = os.environ.get("WANDB_API_KEY")
-                run.summary.update(_without({k: plain(v) for k, v in summary.items()}, secret))
+                run.summary.update(without_secret({k: plain(v) for k, v in summary.items()}, secret))
             run.finish(exit_code=0 if ok else 1)
         except Exception as error:
             self._warn(f"finishing the run failed ({type(error).__name__}: {error})")

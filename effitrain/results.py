@@ -190,9 +190,21 @@ def config_record(cfg) -> dict:
     apply_effective_batch_size(derived, int(os.environ.get("WORLD_SIZE", "1")))
     record = json.loads(json.dumps(trajectory_config(derived), default=str))
     secret = os.environ.get("WANDB_API_KEY")  # a key pulled in by interpolation is never written
-    return {
-        k: "<redacted>" if secret and isinstance(v, str) and secret in v else v for k, v in record.items()
-    }
+    return without_secret(record, secret)
+
+
+def without_secret(value, secret: str | None):
+    """``value`` with every string equal to or containing ``secret`` replaced, so the key is never
+    written or logged (nested dicts and lists included)."""
+    if not secret:
+        return value
+    if isinstance(value, dict):
+        return {k: without_secret(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_secret(v, secret) for v in value]
+    if isinstance(value, str) and secret in value:
+        return "<redacted>"
+    return value
 
 
 def config_change(previous: dict, cfg) -> tuple[str, object, object] | None:

@@ -190,13 +190,13 @@ def test_the_api_key_is_written_to_no_file(tmp_path, monkeypatch):
     marker = "effitrain-marker-key-5f3c9a1e7d2b4c6a8e0f1a2b3c4d5e6f70819a2b"  # 40+ chars, as a real key
     monkeypatch.setenv("WANDB_API_KEY", marker)
     # even a config that pulls the key in by interpolation does not leak it to the W&B config
-    summary = run_job(tmp_path, *WANDB, "+leaky=${oc.env:WANDB_API_KEY}", *FEW_STEPS)
+    summary = run_job(tmp_path, *WANDB, "+logger.notes=${oc.env:WANDB_API_KEY}", *FEW_STEPS)
     assert summary["status"] == "ok", summary["error"]
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert len(wandb_files(tmp_path)) == 1 and len(files) > 5
     leaks = [p for p in files if marker.encode() in p.read_bytes()]
     assert leaks == []
-    assert inspect_summary(wandb_files(tmp_path)[0])["config"]["leaky"] == "<redacted>"
+    assert inspect_summary(wandb_files(tmp_path)[0])["config"]["logger"]["notes"] == "<redacted>"
 
 
 def test_wandb_init_raising_never_fails_training(tmp_path, monkeypatch, capsys):
