@@ -334,7 +334,7 @@ def test_a_table_wandb_refuses_leaves_the_verdict_in_a_run_finished_as_failed(tm
         "(TypeError: Data row contained incompatible types:)"
     )
     state = inspect_summary(wandb_files(tmp_path)[0])
-    assert (state["state"], state["exit_code"]) == ("finished", 1)
+    assert (state["state"], state["exit_code"]) == ("failed", 1)  # finished, as failed: not left open
     assert state["summary"]["jobs"] == 1 and state["summary"]["verdict"] == "use adamw"
 
 
