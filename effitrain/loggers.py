@@ -293,6 +293,31 @@ def comparison_run_id(sweep_dir: str | Path) -> str:
     return "compare-" + hashlib.sha1(str(Path(sweep_dir).absolute()).encode()).hexdigest()[:16]
 
 
+def table_cells(data: list[list]) -> list[list]:
+    """``data`` (rows of cells) as a W&B Table takes it. A Table types each column from its values
+    and refuses a row whose cell has another type: a nested dict with other keys (``job/config`` of
+    two optimizers), text beside numbers. So a dict or list becomes its JSON text, and a column
+    whose cells are of more than one kind (text, number, bool) becomes text throughout; a null stays
+    null and a column of one kind keeps its values as they are (numbers sort and plot as numbers)."""
+    import json
+
+    def kind(cell):
+        if isinstance(cell, bool):
+            return bool
+        return float if isinstance(cell, (int, float)) else type(cell)
+
+    def text(cell):
+        return cell if isinstance(cell, str) else json.dumps(cell)
+
+    cells = [[json.dumps(c) if isinstance(c, (dict, list, tuple)) else c for c in row] for row in data]
+    for col in range(len(cells[0]) if cells else 0):
+        if len({kind(row[col]) for row in cells if row[col] is not None}) > 1:
+            for row in cells:
+                if row[col] is not None:
+                    row[col] = text(row[col])
+    return cells
+
+
 def log_comparison_table(
     rows: list[dict],
     group: str | None,
@@ -346,22 +371,29 @@ def log_comparison_table(
             reinit="finish_previous",
             settings=wandb.Settings(silent=True),
         )
-        tables = {f"{table_key}_values": wandb.Table(columns=columns, data=data)}
-        if page is not None:
-            headers, cells = page
-            tables[table_key] = wandb.Table(
-                columns=list(headers), data=[[plain(c) for c in row] for row in cells]
-            )
-        run.log(tables)
-        run.summary["jobs"] = len(rows)
-        for key, value in (summary or {}).items():
-            run.summary[key] = plain(value)
         folder = run.settings.sync_dir
+        try:
+            # the summary first: the verdict reaches the run even when a table cannot be logged
+            run.summary["jobs"] = len(rows)
+            for key, value in (summary or {}).items():
+                run.summary[key] = plain(value)
+            tables = {f"{table_key}_values": wandb.Table(columns=columns, data=table_cells(data))}
+            if page is not None:
+                headers, cells = page
+                tables[table_key] = wandb.Table(
+                    columns=list(headers), data=table_cells([[plain(c) for c in row] for row in cells])
+                )
+            run.log(tables)
+        except Exception:
+            run.finish(exit_code=1)  # finished as failed, never left open to the process's exit
+            raise
         run.finish()
         return folder
     except Exception as error:
         print(
-            f"effitrain: warning: W&B: the comparison table was not logged ({type(error).__name__}: {error})",
+            # one line: wandb's type errors list every key of every row
+            f"effitrain: warning: W&B: the comparison table was not logged ({type(error).__name__}: "
+            f"{(str(error).splitlines() or [''])[0][:300]})",
             file=sys.stderr,
             flush=True,
         )

@@ -292,6 +292,52 @@ def test_comparison_table_is_its_own_run_of_the_group(tmp_path):
     assert inspect_summary(log_file)["summary"]["jobs"] == 3
 
 
+def test_comparison_rows_of_differently_shaped_values_are_one_table(tmp_path, capsys):
+    """Two optimizers' summaries: ``job/config`` dicts with other keys, a column of text beside
+    numbers, a page cell a job lacks. W&B's Table refused such rows (the whole comparison, verdict
+    included, never reached the run); now nested values are their JSON text and a mixed column text."""
+    rows = [
+        {"job": "a", "lr": "0.0002", "job/config": {"optimizer.betas": [0.9, 0.999]}, "env/cpu_affinity": [0, 1]},
+        {"job": "b", "lr": 3e-4, "job/config": {"optimizer.clip_threshold": 1.0}, "env/cpu_affinity": [0, 1]},
+    ]  # fmt: skip
+    page = (["#", "optimizer", "step peak MiB"], [[1.0, "adamw", 22.9], [2.0, "adafactor", None]])
+    folder = loggers.log_comparison_table(
+        rows, group="g", wandb_dir=tmp_path, mode="offline", page=page, summary={"verdict": "use adamw"}
+    )
+    assert "W&B" not in capsys.readouterr().err
+    tables = {p.name.rsplit("_", 2)[0]: json.loads(p.read_text()) for p in Path(folder).rglob("*.table.json")}
+    assert tables["comparison_values"]["data"] == [
+        ["a", "0.0002", '{"optimizer.betas": [0.9, 0.999]}', "[0, 1]"],
+        ["b", "0.0003", '{"optimizer.clip_threshold": 1.0}', "[0, 1]"],
+    ]
+    assert tables["comparison"]["data"] == [[1, "adamw", 22.9], [2, "adafactor", None]]
+    [log_file] = wandb_files(tmp_path)
+    state = inspect_summary(log_file)
+    assert state["exit_code"] == 0 and state["summary"]["verdict"] == "use adamw"
+    assert state["summary"]["jobs"] == 2
+
+
+def test_a_table_wandb_refuses_leaves_the_verdict_in_a_run_finished_as_failed(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def refuse(*args, **kwargs):
+        raise TypeError("Data row contained incompatible types:\n{'job': ...} of type {...}")
+
+    monkeypatch.setattr(wandb, "Table", refuse)
+    folder = loggers.log_comparison_table(
+        [{"job": "a"}], group="g", wandb_dir=tmp_path, mode="offline", summary={"verdict": "use adamw"}
+    )
+    assert folder is None
+    [warning] = [line for line in capsys.readouterr().err.splitlines() if "W&B" in line]
+    assert warning == (
+        "effitrain: warning: W&B: the comparison table was not logged "
+        "(TypeError: Data row contained incompatible types:)"
+    )
+    state = inspect_summary(wandb_files(tmp_path)[0])
+    assert (state["state"], state["exit_code"]) == ("failed", 1)  # finished, as failed: not left open
+    assert state["summary"]["jobs"] == 1 and state["summary"]["verdict"] == "use adamw"
+
+
 def test_comparison_table_disabled_writes_nothing(tmp_path):
     assert loggers.log_comparison_table([{"job": 0}], group="g", wandb_dir=tmp_path, mode="disabled") is None
     assert list(tmp_path.iterdir()) == []

@@ -69,10 +69,13 @@ def log_to_wandb(
 
 
 def _numbers(page):
-    """The page's cells with the numbers as numbers, so the dashboard sorts and plots them."""
+    """The page's cells with the numbers as numbers, so the dashboard sorts and plots them; an empty
+    cell (a value the job does not have) as null, so its column stays a column of numbers."""
     headers, rows = page
 
     def value(cell):
+        if cell == "":
+            return None
         try:
             return float(cell)
         except ValueError:
