@@ -252,6 +252,19 @@ def test_repeated_seeds_are_compared_as_mean_and_spread(tmp_path):
     assert "Repeated seeds" in (folder / "comparison.html").read_text()
 
 
+@pytest.mark.slow
+def test_a_sweep_over_seeds_only_is_one_combination_in_the_verdict_and_the_seeds_table(tmp_path, capsys):
+    # the verdict groups as the seeds table does: the seeds are repeats, not combinations to choose from
+    folder, done = sweep(tmp_path / "seeds", "logger=none", "seed=1,2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    main(["compare", str(folder)])
+    out = capsys.readouterr().out
+    assert "One combination (1=2. defaults): nothing to choose between." in out
+    assert "one seed per combination" not in out
+    rows = list(csv.DictReader(open(folder / "comparison_seeds.csv")))
+    assert [(row["combination"], row["seeds"]) for row in rows] == [("defaults", "2")]
+
+
 # --- the verdict, on what real sweeps wrote ------------------------------------------------------
 
 

@@ -175,14 +175,18 @@ def failures(jobs: list[JobResult]) -> list[str]:
     ]
 
 
+def combination_label(job: JobResult) -> str:
+    """The job's combination: every choice but the seed ("defaults" when only the seed varies)."""
+    return choices_label({k: v for k, v in job.choices.items() if k not in ("seed", "cfg/seed")}) or "defaults"
+
+
 def seed_groups(jobs: list[JobResult]) -> dict[str, list[JobResult]]:
     """Finished jobs grouped by every choice but the seed: the combinations a seeds study repeats.
     Empty unless some combination ran with more than one seed."""
     groups: dict[str, list[JobResult]] = {}
     for job in jobs:
         if job.ok:
-            label = choices_label({k: v for k, v in job.choices.items() if k not in ("seed", "cfg/seed")})
-            groups.setdefault(label or "defaults", []).append(job)
+            groups.setdefault(combination_label(job), []).append(job)
     return groups if any(len(group) > 1 for group in groups.values()) else {}
 
 

@@ -22,7 +22,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from effitrain.compare.load import MIB, JobResult, _is_value, baseline, choices_label
+from effitrain.compare.load import MIB, JobResult, _is_value, baseline, combination_label
 from effitrain.training import WARMUP_STEPS
 
 NOISE_SIGMAS = 2.0  # a ratio closer to 1 than this many standard deviations is noise
@@ -142,8 +142,7 @@ def combinations(jobs: list[JobResult]) -> list[Combination]:
     for number, job in enumerate(jobs, 1):
         if not job.ok:
             continue
-        label = choices_label({k: v for k, v in job.choices.items() if k not in ("seed", "cfg/seed")})
-        label = label or job.label
+        label = combination_label(job)  # as the seeds table groups them
         group = groups.setdefault(label, Combination([], label, []))
         group.numbers.append(number)
         group.jobs.append(job)
