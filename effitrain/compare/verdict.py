@@ -52,7 +52,6 @@ class Ratio:
 
     value: float
     std: float | None
-    lower_is_better: bool
     base: bool = False  # the baseline's own row
 
     @property
@@ -62,10 +61,6 @@ class Ratio:
         if self.base or self.std is None:
             return True
         return abs(self.value - 1.0) < max(NOISE_SIGMAS * self.std, SAME)
-
-    @property
-    def better(self) -> bool:
-        return not self.noise and (self.value < 1.0 if self.lower_is_better else self.value > 1.0)
 
     def text(self, digits: int = 2) -> str:
         if self.base:
@@ -78,7 +73,7 @@ class Ratio:
         return cell + (" ~" if self.noise else "")
 
 
-def ratio(a: Estimate | None, b: Estimate | None, lower_is_better: bool, is_base: bool) -> Ratio | None:
+def ratio(a: Estimate | None, b: Estimate | None, is_base: bool) -> Ratio | None:
     if a is None or b is None or not b.value:
         return None
     value = a.value / b.value
@@ -86,7 +81,7 @@ def ratio(a: Estimate | None, b: Estimate | None, lower_is_better: bool, is_base
         std = None
     else:
         std = abs(value) * math.hypot(a.relative, b.relative)
-    return Ratio(value, std, lower_is_better, base=is_base)
+    return Ratio(value, std, base=is_base)
 
 
 @dataclass
@@ -243,9 +238,9 @@ def verdict(jobs: list[JobResult]) -> Verdict:
     for combo in combos:
         is_base = combo is base_combo
         combo.ratios = {
-            "memory": ratio(combo.memory, base_combo.memory, True, is_base),
-            "quality": ratio(combo.quality, base_combo.quality, True, is_base),
-            "speed": ratio(combo.speed, base_combo.speed, False, is_base),
+            "memory": ratio(combo.memory, base_combo.memory, is_base),
+            "quality": ratio(combo.quality, base_combo.quality, is_base),
+            "speed": ratio(combo.speed, base_combo.speed, is_base),
         }
     front = [c for c in combos if not any(dominates(o, c) for o in combos if o is not c)]
     lines = []
