@@ -375,6 +375,8 @@ def log_comparison_table(
         try:
             # the summary first: the verdict reaches the run even when a table cannot be logged
             run.summary["jobs"] = len(rows)
+            for key in [k for k in run.summary.keys() if k.startswith("verdict/") and k not in (summary or {})]:
+                del run.summary[key]  # a resumed run's verdict of an earlier compare is replaced, not merged
             for key, value in (summary or {}).items():
                 run.summary[key] = plain(value)
             tables = {f"{table_key}_values": wandb.Table(columns=columns, data=table_cells(data))}

@@ -169,6 +169,26 @@ def test_failed_missing_and_unreadable_jobs_are_reported_not_raised(failing_swee
 
 
 @pytest.mark.slow
+def test_each_sweep_s_wandb_comparison_holds_its_own_jobs_only(wandb_sweep, tmp_path, monkeypatch):
+    # compared together, two W&B sweeps share the page, but each sweep's run describes that sweep
+    from effitrain import loggers
+    from effitrain.compare import load_jobs, log_to_wandb
+
+    other = tmp_path / "other"
+    shutil.copytree(wandb_sweep, other)
+    logged = []
+    monkeypatch.setattr(loggers, "log_comparison_table", lambda rows, **kw: logged.append((rows, kw)))
+    jobs = load_jobs([wandb_sweep, other])
+    assert len(jobs) == 4
+    log_to_wandb(jobs, [wandb_sweep, other], "offline")
+    assert [kw["wandb_dir"] for _, kw in logged] == [wandb_sweep, other]
+    for rows, kw in logged:
+        assert len(rows) == 2 and len(kw["page"][1]) == 2
+        assert [row[0] for row in kw["page"][1]] == [1, 2]  # numbered within the sweep
+        assert kw["summary"]["verdict/baseline"] == "AdamW"
+
+
+@pytest.mark.slow
 def test_several_sweep_folders_make_one_table(wandb_sweep, failing_sweep, tmp_path):
     main(["compare", str(wandb_sweep), str(failing_sweep), "--output", str(tmp_path / "report"),
           "--wandb-mode", "disabled"])  # fmt: skip

@@ -39,12 +39,11 @@ from effitrain.errors import ConfigError
 __all__ = ["CSV_KEYS", "JobResult", "Verdict", "compare", "load_jobs", "pareto_front", "verdict"]
 
 
-def log_to_wandb(
-    jobs: list[JobResult], sweeps: list[Path], mode: str | None, page=None, decided=None
-) -> None:
+def log_to_wandb(jobs: list[JobResult], sweeps: list[Path], mode: str | None) -> None:
     """Each sweep whose jobs logged to W&B gets its one comparison run (updated by every compare),
     in the project, entity and group its jobs recorded (``wandb/*`` in their summaries): the page's
-    table (``page``: headers and rows), the exact values and the verdict in the run's summary."""
+    table, the exact values and the verdict in the run's summary, each of that sweep's jobs alone
+    (several sweeps compared at once do not mix into one sweep's run)."""
     from effitrain.loggers import log_comparison_table
 
     for sweep in sweeps:
@@ -63,8 +62,8 @@ def log_to_wandb(
             project=where.get("wandb/project") or "effitrain",
             entity=where.get("wandb/entity"),
             mode=mode,
-            page=_numbers(page) if page else None,
-            summary=decided.summary() if decided is not None else None,
+            page=_numbers(table_rows(own)),
+            summary=verdict(own).summary(),
         )
 
 
@@ -133,5 +132,5 @@ def compare(sweeps: list[Path], output: Path | None = None, wandb_mode: str | No
     for line in failures(jobs):
         print(f"not ok: {line}")
     print(f"effitrain: compare: {len(jobs)} jobs -> {written['md']}, {written['html']}")
-    log_to_wandb(jobs, sweeps, wandb_mode, (headers, rows), decided)
+    log_to_wandb(jobs, sweeps, wandb_mode)
     return written
