@@ -509,3 +509,17 @@ def test_estimate_of_distilbert_agrees_with_real_runs(tmp_path):
         assert row["grads_bytes"] == summary["mem/grads_bytes"]
         assert row["optimizer_state_bytes"] == summary["mem/optimizer_state_bytes"]
         assert row["optimizer_state_elements"] == summary["mem/optimizer_state_elements"]
+
+
+def test_tensors_without_memory_are_told_apart_and_elements_are_whole_counts():
+    # meta tensors all have data pointer 0: each is its own storage, not one shared one
+    footprint = memory.footprint(torch.empty(3, device="meta"), torch.empty(5, device="meta"))
+    assert (footprint.bytes, footprint.elements) == (32, 8)
+    assert type(footprint.elements) is int  # counts, as summaries and JSON report them
+
+
+def test_optimizer_params_lists_each_parameter_once_in_group_order():
+    first, second = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
+    with pytest.warns(UserWarning, match="duplicate parameters"):  # torch only warns about it
+        optimizer = torch.optim.SGD([first, second, first], lr=0.1)
+    assert [id(p) for p in memory.optimizer_params(optimizer)] == [id(first), id(second)]
