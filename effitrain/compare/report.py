@@ -241,7 +241,7 @@ HOW_TO_READ = {
     "process, context only.",
     "loss": "Train loss per optimizer step (left) and per training second (right), eval losses as "
     "dots; lower is better. Jobs whose losses are identical are one line, named by all their numbers "
-    "(1=4). On the right, the curve that drops first reaches a loss soonest.",
+    "(such as 1=4). On the right, the curve that drops first reaches a loss soonest.",
     "pareto": "Each number is a job, as in the table. Left: lower left is less memory for a lower "
     "eval loss; the red line joins the jobs nothing beats on both. Right: upper left is faster with "
     "less memory.",
