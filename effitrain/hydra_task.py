@@ -99,7 +99,7 @@ def skipped_as_done(cfg: DictConfig) -> None:
     Raises:
         ConfigError: the folder's ok run ran with another value of a key, named.
     """
-    from effitrain.results import config_change, read_summary
+    from effitrain.results import read_summary, skip_refusal
 
     if not cfg.get("skip_ok_jobs", True):
         return
@@ -107,13 +107,9 @@ def skipped_as_done(cfg: DictConfig) -> None:
     previous = read_summary(folder)
     if previous is None or previous.get("status") != "ok":
         return
-    change = config_change(previous, cfg)
-    if change is not None:
-        key, now, was = change
-        raise ConfigError(
-            f"{key}={now!r} is invalid: {folder} holds an ok run with {key}={was!r}, which this sweep "
-            "would skip as done: give another hydra.sweep.dir"
-        )
+    refusal = skip_refusal(folder, previous, cfg)
+    if refusal is not None:
+        raise ConfigError(refusal)
 
 
 def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:

@@ -220,6 +220,19 @@ def config_change(previous: dict, cfg) -> tuple[str, object, object] | None:
     return None
 
 
+def skip_refusal(folder: Path, previous: dict, cfg) -> str | None:
+    """Why a sweep may not skip ``folder``'s ok run ``previous`` as done (it ran another value of a
+    key, named), or None when it may."""
+    change = config_change(previous, cfg)
+    if change is None:
+        return None
+    key, now, was = change
+    return (
+        f"{key}={now!r} is invalid: {folder} holds an ok run with {key}={was!r}, which this sweep "
+        "would skip as done: give another hydra.sweep.dir"
+    )
+
+
 def folder_in_use(folder: Path) -> str | None:
     """The pid of the process holding ``folder``'s lock (:func:`folder_lock`), or None; writes nothing.
     Only rank 0 asks, as only rank 0 locks: another rank would find its own job's rank 0 there."""

@@ -108,11 +108,8 @@ class LocalSweep:
             return True
         previous = results.read_summary(job.folder)
         skip = job.config.get("skip_ok_jobs", True) and previous is not None and previous.get("status") == "ok"
-        change = results.config_change(previous, job.config) if skip else None
-        if change is not None:  # not done: it ran another config, which a run would not overwrite
-            key, now, was = change
-            error = (f"{key}={now!r} is invalid: {job.folder} holds an ok run with {key}={was!r}, which this "
-                     "sweep would skip as done: give another hydra.sweep.dir")  # fmt: skip
+        error = results.skip_refusal(job.folder, previous, job.config) if skip else None
+        if error is not None:  # not done: it ran another config, which a run would not overwrite
             job.outcome = JobOutcome(job.folder, "failed", False, error)
             self._record(job, status="failed", error=error)
             return True
