@@ -65,6 +65,7 @@ VALUES = [
     # APOLLO's settings first used at its first step: refused up front (each failed after loading)
     (["optimizer=apollo", "+optimizer.proj_type=colum"], "optimizer={'lr': 0.0002, 'betas': [0.9, 0.999], 'eps': 1e-06, 'rank': 32, 'scale': 1.0, 'scale_type': 'channel', 'update_proj_gap': 200, 'proj_type': 'colum'} is invalid: APOLLOAdamW rejects these arguments (proj_type must be std, reverse_std, right or left, got 'colum')"),
     (["optimizer=apollo", "optimizer.update_proj_gap=0"], "optimizer={'lr': 0.0002, 'betas': [0.9, 0.999], 'eps': 1e-06, 'rank': 32, 'scale': 1.0, 'scale_type': 'channel', 'update_proj_gap': 0} is invalid: APOLLOAdamW rejects these arguments (update_proj_gap must be an integer >= 1, got 0)"),
+    (["optimizer=apollo", "+optimizer.proj_type=left"], "optimizer={'lr': 0.0002, 'betas': [0.9, 0.999], 'eps': 1e-06, 'rank': 32, 'scale': 1.0, 'scale_type': 'channel', 'update_proj_gap': 200, 'proj_type': 'left'} is invalid: APOLLOAdamW rejects these arguments (proj_type 'left' needs scale_type tensor (channel scaling works with std only))"),
     (["optimizer=apollo", "+optimizer.proj=svd"], "optimizer={'lr': 0.0002, 'betas': [0.9, 0.999], 'eps': 1e-06, 'rank': 32, 'scale': 1.0, 'scale_type': 'channel', 'update_proj_gap': 200, 'proj': 'svd'} is invalid: APOLLOAdamW rejects these arguments (proj must be random, got 'svd')"),
     (["+optimizer.bogus=1"], "optimizer.bogus=1 is invalid: AdamW takes no such argument: choose from lr, betas"),
     (["warmup_ratio=1.0"], "warmup_ratio=1.0 is invalid: must be in [0, 1)"),

@@ -523,3 +523,31 @@ def test_optimizer_params_lists_each_parameter_once_in_group_order():
     with pytest.warns(UserWarning, match="duplicate parameters"):  # torch only warns about it
         optimizer = torch.optim.SGD([first, second, first], lr=0.1)
     assert [id(p) for p in memory.optimizer_params(optimizer)] == [id(first), id(second)]
+
+
+@pytest.mark.parametrize(
+    "overrides, dtype",
+    [
+        (["optimizer=adamw", "+optimizer.amsgrad=true"], torch.float32),  # a third moment
+        (["optimizer=adamw", "+optimizer.fused=true"], torch.float32),  # the fused kernel's step counters
+        (["optimizer=adafactor"], torch.bfloat16),  # low-precision weights
+        (["optimizer=apollo", "optimizer.rank=4"], torch.float32),  # square and both orientations
+        (["optimizer=apollo", "optimizer.rank=4", "optimizer.scale_type=tensor", "+optimizer.proj_type=reverse_std"],
+         torch.float32),  # fmt: skip
+        (["optimizer=apollo", "optimizer.rank=4", "optimizer.scale_type=tensor", "+optimizer.proj_type=left"],
+         torch.float32),  # fmt: skip
+    ],
+)
+def test_state_variants_are_counted_exactly(overrides, dtype):
+    # the variants of each formula (memory/estimate.py), each against what a real step allocates
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(  # tall, square and wide matrices
+        torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 40), torch.nn.Linear(40, 6)
+    )
+    model.to(dtype)
+    optimizer = build_optimizer(compose(*overrides).optimizer, model, weight_decay=0.01)
+    estimated = memory.estimate_optimizer_state(optimizer)
+    assert estimated is not None
+    model(torch.randint(0, 50, (3, 5))).float().sum().backward()
+    optimizer.step()
+    assert memory.optimizer_state_footprint(optimizer) == estimated
