@@ -18,8 +18,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from datasets import ClassLabel, Dataset, DatasetDict, load_from_disk
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from effitrain.atomic import atomic_path, sha256
 from effitrain.compat import dataset_fingerprint
@@ -367,17 +368,32 @@ def _tokenizer_digest(tokenizer) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class EpochPermutationSampler(Sampler[int]):
+    """A fresh permutation per epoch from ``seed + epoch``: both backends see the same order."""
+
+    def __init__(self, num_samples: int, seed: int):
+        self.num_samples = num_samples
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.num_samples, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
 def build_dataloaders(
     tokenized: DatasetDict, collate, micro_batch_size: int, eval_batch_size: int, seed: int
 ):
     """Train loader (seeded per-epoch permutation, the task's collation: dynamic padding) and eval
     loader (in order)."""
     tokenized = tokenized.with_format("torch")
-    from accelerate.data_loader import SeedableRandomSampler
-
-    # a fresh permutation per epoch, torch.randperm from seed + epoch (set_epoch): both backends,
-    # and a resumed run, see the same order
-    sampler = SeedableRandomSampler(tokenized["train"], data_seed=seed)
+    sampler = EpochPermutationSampler(len(tokenized["train"]), seed)
     train = DataLoader(tokenized["train"], batch_size=micro_batch_size, sampler=sampler, collate_fn=collate)
     evaluation = DataLoader(tokenized["eval"], batch_size=eval_batch_size, shuffle=False, collate_fn=collate)
     return train, evaluation, sampler

@@ -3,8 +3,7 @@
 The Trainer keeps its own loop (accumulation, clipping, compile, mixed precision, DDP); what
 would make it differ from the accelerate backend is replaced:
 
-* the train dataloader is effitrain's (accelerate's seedable sampler from the run's seed, which
-  its prepare re-makes with data_seed, so the same batches in the same order);
+* the train dataloader is effitrain's (same sampler, so the same batches in the same order);
 * the loss is the task's summed loss divided by the task's items (samples, or real target tokens)
   of the whole optimizer step over all processes (``num_items_in_batch``, counted by the task, not
   by the Trainer's label rule), so accumulation equals one big batch; a plain Trainer takes the
@@ -108,7 +107,6 @@ def training_arguments(cfg, num_steps: int, output_dir) -> TrainingArguments:
         torch_compile_backend=cfg.compile.backend if cfg.compile.enabled else None,
         torch_compile_mode=cfg.compile.mode if cfg.compile.enabled else None,
         seed=cfg.seed,
-        data_seed=cfg.seed,  # accelerate re-makes the seedable sampler on prepare: with this same seed
         report_to="none",
         save_strategy="no",
         eval_strategy="no",
