@@ -369,7 +369,13 @@ def _tokenizer_digest(tokenizer) -> str:
 
 
 class EpochPermutationSampler(Sampler[int]):
-    """A fresh permutation per epoch from ``seed + epoch``: both backends see the same order."""
+    """A fresh permutation per epoch from ``seed + epoch``: both backends see the same order.
+
+    Not accelerate's ``SeedableRandomSampler`` (the same ``torch.randperm``): as a ``RandomSampler``
+    it is re-made by the Trainer's ``accelerator.prepare`` (``use_seedable_sampler``), and it moves
+    itself to the next epoch after every full pass, so the order would depend on accelerate's
+    internals rather than on ``seed`` and ``set_epoch`` alone (tried: a test reading epoch 0's
+    batches after training saw epoch 1's)."""
 
     def __init__(self, num_samples: int, seed: int):
         self.num_samples = num_samples
