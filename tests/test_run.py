@@ -175,7 +175,10 @@ def test_ctrl_c_or_sigterm_writes_an_interrupted_summary_and_exits_128_plus_sign
         "epochs=1000",
         f"hydra.run.dir={tmp_path}",
     ]
-    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as from a terminal: a suite started in the background (nohup, `&`) passes SIGINT on ignored,
+    # and Python then leaves Ctrl-C ignored, as it should for a background job
+    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.time() + 120
     while time.time() < deadline and len(read_lines(tmp_path)) < 3:
         time.sleep(0.2)
