@@ -27,6 +27,15 @@ def sweep(folder, *overrides):
     return folder, done
 
 
+def swept_and_compared(folder, capsys, *overrides):
+    """A real sweep that finished, then ``effitrain compare`` of it: the folder and what compare printed."""
+    folder, done = sweep(folder, *overrides)
+    assert done.returncode == 0, done.stderr[-3000:]
+    capsys.readouterr()
+    main(["compare", str(folder)])
+    return folder, capsys.readouterr().out
+
+
 @pytest.fixture(scope="module")
 def wandb_sweep(tmp_path_factory):
     """Two optimizers, logged to W&B offline: the sweep that made compare crash before."""
@@ -275,10 +284,7 @@ def test_repeated_seeds_are_compared_as_mean_and_spread(tmp_path):
 @pytest.mark.slow
 def test_a_sweep_over_seeds_only_is_one_combination_in_the_verdict_and_the_seeds_table(tmp_path, capsys):
     # the verdict groups as the seeds table does: the seeds are repeats, not combinations to choose from
-    folder, done = sweep(tmp_path / "seeds", "logger=none", "seed=1,2")
-    assert done.returncode == 0, done.stderr[-3000:]
-    main(["compare", str(folder)])
-    out = capsys.readouterr().out
+    folder, out = swept_and_compared(tmp_path / "seeds", capsys, "logger=none", "seed=1,2")
     assert "One combination (1=2. defaults): nothing to choose between." in out
     assert "one seed per combination" not in out
     rows = list(csv.DictReader(open(folder / "comparison_seeds.csv")))
@@ -396,10 +402,7 @@ def test_the_page_marks_each_columns_best_value_and_numbers_the_jobs(verdict_swe
 
 @pytest.mark.slow
 def test_a_sweep_that_learned_nothing_says_so_in_one_line(tmp_path, capsys):
-    folder, done = sweep(tmp_path / "flat", "logger=none", "optimizer.lr=1e-12,2e-12")
-    assert done.returncode == 0, done.stderr[-3000:]
-    main(["compare", str(folder)])
-    out = capsys.readouterr().out
+    folder, out = swept_and_compared(tmp_path / "flat", capsys, "logger=none", "optimizer.lr=1e-12,2e-12")
     accuracies = {s["eval/accuracy"] for s in summaries(folder).values()}
     assert len(accuracies) == 1
     [line] = [line for line in out.splitlines() if line.startswith("No job learned anything measurable")]
