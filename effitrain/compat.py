@@ -29,7 +29,14 @@ CHECKED_BELOW = {"torch": "2.15", "transformers": "6", "accelerate": "2", "datas
 
 def checked(library: str) -> bool:
     """The installed ``library`` is a release the private APIs below were checked on."""
-    return _release(version(library)) < _release(CHECKED_BELOW[library])
+    return _release(_installed(library)) < _release(CHECKED_BELOW[library])
+
+
+@functools.cache
+def _installed(library: str) -> str:
+    """The installed release of ``library`` (read once: a lookup in the installed metadata costs
+    milliseconds, and memory counting asks for every tensor it meets)."""
+    return version(library)
 
 
 def _release(text: str) -> tuple[int, ...]:

@@ -60,7 +60,7 @@ def real_targets(batch) -> int:
 
 
 @pytest.mark.parametrize("layout", ["padded", pytest.param("packed", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 def test_accumulation_equals_the_big_batch_with_tokens(tmp_path, backend, layout):
     extra = [f"backend={backend}", *(PACKED if layout == "packed" else [])]
     big, _, _ = fit(tmp_path / "big", "micro_batch_size=16", "gradient_accumulation_steps=1", *extra)
@@ -87,6 +87,7 @@ def test_accumulation_equals_the_big_batch_with_tokens(tmp_path, backend, layout
         assert counts == [len(batch["labels"]) * 15 for batch in window]
 
 
+@pytest.mark.slow
 def test_backends_compute_the_same_decoder_training(tmp_path):
     common = ["micro_batch_size=4", "gradient_accumulation_steps=3"]
     accel, accel_metrics, job = fit(tmp_path / "a", "backend=accelerator", *common)
@@ -137,6 +138,7 @@ def test_token_counts_are_exact(tmp_path, layout):
     assert lines[-1]["train/tokens"] == summary["train/tokens"]
 
 
+@pytest.mark.slow
 def test_a_causal_lm_from_a_local_folder_loads_its_weights(tmp_path):
     """model.name_or_path= any causal LM folder (saved here, as the hub would give it)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -317,6 +319,7 @@ def later_token_changes_earlier_outputs(model, t: int = 5, length: int = 9) -> b
     return not torch.allclose(before[:, :t], after[:, :t], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_causal_lm_accepts_encoders_only_built_causal():
     """Every model task=causal_lm accepts, built as a run builds it: the output at position t does not
     change when a later token changes. BERT (model=tiny, model=minilm) is built with is_decoder=True;
@@ -344,6 +347,7 @@ def test_causal_lm_accepts_encoders_only_built_causal():
     assert sees_later_tokens(encoder)
 
 
+@pytest.mark.slow
 def test_a_folder_with_random_init_builds_the_folder_and_estimate_agrees(tmp_path):
     """model.name_or_path=<a folder> model.init=random builds the folder's own config (not the
     default model's architecture node), in a run and in `effitrain estimate` alike."""

@@ -190,6 +190,7 @@ def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
     assert summary["error"].startswith("optimizer.lr=0.5 is invalid: differs from the checkpoint")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_number_of_processes_is_refused_before_anything_is_built(tmp_path):
     from tests.conftest import compose
 
@@ -208,6 +209,7 @@ def test_a_checkpoint_of_another_number_of_processes_is_refused_before_anything_
     assert "params/total" not in summary  # refused before the model was built
 
 
+@pytest.mark.slow
 def test_resume_auto_without_checkpoint_starts_from_scratch(tmp_path):
     summary = run_job(tmp_path, "max_steps=2", "resume=auto")
     assert (
@@ -240,9 +242,8 @@ def test_forced_nan_is_diverged_and_writes_no_checkpoint(tmp_path, backend):
     assert [line["step"] for line in read_metrics(tmp_path)] == [1]
 
 
-@pytest.mark.parametrize(
-    "damaged", ["model.safetensors", pytest.param("optimizer.pt", marks=pytest.mark.slow)]
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.pt"])
 def test_a_damaged_checkpoint_of_the_right_size_is_skipped_for_the_one_before(tmp_path, damaged, capsys):
     """A byte flipped inside the newest checkpoint: resume=auto names it, falls back to the one
     before and ends with the weights of an uninterrupted run."""
@@ -271,6 +272,7 @@ def test_a_damaged_checkpoint_of_the_right_size_is_skipped_for_the_one_before(tm
         assert torch.equal(final[name], tensor), name
 
 
+@pytest.mark.slow
 def test_resume_from_a_damaged_checkpoint_path_is_one_line(tmp_path):
     assert run_job(tmp_path / "run", "max_steps=1", "checkpoint_every=1")["status"] == "ok"
     folder = tmp_path / "run" / "checkpoints" / "step-00000001"
@@ -284,7 +286,7 @@ def test_resume_from_a_damaged_checkpoint_path_is_one_line(tmp_path):
     )
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 def test_a_resumed_run_s_summary_totals_equal_the_uninterrupted_run_s(tmp_path, backend):
     # 40 samples / micro 8 = 5 steps per epoch, 10 in all: the resume from step 3 lands mid-epoch
     # and crosses the epoch's end
@@ -309,6 +311,7 @@ def test_a_resumed_run_s_summary_totals_equal_the_uninterrupted_run_s(tmp_path, 
     assert (resumed["train/steps"], resumed["train/samples"]) == (10, 80)
 
 
+@pytest.mark.slow
 def test_checkpoint_files_follow_the_umask(tmp_path):
     import stat
 
@@ -321,6 +324,7 @@ def test_checkpoint_files_follow_the_umask(tmp_path):
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o666 & ~umask for p in files}
 
 
+@pytest.mark.slow
 def test_resume_auto_of_a_finished_run_with_a_derived_micro_batch_keeps_it_from_the_api(tmp_path):
     # run(cfg) called from Python gets cfg underived (micro_batch_size from the config's default):
     # the finished run's checkpoint is compared with what the run would train, not with that default

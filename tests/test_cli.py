@@ -95,6 +95,7 @@ def test_check_names_every_problem_one_per_line(capsys):
     ]
 
 
+@pytest.mark.slow
 def test_check_accepts_hydra_syntax_and_checks_every_job_of_a_sweep(capsys):
     code, out, err = check(capsys, *TINY, "-m", "optimizer=adamw, adafactor", 'backend="trainer"')
     assert (code, out, err) == (0, "effitrain: the configuration is valid: 2 jobs checked\n", "")
@@ -170,6 +171,7 @@ main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_without_the_data_package_check_and_train_refuse_in_one_line_and_estimate_works(tmp_path):
     def effitrain(*args):
         return subprocess.run([sys.executable, "-c", WITHOUT_DATA_PACKAGE, *args], capture_output=True,
@@ -219,6 +221,7 @@ def test_estimate_refuses_a_max_length_beyond_the_models_positions(capsys):
     )
 
 
+@pytest.mark.slow
 def test_progress_bar_false_silences_the_data_librarys_bars_too(tmp_path):
     done = train_py(*TINY, "max_steps=1", f"cache_dir={tmp_path}/cache", f"hydra.run.dir={tmp_path}/run")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -240,6 +240,7 @@ def test_configs_are_found_through_the_package_search_path_in_the_checkout():
                                                          "provider": "main"}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_config_overrides_plain_form_is_set_in_the_built_model(tmp_path):
     """``model.config_overrides.key=v`` (no +) works as ``+model.config_overrides.key=v`` does: composed,
     recorded by Hydra in a real run, and in the model's config."""

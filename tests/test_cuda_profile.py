@@ -101,6 +101,7 @@ def test_cuda_attention_keeps_no_probabilities():
     )
 
 
+@pytest.mark.slow
 def test_a_cpu_run_whose_tracked_step_is_its_first_measures_the_first_step_phase(tmp_path):
     summary = run_job(tmp_path, "max_steps=1", "optimizer=adamw")
     assert summary["status"] == "ok", summary.get("error")
@@ -236,6 +237,7 @@ def test_cuda_autocast_casts_by_cudas_lists_and_casts_a_weight_once_per_region()
     assert len(weights) == 2 and weights[0] is weights[1] and weights[0].dtype == torch.bfloat16
 
 
+@pytest.mark.slow
 def test_bf16_with_checkpointing_recomputes_under_the_cuda_autocast():
     from effitrain.estimate import estimate_memory
 
@@ -250,6 +252,7 @@ def test_bf16_with_checkpointing_recomputes_under_the_cuda_autocast():
     assert 0 < peaks[True] < peaks[False]
 
 
+@pytest.mark.slow
 def test_an_attention_the_cuda_replay_does_not_model_is_named_in_one_line():
     done = subprocess.run(
         [sys.executable, "-m", "effitrain.cli", "estimate", "model=tiny",
@@ -264,7 +267,7 @@ def test_an_attention_the_cuda_replay_does_not_model_is_named_in_one_line():
     ]
 
 
-@pytest.mark.parametrize("task", ["classification", "causal_lm"])
+@pytest.mark.parametrize("task", ["classification", pytest.param("causal_lm", marks=pytest.mark.slow)])
 def test_the_eval_phase_predicted_on_cpu_equals_a_real_evaluation_under_the_tracker(task):
     """The eval phase's prediction against MemTracker on a real CPU evaluation forward (padded rows,
     the worst case), after a real training step, so weights and optimizer state are held."""

@@ -46,7 +46,7 @@ def assert_same_training(a, b, param_rtol: float, loss_rtol: float):
         assert relative_difference(params_a, params_b) < param_rtol, f"step {line_a['step']}"
 
 
-@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "optimizer", ["adamw", *(pytest.param(o, marks=pytest.mark.slow) for o in ("adafactor", "adam8bit"))]
 )

@@ -57,18 +57,12 @@ def test_bad_data_fails_before_the_model_is_built(tmp_path, csv_files, overrides
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.slow  # train.py in a subprocess for each
 @pytest.mark.parametrize(
     "override, message, before_hydra",
     [
-        pytest.param(
-            "checkpoint_every=0",
-            "checkpoint_every=0 is invalid: must be an integer >= 1 (or null)",
-            True,
-            marks=pytest.mark.slow,
-        ),
-        pytest.param(
-            "warmup_ratio=1.5", "warmup_ratio=1.5 is invalid: must be in [0, 1)", True, marks=pytest.mark.slow
-        ),
+        ("checkpoint_every=0", "checkpoint_every=0 is invalid: must be an integer >= 1 (or null)", True),
+        ("warmup_ratio=1.5", "warmup_ratio=1.5 is invalid: must be in [0, 1)", True),
         # a valid config, but the folder holds an ok run that a new run would overwrite
         ("seed=7", "is invalid: it holds a finished ok run (summary.json); give another folder", True),
     ],
@@ -165,6 +159,7 @@ def test_a_disk_full_at_the_runs_first_write_is_a_failed_summary(tmp_path, monke
     assert os.listdir(tmp_path) == []  # no summary, no half-written one, no lock file
 
 
+@pytest.mark.slow
 def test_a_run_whose_summary_cannot_be_written_is_not_ok(tmp_path):
     """It trained, but its record is not on disk: exit 1 with one line, never "ok"."""
     done = train_py_on_a_full_disk("summary", *TINY, "max_steps=2", f"hydra.run.dir={tmp_path}")
@@ -196,6 +191,7 @@ def test_trust_remote_code_is_off_in_every_model_option():
         assert compose(f"model={option}").model.trust_remote_code is False, option
 
 
+@pytest.mark.slow
 def test_resume_auto_with_a_changed_key_into_a_finished_run_is_refused(ok_run):
     """resume=auto keeps a finished ok run as it is only for the config it ran: a changed
     result-changing key is named, not ignored; an unchanged one (or a run-invariant key) is kept."""
@@ -217,6 +213,7 @@ def test_resume_auto_with_a_changed_key_into_a_finished_run_is_refused(ok_run):
     assert snapshot(ok_run) == before  # refused before Hydra wrote its record
 
 
+@pytest.mark.slow
 def test_a_folder_in_use_is_refused_before_hydra_writes_there(ok_run):
     from effitrain.results import folder_lock
 
@@ -231,6 +228,7 @@ def test_a_folder_in_use_is_refused_before_hydra_writes_there(ok_run):
     assert snapshot(ok_run) == before  # .hydra/ included
 
 
+@pytest.mark.slow
 def test_a_fresh_run_into_an_interrupted_runs_folder_is_refused(tmp_path):
     """Without resume=, a new run would start at step 0 and rotate the checkpoints away."""
     from tests.test_checkpoint import start_and_kill

@@ -66,6 +66,7 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_running_jobs_never_share_a_device_or_a_core(tmp_path):
     # a given device list is handed out as given: this works on a machine without GPUs
     done = run_app(
@@ -169,6 +170,7 @@ def test_killed_job_is_recorded_the_others_finish_and_a_rerun_repeats_only_it(tm
     assert summary(sweep, 2)["status"] == "ok"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_the_printed_rerun_command_resumes_a_job_that_left_checkpoints(tmp_path, checkpointed):
     # a fresh start into a folder holding checkpoints is refused: the command must say resume=auto
@@ -234,6 +236,7 @@ def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, mo
     assert start_job(OmegaConf.create({"skip_ok_jobs": False}), hydra_cfg) is None
 
 
+@pytest.mark.slow
 def test_a_job_past_its_time_limit_is_stopped_and_recorded_as_timeout(tmp_path):
     done = run_app(tmp_path, "seed=1", "+sleep_s=60", "hydra.launcher.timeout_min=0.02", timeout=60)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -244,7 +247,8 @@ def test_a_job_past_its_time_limit_is_stopped_and_recorded_as_timeout(tmp_path):
     assert line["ended"] - line["started"] < 30
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_sweep_reaches_every_running_job(tmp_path, signum):
     sweep = start_app(tmp_path, "seed=1,2,3", "+sleep_s=60", "hydra.launcher.max_parallel=2")
     lines = wait_for_lines(sweep, "started (pid", 2, timeout=90)
@@ -303,6 +307,7 @@ def test_a_second_sweep_into_the_same_folder_leaves_running_jobs_alone(tmp_path)
     assert all(len(list(tmp_path.glob(f"*seed={s}/record.json"))) == 1 for s in (1, 2))
 
 
+@pytest.mark.slow
 def test_a_job_folder_cannot_leave_its_sweep(tmp_path):
     sweep = tmp_path / "sweep"
     # a value holding ../ stays one folder name inside the sweep

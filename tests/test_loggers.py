@@ -48,7 +48,8 @@ def history(records: list[dict]) -> list[dict]:
     return [r["history"]["item"] for r in records if r["type"] == "history"]
 
 
-@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
 def test_offline_run_holds_config_history_and_summary_of_the_result_files(tmp_path, backend, capsys):
     summary = run_job(tmp_path, *WANDB, f"backend={backend}", "optimizer.lr=3e-4", *FEW_STEPS)
     assert summary["status"] == "ok", summary["error"]
@@ -199,6 +200,7 @@ def test_the_api_key_is_written_to_no_file(tmp_path, monkeypatch):
     assert inspect_summary(wandb_files(tmp_path)[0])["config"]["logger"]["notes"] == "<redacted>"
 
 
+@pytest.mark.slow
 def test_wandb_init_raising_never_fails_training(tmp_path, monkeypatch, capsys):
     import wandb
 
@@ -214,6 +216,7 @@ def test_wandb_init_raising_never_fails_training(tmp_path, monkeypatch, capsys):
     assert len(warnings) == 1 and "could not reach the server" in warnings[0]
 
 
+@pytest.mark.slow
 def test_wandb_not_importable_never_fails_training(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     summary = run_job(tmp_path, *WANDB, *FEW_STEPS)
@@ -240,7 +243,10 @@ def test_online_init_failing_falls_back_to_offline(tmp_path, monkeypatch):
     assert len(history(inspect_records(log_file))) == 3 + 1  # the steps and the final evaluation
 
 
-@pytest.mark.parametrize("overrides", [["logger=none"], ["logger=wandb", "logger.mode=disabled"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [pytest.param(["logger=none"], marks=pytest.mark.slow), ["logger=wandb", "logger.mode=disabled"]],
+)
 def test_no_wandb_files_when_off(tmp_path, overrides):
     summary = run_job(tmp_path, *overrides, *FEW_STEPS)
     assert summary["status"] == "ok", summary["error"]

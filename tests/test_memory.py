@@ -261,7 +261,7 @@ def test_two_processes_report_independent_peaks():
 CATEGORIES = ["weights", "gradients", "optimizer_state", "activations", "temporaries"]
 
 
-@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 def test_every_run_writes_the_mem_keys(tmp_path, backend):
     summary = run_job(tmp_path, f"backend={backend}", "optimizer=adam8bit", "max_steps=3")
     assert summary["status"] == "ok"
@@ -326,8 +326,16 @@ def assert_predicted_is_measured(summary: dict, backend: str = "accelerator") ->
 NOT_PREDICTED = pytest.mark.xfail(
     strict=True, reason="replayed with SGD: the update's own temporaries are not predicted"
 )
+# AdamW's case in the fast selection, every option's in the full suite
 STEP_PEAK_OPTIONS = [
-    pytest.param(*p.values, marks=[*p.marks, NOT_PREDICTED]) if p.values[0] in ("apollo", "adamw4bit") else p
+    pytest.param(
+        *p.values,
+        marks=[
+            *p.marks,
+            *([NOT_PREDICTED] if p.values[0] in ("apollo", "adamw4bit") else []),
+            *([pytest.mark.slow] if p.values[0] != "adamw" else []),
+        ],
+    )
     for p in OPTIONS
 ]
 
@@ -343,7 +351,7 @@ def test_the_predicted_step_peak_is_the_measured_one(tmp_path, optimizer, backen
     assert summary["speed/flops_per_step"] > 0
 
 
-@pytest.mark.parametrize("checkpointing", ["false", "true"])
+@pytest.mark.parametrize("checkpointing", ["false", pytest.param("true", marks=pytest.mark.slow)])
 def test_the_prediction_holds_to_the_byte_when_activations_dominate(tmp_path, checkpointing):
     """Longer sequences and accumulation: activations set the peak, in backward (with gradient
     checkpointing: while a layer's activations are recomputed)."""
@@ -413,6 +421,7 @@ def test_the_checkpointing_study_runs_and_compares(tmp_path):
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_estimate_with_gradient_checkpointing_predicts_one_layer_of_activations():
     rows = {}
     for checkpointing in ("false", "true"):

@@ -26,6 +26,7 @@ def predicted(micro: int, effective: int = 16, checkpointing: bool = False, base
     return row["run_peak_bytes"]
 
 
+@pytest.mark.slow
 def test_a_budget_between_two_peaks_picks_the_larger_micro_batch_that_fits():
     whole, half = predicted(16), predicted(8)
     assert whole > half  # activations grow with the micro batch
@@ -97,6 +98,7 @@ def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
     )
 
 
+@pytest.mark.slow
 def test_a_budget_nothing_fits_traces_the_largest_and_the_smallest_micro_batch_only(capsys):
     rows = plan(BASE, 1, effective=16, optimizers=["adafactor", "adamw"], precisions=["fp32"],
                 checkpointing=[False])  # fmt: skip

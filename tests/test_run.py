@@ -58,7 +58,9 @@ def eval_reference(run_dir, *overrides: str) -> dict:
 
 
 @pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("optimizer", ["adamw", "adafactor", "adam8bit"])
+@pytest.mark.parametrize(
+    "optimizer", ["adamw", *(pytest.param(o, marks=pytest.mark.slow) for o in ("adafactor", "adam8bit"))]
+)
 def test_few_steps_write_every_required_key(tmp_path, optimizer, backend):
     overrides = [f"optimizer={optimizer}", f"backend={backend}", *FEW_STEPS]
     summary = run_job(tmp_path, *overrides, "checkpoint_every=3")  # the final weights, for the reference
@@ -115,6 +117,7 @@ def test_steps_and_schedule_length_follow_accumulation(tmp_path):
     assert lines[-1]["lr"] == pytest.approx(2e-4 / (8 - warmup))
 
 
+@pytest.mark.slow
 def test_failed_run_writes_failed_summary_and_keeps_an_ok_one(tmp_path):
     summary = run_job(tmp_path, "gradient_accumulation_steps=0")
     assert summary["status"] == "failed"
@@ -142,6 +145,7 @@ def test_a_new_run_never_overwrites_an_ok_one_and_resume_leaves_it_as_it_is(tmp_
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
 
 
+@pytest.mark.slow
 def test_a_rerun_after_a_failed_run_writes_each_step_once(tmp_path):
     failed = run_job(tmp_path, "max_steps=5", "data.num_train=48", "optimizer.lr=1e30", "warmup_ratio=0")
     assert failed["status"] == "diverged"
@@ -149,6 +153,7 @@ def test_a_rerun_after_a_failed_run_writes_each_step_once(tmp_path):
     assert [line["step"] for line in read_metrics(tmp_path)] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_result_files_follow_the_umask(tmp_path):
     import os
 
@@ -218,7 +223,7 @@ def test_a_folder_in_use_by_another_run_is_refused_and_left_alone(tmp_path):
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 def test_eval_every_writes_eval_lines_and_the_best_one(tmp_path, backend):
     summary = run_job(tmp_path, f"backend={backend}", "max_steps=6", "eval_every=2", "optimizer.lr=3e-3",
                       "warmup_ratio=0")  # fmt: skip
@@ -260,6 +265,7 @@ def test_a_torn_last_metrics_line_is_skipped_by_the_reader(tmp_path):
     assert read(path) == [{"step": 1, "train/loss": 1.5}, {"step": 2, "train/loss": 1.4}]
 
 
+@pytest.mark.slow
 def test_an_eval_line_equals_evaluating_the_weights_saved_at_its_step(tmp_path):
     """The evaluation at step 2 (eval_every) is an evaluation of step 2's weights, nothing else: a
     fresh model given the checkpoint of step 2 evaluates to the same figures."""
@@ -281,7 +287,7 @@ def test_an_eval_line_equals_evaluating_the_weights_saved_at_its_step(tmp_path):
     assert at_2["eval/loss"] != summary["eval/loss"]  # step 4's weights evaluate otherwise
 
 
-@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
 def test_each_optimizer_step_runs_inside_job_track_step(tmp_path, backend, monkeypatch):
     """The hook the memory tracker plugs into: one context per optimizer step, numbered from 1,
     holding the step's optimizer update and closed before the step's metrics line."""
@@ -310,7 +316,8 @@ def test_each_optimizer_step_runs_inside_job_track_step(tmp_path, backend, monke
     assert events == expected
 
 
-@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
 def test_a_finished_run_leaves_only_its_results(tmp_path, backend):
     """No lock file, no empty train.log, no empty trainer/ folder (the Trainer's own output folder,
     where effitrain saves nothing): the folder holds what the run wrote."""
@@ -323,6 +330,7 @@ def test_a_finished_run_leaves_only_its_results(tmp_path, backend):
     assert [line["step"] for line in read_metrics(tmp_path, "eval")] == [2]
 
 
+@pytest.mark.slow
 def test_a_run_that_logs_keeps_its_train_log(tmp_path):
     """train.log is made at the first log line, and then kept."""
     done = train_py(*TINY, "max_steps=1", "resume=auto", f"hydra.run.dir={tmp_path}")
