@@ -115,6 +115,41 @@ def test_a_budget_nothing_fits_traces_the_largest_and_the_smallest_micro_batch_o
     assert progress[0].endswith(f"{rows[0]['run_peak_bytes_predicted'] / 2**20:.1f} MiB, over")
 
 
+@pytest.mark.parametrize(
+    "margin, expected, traced",
+    [  # peak = 1000 + 100 x micro (a quarter of that with checkpointing); budget 1500
+        (0.0, [(8, True, True), (4, False, True), (1, False, True), (8, False, False)],
+         ["micro 8 x 1", "micro 1 x 8", "micro 4 x 2", "micro 8 x 1 recompute"]),
+        # 10% kept free: 1350 is the limit, so 4 (1400) is over and 2 (1200) the best plain fit
+        (0.1, [(8, True, True), (2, False, True), (1, False, True), (8, False, False), (4, False, False)],
+         ["micro 8 x 1", "micro 1 x 8", "micro 4 x 2", "micro 2 x 4", "micro 8 x 1 recompute"]),
+    ],
+)  # fmt: skip
+def test_the_search_traces_and_ranks_candidates_by_their_predicted_peaks(monkeypatch, capsys, margin, expected,
+                                                                         traced):  # fmt: skip
+    """plan's search against peaks known in advance (the slow tests above run the real traces):
+    from the largest micro batch down, the smallest traced when the largest is over, checkpointing
+    tried only where it saves accumulation steps, fits ranked by fewer steps first."""
+    import effitrain.estimate
+
+    def known_peaks(cfg, optimizers, device):
+        assert list(optimizers) == ["adamw"] and device == "cpu" and cfg.effective_batch_size == 8
+        assert cfg.micro_batch_size * cfg.gradient_accumulation_steps == 8  # derived as a run does
+        peak = 1000 + 100 * cfg.micro_batch_size // (4 if cfg.gradient_checkpointing else 1)
+        return {"adamw": {"step_peak_bytes": peak, "run_peak_bytes": peak, "run_peak": "later_step"}}
+
+    monkeypatch.setattr(effitrain.estimate, "estimate_memory", known_peaks)
+    rows = plan(BASE, 1500, effective=8, optimizers=["adamw"], precisions=["fp32"], margin=margin)
+    assert [(r["micro_batch_size"], r["gradient_checkpointing"], r["fits"]) for r in rows] == expected
+    peaks = [1000 + 100 * r["micro_batch_size"] // (4 if r["gradient_checkpointing"] else 1) for r in rows]
+    assert [r["run_peak_bytes_predicted"] for r in rows] == peaks
+    assert rows[0]["command"].endswith(
+        "fp32 effective_batch_size=8 gradient_accumulation_steps=1 gradient_checkpointing=true"
+    )
+    progress = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(" traced: adamw fp32 ")[1].split(":")[0] for line in progress] == traced
+
+
 def test_too_few_probe_steps_are_refused_before_any_trace(capsys):
     from effitrain.cli import main
 
