@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.errors import instantiate_node, invalid
+from effitrain.target_checks import READ_BY_EFFITRAIN
 
 IGNORE_INDEX = -100  # the label cross-entropy skips: padding, and no target after a sequence's end
 
@@ -32,7 +33,8 @@ def data_node(data_cfg: DictConfig, **values) -> DictConfig:
     """``data_cfg`` without the task's own keys (``packing``), with ``values`` set where the loader
     has such a parameter: what ``instantiate`` is given."""
     node = OmegaConf.to_container(data_cfg, resolve=True)
-    node.pop("packing", None)
+    for key in READ_BY_EFFITRAIN["data"]:
+        node.pop(key, None)
     node.update({k: v for k, v in values.items() if k in node})
     return OmegaConf.create(node)
 
