@@ -77,11 +77,13 @@ def check_targets(cfg: DictConfig) -> None:
 def target_nodes(node: DictConfig, prefix: str = ""):
     """(dotted path, node) of every node under ``node`` whose ``_target_`` names something, outside
     Hydra's own node; a node inside another's arguments too."""
+    from omegaconf import OmegaConf
+
     for key in node:
-        if not prefix and key == "hydra":
+        if (not prefix and key == "hydra") or OmegaConf.is_missing(node, key):
             continue
         child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+        if isinstance(child, DictConfig) and node.get(key) is not None:
             path = f"{prefix}{key}"
             if is_target_node(child):
                 yield path, child
@@ -113,7 +115,7 @@ def _check_target(path: str, node: DictConfig) -> None:
     allowed = [
         p.name
         for p in signature.parameters.values()
-        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in supplied
+        if p.kind not in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in supplied
     ]
     for key in keys:
         if key in supplied:
@@ -138,7 +140,7 @@ def _shown(node: DictConfig, key: str):
     try:
         value = node[key]
     except Exception:  # noqa: BLE001 - an interpolation that does not resolve: its text
-        return node._get_node(key)._value()
+        return OmegaConf.to_container(node, resolve=False)[key]
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 

@@ -68,6 +68,8 @@ def test_every_node_s_keys_are_bound_to_its_target_s_arguments():
             "other": {"_target_": f"{__name__}.takes_one", "d": "x"},
             "open": {"_target_": f"{__name__}.takes_any", "anything": 1},  # **rest takes any key
             "none": {"_target_": None, "typo": 1},  # logger=none: builds nothing, nothing bound
+            "empty": None,
+            "missing": "???",  # validate names it; nothing to bind
             "hydra": {"callback": {"_target_": f"{__name__}.takes_one", "x": 1}},  # Hydra's own node
         }
     )
