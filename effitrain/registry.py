@@ -5,6 +5,7 @@ package installed or not, and the extra that installs it), and the signature of 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from effitrain.errors import ConfigError
@@ -170,6 +171,7 @@ def _locate(module: str, name: str):
     raise ImportError(f"no module {parts[0]}")
 
 
+@functools.cache  # a sweep's jobs name the same targets: each source is parsed once
 def _source_signature(module: str, name: str):
     """``name``'s signature read from ``module``'s source file, found without importing it or its
     packages; None when the source does not define ``name`` plainly."""
