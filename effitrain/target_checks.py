@@ -76,14 +76,14 @@ def check_targets(cfg: DictConfig) -> None:
 
 def target_nodes(node: DictConfig, prefix: str = ""):
     """(dotted path, node) of every node under ``node`` whose ``_target_`` names something, outside
-    Hydra's own node; a node inside another's arguments too."""
-    from omegaconf import OmegaConf
+    Hydra's own node; a node inside another's arguments, or in a list, too."""
+    from omegaconf import ListConfig, OmegaConf
 
-    for key in node:
+    for key in range(len(node)) if isinstance(node, ListConfig) else list(node):
         if (not prefix and key == "hydra") or OmegaConf.is_missing(node, key):
             continue
         child = node._get_node(key)
-        if isinstance(child, DictConfig) and node.get(key) is not None:
+        if isinstance(child, (DictConfig, ListConfig)) and node.get(key) is not None:
             path = f"{prefix}{key}"
             if is_target_node(child):
                 yield path, child

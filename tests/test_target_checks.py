@@ -66,6 +66,7 @@ def test_every_node_s_keys_are_bound_to_its_target_s_arguments():
                 "b": {"_target_": f"{__name__}.takes_one", "a": 1, "c": [4, 5]},  # a node in the arguments
             },
             "other": {"_target_": f"{__name__}.takes_one", "d": "x"},
+            "listed": [None, {"_target_": f"{__name__}.takes_one", "a": 1, "e": 2}],  # Hydra builds these too
             "open": {"_target_": f"{__name__}.takes_any", "anything": 1},  # **rest takes any key
             "none": {"_target_": None, "typo": 1},  # logger=none: builds nothing, nothing bound
             "empty": None,
@@ -78,9 +79,11 @@ def test_every_node_s_keys_are_bound_to_its_target_s_arguments():
     assert error.value.problems == [
         "outer.b.c=[4, 5] is invalid: takes_one takes no such argument: choose from a, b",
         "other.d='x' is invalid: takes_one takes no such argument: choose from a, b",
+        "listed.1.e=2 is invalid: takes_one takes no such argument: choose from a, b",
     ]
     cfg.outer.b.pop("c")
     cfg.other.pop("d")
+    cfg.listed[1].pop("e")
     check_targets(cfg)  # nothing left to refuse
 
 
