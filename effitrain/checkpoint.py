@@ -79,6 +79,15 @@ def position(step: int, batches_per_epoch: int, accumulation: int) -> Position:
     return Position(step, epoch, steps_done * accumulation)
 
 
+def first_difference(now: dict, then: dict) -> tuple[str, object, object] | None:
+    """The first key (sorted) whose value differs between two flat config records (as
+    :func:`trajectory_config` makes them), as ``(key, now, then)``; None when they agree."""
+    for key in sorted(set(now) | set(then)):
+        if now.get(key) != then.get(key):
+            return key, now.get(key), then.get(key)
+    return None
+
+
 def trajectory_config(cfg: DictConfig) -> dict:
     """The resolved config, flattened to ``a.b`` keys, without the keys a resumed run may change
     (``run_invariant_keys``, and Hydra's own node)."""
@@ -247,14 +256,14 @@ def find_resume(cfg: DictConfig, output_dir: Path) -> ResumePoint | None:
                 "resume", str(resume), "no complete checkpoint there (give auto, null or a checkpoint folder)"
             )
     folder, meta = point.folder, point.meta
-    now = trajectory_config(cfg)
-    for key in sorted(set(now) | set(meta["config"])):
-        if now.get(key) != meta["config"].get(key):
-            raise invalid(
-                key,
-                now.get(key),
-                f"differs from the checkpoint {folder} ({meta['config'].get(key)!r}): an exact resume needs the same config",
-            )
+    change = first_difference(trajectory_config(cfg), meta["config"])
+    if change is not None:
+        key, now, then = change
+        raise invalid(
+            key,
+            now,
+            f"differs from the checkpoint {folder} ({then!r}): an exact resume needs the same config",
+        )
     if meta["world_size"] != world_size():
         raise invalid(
             "resume", str(folder), f"written by {meta['world_size']} processes, resumed with {world_size()}"

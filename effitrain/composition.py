@@ -12,11 +12,13 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from effitrain.errors import ConfigError, invalid, raise_problems
-from effitrain.registry import CONF_MODULE, check_group_overrides, group_names, group_options
+from effitrain.registry import CONF_MODULE, check_group_overrides, group_names, group_options, is_target_node
 
-# Nodes whose keys are passed on as keyword arguments, so ``+node.key=...`` adds something a target
-# reads (the optimizer's and logger's arguments are checked against their signatures).
-OPEN_NODES = ("data.load_args", "model.config_overrides", "model.architecture", "optimizer", "logger")
+# Mappings whose keys are passed on as keyword arguments, so ``+node.key=...`` adds something a
+# target reads: datasets.load_dataset's, the model config's (checked by validate), the
+# architecture's. A ``_target_`` node is open too, wherever it is: ``check_targets`` binds its keys
+# to the target's arguments.
+OPEN_NODES = ("data.load_args", "model.config_overrides", "model.architecture")
 
 
 def plain_open_overrides(overrides: list[str]) -> list[str]:
@@ -139,7 +141,7 @@ def _check_keys_exist(cfg: DictConfig, parsed, groups: set[str], added: bool = F
             continue
         adds = override.is_add() or override.is_force_add()
         exists = _has_key(cfg, key) and not (added and adds)
-        if exists or (adds and key.rpartition(".")[0] in OPEN_NODES):
+        if exists or (adds and _in_open_node(cfg, key)):
             continue
         same_name = [k for k in known if k.rpartition(".")[2] == key.rpartition(".")[2] and k != key]
         near = list(dict.fromkeys(same_name + difflib.get_close_matches(key, known, n=3, cutoff=0.6)))[:3]
@@ -153,6 +155,18 @@ def _check_keys_exist(cfg: DictConfig, parsed, groups: set[str], added: bool = F
         )
         what = "adds a key nothing reads" if adds else "is not a config key"
         raise ConfigError(f"{key}={typed_value(override)!r} {what}: {hint}")
+
+
+def _in_open_node(cfg: DictConfig, key: str) -> bool:
+    """``key`` (dotted) is set in an open mapping, or anywhere under a ``_target_`` node."""
+    from omegaconf import OmegaConf
+
+    parents = key.split(".")[:-1]
+    if ".".join(parents) in OPEN_NODES:
+        return True
+    return any(
+        is_target_node(OmegaConf.select(cfg, ".".join(parents[:n]))) for n in range(1, len(parents) + 1)
+    )
 
 
 def _leaf_keys(node, prefix: str = "") -> list[str]:

@@ -205,7 +205,9 @@ def train_job(cfg: DictConfig) -> float | None:
 
     summary = run(cfg, hydra_cfg.runtime.output_dir)
     if summary["status"] == "ok" and summary.get("env/rank", 0) == 0:
-        task_keys = ("eval/accuracy", "eval/f1", "eval/perplexity", "train/unigram_perplexity")
+        from effitrain.architecture import task_class
+
+        task_keys = [metric.key for metric in task_class(cfg).metrics]  # what the task declares it writes
         task_metrics = "".join(f"{k} {summary[k]:.4f}  " for k in task_keys if k in summary)
         print(
             f"effitrain: ok: train/loss {summary['train/loss']:.4f}  eval/loss {summary['eval/loss']:.4f}  "

@@ -1,9 +1,11 @@
 """The config groups, read from conf/ (the one registry of choices): which groups and options
-exist, an override naming an option that does not, and which options can be built here (an
-optional optimizer's package installed or not, and the extra that installs it)."""
+exist, an override naming an option that does not, which options can be built here (an optional
+package installed or not, and the extra that installs it), and the signature of what a node's
+``_target_`` names (:func:`target_signature`), read without importing a module not yet loaded."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from effitrain.errors import ConfigError
@@ -59,11 +61,11 @@ def check_group_overrides(overrides: list[str], conf_dir: Path = CONF_DIR) -> No
                 )
 
 
-def missing_module(optimizer_cfg) -> str | None:
-    """The top-level module an optimizer node's ``_target_`` needs that is not installed, or None."""
+def missing_module(node) -> str | None:
+    """The top-level module a node's ``_target_`` needs that is not installed, or None."""
     import importlib.util
 
-    module = str(optimizer_cfg.get("_target_", "")).split(".")[0]
+    module = str(node.get("_target_", "")).split(".")[0]
     return module if module and importlib.util.find_spec(module) is None else None
 
 
@@ -107,3 +109,104 @@ def optional_extra(module: str) -> str | None:
         if extra and distribution.replace("-", "_").lower() == module.lower():
             return extra.group(1)
     return None
+
+
+def is_target_node(node) -> bool:
+    """``node`` is a mapping whose ``_target_`` names something Hydra instantiates (not ``null``:
+    ``logger=none`` builds nothing)."""
+    from omegaconf import DictConfig
+
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    return isinstance(target, str) and bool(target)
+
+
+def target_signature(target: str):
+    """The :class:`inspect.Signature` of what ``target`` (``module.name``) builds: a function's, or a
+    class's ``__init__`` without ``self``.
+
+    A module not imported yet is not imported when its source defines ``name`` plainly (a function,
+    or a class with its own ``__init__``, neither decorated): its signature is read from the source,
+    so that checking a config does not load ``datasets`` or the Trainer. Otherwise the target is
+    imported (a re-export, a dataclass, a decorated function).
+
+    Raises:
+        ImportError: ``target`` names nothing importable.
+    """
+    import inspect
+    import sys
+
+    module, _, name = target.rpartition(".")
+    if module not in sys.modules:
+        source = _source_signature(module, name)
+        if source is not None:
+            return source
+    return inspect.signature(_locate(module, name))
+
+
+def _locate(module: str, name: str):
+    """What ``module.name`` names, imported as Hydra's ``_locate`` would (a class's attribute too:
+    ``package.Class.method``), without its logging of a failure.
+
+    Raises:
+        ImportError: nothing importable by that name.
+    """
+    import importlib
+
+    if not module:
+        raise ImportError(f"{name} is not a dotted path (module.name)")
+    parts = module.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as error:
+            if error.name is None or not ".".join(parts[:cut]).startswith(error.name):
+                raise  # a module that exists, but fails to import one of its own imports
+            continue
+        where = ".".join(parts[:cut])
+        for attribute in [*parts[cut:], name]:
+            if not hasattr(found, attribute):
+                raise ImportError(f"{where} has no {attribute}")
+            found, where = getattr(found, attribute), f"{where}.{attribute}"
+        return found
+    raise ImportError(f"no module {parts[0]}")
+
+
+@functools.cache  # a sweep's jobs name the same targets: each source is parsed once
+def _source_signature(module: str, name: str):
+    """``name``'s signature read from ``module``'s source file, found without importing it or its
+    packages; None when the source does not define ``name`` plainly."""
+    import ast
+    import importlib.util
+    import inspect
+    from importlib.machinery import PathFinder
+
+    parts = module.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+        for part in parts[1:]:
+            locations = spec.submodule_search_locations if spec is not None else None
+            spec = PathFinder.find_spec(part, list(locations)) if locations else None
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not str(spec.origin or "").endswith(".py"):
+        return None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    found = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name]
+    if len(found) != 1 or found[0].decorator_list:
+        return None
+    function, is_class = found[0], isinstance(found[0], ast.ClassDef)
+    if is_class:
+        inits = [n for n in function.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+        if len(inits) != 1 or inits[0].decorator_list:
+            return None
+        function = inits[0]
+    arguments, kind = function.args, inspect.Parameter
+    # names and kinds only (defaults are not read): all bind_partial needs
+    parameters = [kind(a.arg, kind.POSITIONAL_ONLY) for a in arguments.posonlyargs]
+    parameters += [kind(a.arg, kind.POSITIONAL_OR_KEYWORD) for a in arguments.args]
+    if arguments.vararg:
+        parameters.append(kind(arguments.vararg.arg, kind.VAR_POSITIONAL))
+    parameters += [kind(a.arg, kind.KEYWORD_ONLY) for a in arguments.kwonlyargs]
+    if arguments.kwarg:
+        parameters.append(kind(arguments.kwarg.arg, kind.VAR_KEYWORD))
+    return inspect.Signature(parameters[1:] if is_class else parameters)

@@ -210,14 +210,12 @@ def without_secret(value, secret: str | None):
 def config_change(previous: dict, cfg) -> tuple[str, object, object] | None:
     """The first key (sorted) whose value in ``cfg`` differs from the one recorded in the earlier
     summary ``previous``, as ``(key, now, then)``; None when they agree or nothing was recorded."""
+    from effitrain.checkpoint import first_difference
+
     recorded = previous.get(CONFIG_KEY)
     if not isinstance(recorded, dict):
         return None
-    now = config_record(cfg)
-    for key in sorted(set(now) | set(recorded)):
-        if now.get(key) != recorded.get(key):
-            return key, now.get(key), recorded.get(key)
-    return None
+    return first_difference(config_record(cfg), recorded)
 
 
 def skip_refusal(folder: Path, previous: dict, cfg) -> str | None:

@@ -208,13 +208,6 @@ def train(job: Job) -> tuple[dict, Evaluation]:
     return job.meter.summary(), evaluation
 
 
-def fit(job: Job) -> dict:
-    """Train (the backend's loop), then evaluate; the train and eval metrics."""
-    metrics, evaluation = train(job)
-    metrics.update(evaluate_job(job, evaluation))
-    return metrics
-
-
 def predict_step_peak(job: Job) -> dict:
     """The tracked step replayed on fake tensors, with the CUDA kernels where the run trains on
     CUDA: ``mem/step_peak_bytes_predicted`` and FLOPs; and the run's peak per phase (the first

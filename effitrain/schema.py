@@ -4,7 +4,7 @@ config is composed, before anything is built.
 
 ``conf/config.yaml`` lists ``effitrain_schema`` first in its defaults: every YAML file merges into
 these types. Groups whose keys are a target's arguments (optimizer, data, logger, ...) stay open
-(``Any``); their arguments are checked against the target's signature by ``validation.validate``.
+(``Any``); their keys are checked against the target's signature by ``target_checks.check_targets``.
 A root key added to ``conf/config.yaml`` needs its field here.
 """
 

@@ -1,8 +1,12 @@
-"""Checks of what a config group's target will build, before it is built: the model's paths and
-weights, its config keys, the optimizer's arguments (against its class, then on one parameter), the
-model type against the task, the sequence length against the model's positions, and local data
-files. :func:`effitrain.validation.validate` runs them after the plain values are known to be sane.
-Each raises a :class:`ConfigError` whose message is one line naming the key."""
+"""Checks of what a config group's target will build, before it is built.
+
+:func:`check_targets` is the one check of every ``_target_`` node's keys (as torchtune's
+``config/_validate.py``): each key is an argument its target takes, for every group (optimizer,
+lr_scheduler, data, backend, logger, task, and a node a user's own config adds). The others check
+values: the model's paths and weights, its config keys, the optimizer's arguments on one parameter,
+the model type against the task, the sequence length against the model's positions, and local data
+files. :func:`effitrain.validation.validate` runs them. Each raises a :class:`ConfigError` whose
+message is one line naming the key."""
 
 from __future__ import annotations
 
@@ -20,8 +24,124 @@ from effitrain.architecture import (
     uses_named_config,
 )
 from effitrain.composition import command_line_overrides
-from effitrain.errors import ConfigError, invalid
-from effitrain.registry import CONF_DIR, install_hint, missing_module
+from effitrain.errors import ConfigError, invalid, raise_problems
+from effitrain.registry import CONF_DIR, install_hint, is_target_node, missing_module, target_signature
+
+# Hydra's own keys of a node it instantiates: never an argument of the target.
+HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
+
+# Keys of a target node that effitrain reads itself and leaves out when it instantiates the node.
+READ_BY_EFFITRAIN = {"data": ("packing",)}  # the task's (tasks.data_node): causal_lm packs rows
+
+# Arguments effitrain passes itself when it calls a group's target (optim.build_optimizer and
+# build_scheduler, the run's backend, loggers.build_tracker), and what decides each: a key naming
+# one would be replaced or would clash.
+SUPPLIED_BY_EFFITRAIN = {
+    "optimizer": {
+        "params": "effitrain passes the model's parameter groups: leave it out",
+        "weight_decay": "the root key weight_decay sets it per parameter group: give weight_decay instead",
+    },
+    "lr_scheduler": {
+        "optimizer": "effitrain passes the optimizer it built: leave it out",
+        "num_warmup_steps": "warmup_ratio decides it: give warmup_ratio instead",
+        "num_training_steps": "epochs and max_steps decide it: give those instead",
+    },
+    "backend": {"job": "effitrain passes the job it built: leave it out"},
+    "logger": {
+        "config": "effitrain passes the run's config: leave it out",
+        "identity": "effitrain passes the job's group, name and tags: leave it out",
+    },
+}
+
+
+def check_targets(cfg: DictConfig) -> None:
+    """Every ``_target_`` node (``hydra`` aside) names something importable, and its keys bind to
+    the target's parameters (``inspect.Signature.bind_partial``: arguments effitrain or Hydra pass
+    later may be absent). A target taking ``**kwargs`` accepts any key: its own check, when it is
+    built, is the only one. A target whose package is not installed is named with the extra that
+    installs it.
+
+    Raises:
+        ConfigError: one line per node (ConfigErrors for several), naming the full dotted key, the
+            value and the target's arguments.
+    """
+    problems = []
+    for path, node in target_nodes(cfg):
+        try:
+            _check_target(path, node)
+        except ConfigError as error:
+            problems.append(str(error))
+    raise_problems(problems)
+
+
+def target_nodes(node: DictConfig, prefix: str = ""):
+    """(dotted path, node) of every node under ``node`` whose ``_target_`` names something, outside
+    Hydra's own node; a node inside another's arguments, or in a list, too."""
+    from omegaconf import ListConfig, OmegaConf
+
+    for key in range(len(node)) if isinstance(node, ListConfig) else list(node):
+        if (not prefix and key == "hydra") or OmegaConf.is_missing(node, key):
+            continue
+        child = node._get_node(key)
+        if isinstance(child, (DictConfig, ListConfig)) and node.get(key) is not None:
+            path = f"{prefix}{key}"
+            if is_target_node(child):
+                yield path, child
+            yield from target_nodes(child, f"{path}.")
+
+
+def _check_target(path: str, node: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    target = node._target_
+    try:
+        signature = target_signature(target)
+    except ImportError as error:
+        missing = missing_module(node)
+        if missing:  # an optional package
+            raise invalid(
+                f"{path}._target_",
+                target,
+                f"needs {missing}, which is not installed: {install_hint(missing)}",
+            ) from None
+        raise invalid(f"{path}._target_", target, f"{error}: give an importable class or function") from None
+    except (TypeError, ValueError):  # no signature to read (a builtin): unchecked
+        return
+    name = target.rpartition(".")[2]
+    supplied = SUPPLIED_BY_EFFITRAIN.get(path, {})
+    keys = [
+        str(k) for k in node if str(k) not in HYDRA_KEYS and str(k) not in READ_BY_EFFITRAIN.get(path, ())
+    ]
+    allowed = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind not in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in supplied
+    ]
+    for key in keys:
+        if key in supplied:
+            raise invalid(f"{path}.{key}", _shown(node, key), supplied[key])
+        try:
+            signature.bind_partial(**{key: None})
+        except TypeError:
+            choices = f"choose from {', '.join(allowed)}" if allowed else "it takes none from the config"
+            raise invalid(
+                f"{path}.{key}", _shown(node, key), f"{name} takes no such argument: {choices}"
+            ) from None
+    try:
+        signature.bind_partial(*node.get("_args_", []), **dict.fromkeys(keys))
+    except TypeError as error:  # a key given twice: by name and as a positional _args_ value
+        raise invalid(path, OmegaConf.to_container(node, resolve=False), f"{name}: {error}") from None
+
+
+def _shown(node: DictConfig, key: str):
+    """The value of ``node[key]`` as the user gave it: resolved, plain Python."""
+    from omegaconf import OmegaConf
+
+    try:
+        value = node[key]
+    except Exception:  # noqa: BLE001 - an interpolation that does not resolve: its text
+        return OmegaConf.to_container(node, resolve=False)[key]
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def check_model(cfg: DictConfig) -> None:
@@ -147,47 +267,21 @@ def check_config_overrides(cfg: DictConfig) -> None:
 
 
 def check_optimizer(cfg: DictConfig) -> None:
-    """Arguments against the target's signature, then the optimizer built on one dummy parameter,
-    so a value the class rejects (``betas=[0.9]``) fails here rather than after the model loaded."""
-    import inspect
-
+    """The optimizer built on one dummy parameter, so a value the class rejects (``betas=[0.9]``)
+    fails here rather than after the model loaded (its keys are :func:`check_targets`'s)."""
     import torch
-    from hydra.utils import get_class, instantiate
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
 
-    target = cfg.optimizer.get("_target_")
-    try:
-        cls = get_class(target)
-    except Exception:
-        missing = missing_module(cfg.optimizer)
-        if missing:  # an optional optimizer's package
-            raise invalid(
-                "optimizer._target_",
-                target,
-                f"needs {missing}, which is not installed: {install_hint(missing)}",
-            ) from None
-        raise invalid(
-            "optimizer._target_", target, "no such class: give an importable optimizer class"
-        ) from None
-    parameters = inspect.signature(cls.__init__).parameters
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    known = [name for name in parameters if name not in ("self", "params")]
-    for key in cfg.optimizer:
-        if not str(key).startswith("_") and key not in parameters and not accepts_any:
-            raise invalid(
-                f"optimizer.{key}",
-                cfg.optimizer[key],
-                f"{cls.__name__} takes no such argument: choose from {', '.join(known)}",
-            )
+    name = str(cfg.optimizer._target_).rpartition(".")[2]
     try:
         instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(2, 2))])
     except Exception as error:  # the class's own check of its arguments
-        from omegaconf import OmegaConf
-
         cause = error.__cause__ or error
         reason = str(cause).split("full_key:")[0]
         reason = " ".join(reason.split()) or type(cause).__name__
         given = {k: v for k, v in OmegaConf.to_container(cfg.optimizer).items() if not k.startswith("_")}
-        raise invalid("optimizer", given, f"{cls.__name__} rejects these arguments ({reason})") from None
+        raise invalid("optimizer", given, f"{name} rejects these arguments ({reason})") from None
 
 
 def check_task_model(cfg: DictConfig) -> None:

@@ -23,6 +23,7 @@ from effitrain.target_checks import (
     check_model,
     check_named_is_built,
     check_optimizer,
+    check_targets,
     check_task_model,
     check_weights,
 )
@@ -168,6 +169,7 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
             lambda: _compile(cfg),
             lambda: check_model(cfg),
             lambda: check_named_is_built(cfg),
+            lambda: check_targets(cfg),  # every group's keys against its target's arguments
         ]
     )
     if not problems:  # these build things from the values above, which must be sane first

@@ -68,6 +68,13 @@ VALUES = [
     (["optimizer=apollo", "+optimizer.proj_type=left"], "optimizer={'lr': 0.0002, 'betas': [0.9, 0.999], 'eps': 1e-06, 'rank': 32, 'scale': 1.0, 'scale_type': 'channel', 'update_proj_gap': 200, 'proj_type': 'left'} is invalid: APOLLOAdamW rejects these arguments (proj_type 'left' needs scale_type tensor (channel scaling works with std only))"),
     (["optimizer=apollo", "+optimizer.proj=svd"], "optimizer={'lr': 0.0002, 'betas': [0.9, 0.999], 'eps': 1e-06, 'rank': 32, 'scale': 1.0, 'scale_type': 'channel', 'update_proj_gap': 200, 'proj': 'svd'} is invalid: APOLLOAdamW rejects these arguments (proj must be random, got 'svd')"),
     (["+optimizer.bogus=1"], "optimizer.bogus=1 is invalid: AdamW takes no such argument: choose from lr, betas"),
+    # every group's keys against its target's arguments (check_targets), named with the full key
+    (["+data.num_trian=10"], "data.num_trian=10 is invalid: load_synthetic takes no such argument: choose from num_train, num_eval, num_labels, words_per_text, seed, min_words_per_text"),
+    (["lr_scheduler=cosine", "+lr_scheduler.scheduler_kwargs={num_cycles: 2}"],
+     "lr_scheduler.scheduler_kwargs={'num_cycles': 2} is invalid: get_scheduler takes no such argument: choose from name, scheduler_specific_kwargs"),
+    (["+backend.gradient_accumulation=2"], "backend.gradient_accumulation=2 is invalid: fit takes no such argument: it takes none from the config"),
+    (["task=causal_lm", "model=llama_tiny", "+task.pack=true"], "task.pack=true is invalid: CausalLM takes no such argument: choose from packing"),
+    (["+lr_scheduler.num_warmup_steps=10"], "lr_scheduler.num_warmup_steps=10 is invalid: warmup_ratio decides it: give warmup_ratio instead"),
     (["warmup_ratio=1.0"], "warmup_ratio=1.0 is invalid: must be in [0, 1)"),
     (["max_grad_norm=-1"], "max_grad_norm=-1.0 is invalid: must be >= 0 (0 disables clipping)"),
     (["max_grad_norm=nan"], "max_grad_norm=nan is invalid: must be >= 0 (0 disables clipping)"),

@@ -126,13 +126,22 @@ class ParamSnapshots:
         pass
 
 
+def fit(job) -> dict:
+    """Train (the backend's loop), then evaluate, as a run does between them: the train and eval metrics."""
+    from effitrain.run import evaluate_job, train
+
+    metrics, evaluation = train(job)
+    metrics.update(evaluate_job(job, evaluation))
+    return metrics
+
+
 def fit_with_snapshots(tmp_path: Path, *overrides: str):
     """Build a job as ``run`` does and fit it, recording parameters after each optimizer step.
 
     Returns (snapshots, metrics from fit, the job).
     """
     from effitrain.distributed import process_state
-    from effitrain.run import build_job, fit
+    from effitrain.run import build_job
     from effitrain.validation import validate
 
     cfg = compose(*overrides)

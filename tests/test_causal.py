@@ -42,9 +42,9 @@ def causal(*overrides: str):
 def fit(tmp_path, *overrides: str):
     from effitrain.distributed import process_state
     from effitrain.run import build_job
-    from effitrain.run import fit as fit_job
     from effitrain.validation import validate
     from tests.conftest import ParamSnapshots
+    from tests.conftest import fit as fit_job
 
     cfg = causal(*overrides)
     validate(cfg)

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from tests.conftest import ParamSnapshots, compose
+from tests.conftest import ParamSnapshots, compose, fit
 
 NO_DROPOUT = [
     "+model.config_overrides.hidden_dropout_prob=0.0",
@@ -54,7 +54,7 @@ def first_step(tmp_path, task: str, backend: str):
 
     Returns (reference loss, reference gradients, parameters before, the step's gradients as the
     optimizer saw them, the parameters after it, the step's metrics line, the job)."""
-    from effitrain.run import build_job, fit
+    from effitrain.run import build_job
     from effitrain.validation import validate
 
     cfg = compose(*TASKS[task], f"backend={backend}", *ONE_STEP, tiny=False)

@@ -16,6 +16,7 @@ from pathlib import Path
 from effitrain import results
 from effitrain.errors import ConfigError
 from effitrain.sweep_report import job_folders
+from effitrain.tasks import reported_metrics
 
 MIB = 2**20
 
@@ -190,12 +191,11 @@ def seed_groups(jobs: list[JobResult]) -> dict[str, list[JobResult]]:
     return groups if any(len(group) > 1 for group in groups.values()) else {}
 
 
-# Summary keys aggregated over the seeds of a combination.
+# Summary keys aggregated over the seeds of a combination: eval/loss, the tasks' own metrics, then
+# training loss, memory and speed (the seeds table's columns, in this order).
 SEED_KEYS = [
     "eval/loss",
-    "eval/accuracy",
-    "eval/f1",
-    "eval/perplexity",
+    *(metric.key for metric in reported_metrics()),
     "train/loss_mean",
     "mem/step_peak_bytes",
     "speed/samples_per_s",

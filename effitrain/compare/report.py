@@ -9,8 +9,9 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from effitrain.compare.load import MIB, JobResult, _is_value, baseline, choice_headers, failures
+from effitrain.compare.load import MIB, SEED_KEYS, JobResult, _is_value, baseline, choice_headers, failures
 from effitrain.step_memory import CATEGORIES
+from effitrain.tasks import reported_metrics
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,7 @@ COLUMNS = [
     Column("predicted MiB", "mem/step_peak_bytes_predicted", MIB, 1),
     Column("train loss (mean)", "train/loss_mean"),
     Column("eval loss", "eval/loss"),
-    Column("accuracy", "eval/accuracy"),
-    Column("F1", "eval/f1"),
-    Column("perplexity", "eval/perplexity", 1, 2),
+    *(Column(metric.label, metric.key, digits=metric.digits) for metric in reported_metrics()),  # the tasks'
     Column("samples/s", "speed/samples_per_s", 1, 1),
     Column("first-step overhead s", "speed/first_step_overhead_s", 1, 2),
     Column("compile s", "speed/compile_s", 1, 2),
@@ -85,9 +84,11 @@ def table_rows(jobs: list[JobResult]) -> tuple[list[str], list[list[str]]]:
 
 
 # Which way is better, by column title (ratio columns repeat the figure before them: not marked).
+# The tasks' own metrics declare their direction.
 LOWER_IS_BETTER = {"opt state MiB", "step peak MiB", "predicted MiB", "train loss (mean)", "eval loss",
-                   "perplexity", "first-step overhead s", "compile s", "wall s"}  # fmt: skip
-HIGHER_IS_BETTER = {"accuracy", "F1", "samples/s"}
+                   "first-step overhead s", "compile s", "wall s"} | {
+                   m.label for m in reported_metrics() if not m.higher_is_better}  # fmt: skip
+HIGHER_IS_BETTER = {"samples/s"} | {m.label for m in reported_metrics() if m.higher_is_better}
 
 
 def best_cells(
@@ -154,28 +155,21 @@ def _is_number(cell: str) -> bool:
     return True
 
 
-# The seeds table's columns: title, summary key, scale, digits.
-SEED_COLUMNS = [
-    ("eval loss", "eval/loss", 1, 4),
-    ("accuracy", "eval/accuracy", 1, 4),
-    ("F1", "eval/f1", 1, 4),
-    ("perplexity", "eval/perplexity", 1, 2),
-    ("train loss (mean)", "train/loss_mean", 1, 4),
-    ("step peak MiB", "mem/step_peak_bytes", MIB, 1),
-    ("samples/s", "speed/samples_per_s", 1, 1),
-]
+# The seeds table's columns: the table's own columns of the keys aggregated over seeds, in their order.
+SEED_COLUMNS = [next(c for c in COLUMNS if c.key == key and not c.ratio) for key in SEED_KEYS]
 
 
 def seed_rows(stats: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Mean +- standard deviation per combination (see :func:`effitrain.compare.load.seed_stats`),
     only the columns some combination has."""
-    columns = [c for c in SEED_COLUMNS if any(f"{c[1]}/mean" in row for row in stats)]
-    headers = ["combination", "seeds"] + [title for title, *_ in columns]
+    columns = [c for c in SEED_COLUMNS if any(f"{c.key}/mean" in row for row in stats)]
+    headers = ["combination", "seeds"] + [column.header for column in columns]
     rows = []
     for row in stats:
         cells = [row["combination"], str(row["seeds"])]
-        for _title, key, scale, digits in columns:
-            mean, std = row.get(f"{key}/mean"), row.get(f"{key}/std")
+        for column in columns:
+            mean, std = row.get(f"{column.key}/mean"), row.get(f"{column.key}/std")
+            scale, digits = column.scale, column.digits
             cells.append("" if mean is None else f"{mean / scale:.{digits}f} +- {std / scale:.{digits}f}")
         rows.append(cells)
     return headers, rows

@@ -23,14 +23,15 @@ import statistics
 from dataclasses import dataclass, field
 
 from effitrain.compare.load import MIB, JobResult, _is_value, baseline, combination_label
+from effitrain.tasks import reported_metrics
 from effitrain.training import WARMUP_STEPS
 
 NOISE_SIGMAS = 2.0  # a ratio closer to 1 than this many standard deviations is noise
 # Closer than this (relative) is the same, whatever the spread: a step peak 4 bytes apart under
 # the other backend, float noise in the seventh digit of a loss.
 SAME = 1e-3
-# The quality metrics whose equality across all jobs means nothing was learned measurably.
-QUALITY_KEYS = ("eval/accuracy", "eval/f1", "eval/perplexity")
+# The quality metrics whose equality across all jobs means nothing was learned measurably: the tasks'.
+QUALITY_KEYS = tuple(metric.key for metric in reported_metrics())
 AXES = ("memory", "quality", "speed")
 
 
