@@ -1,0 +1,208 @@
+"""The tasks' hooks (effitrain.tasks) on hand-made logits, labels and rows, each figure computed here
+with ``math`` (no torch loss): the summed losses, the items that normalize them, the evaluation
+metrics of both tasks, the causal collator's labels, tokenizing and packing, the unigram baseline.
+No model is trained: these run in milliseconds, so the mutation run (README, "Mutation testing")
+can afford them per mutant."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from effitrain.errors import ConfigError
+from effitrain.tasks import (
+    IGNORE_INDEX,
+    CausalCollator,
+    CausalLM,
+    Classification,
+    build_task,
+    data_node,
+    end_of_text_id,
+    model_inputs,
+    shifted_cross_entropy,
+)
+
+
+class _FixedLogits(torch.nn.Module):
+    """A model answering the given logits for the rows a batch names (``row``), recording its calls."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits, self.calls = logits, []
+
+    def forward(self, row, **inputs):
+        self.calls.append(sorted(inputs))
+        return SimpleNamespace(logits=self.logits[row])
+
+
+class _OneProcess:
+    def gather_for_metrics(self, values):
+        return values
+
+
+def _nll(row_logits, target):
+    """-log softmax(row_logits)[target], by hand."""
+    return -(row_logits[target] - math.log(sum(math.exp(v) for v in row_logits)))
+
+
+def test_model_inputs_drop_only_the_labels_and_data_node_drops_packing():
+    batch = {"input_ids": 1, "attention_mask": 2, "labels": 3, "token_type_ids": 4}
+    assert model_inputs(batch) == {"input_ids": 1, "attention_mask": 2, "token_type_ids": 4}
+    node = data_node(OmegaConf.create({"a": 1, "packing": True, "label_column": "y"}), label_column=None, b=2)
+    assert OmegaConf.to_container(node) == {"a": 1, "label_column": None}  # b: no such parameter
+
+
+def test_classification_loss_sum_items_and_tokens():
+    values = [[2.0, -1.0, 0.5], [0.0, 1.0, 3.0]]
+    model = _FixedLogits(torch.tensor(values))
+    batch = {
+        "row": torch.tensor([0, 1]),
+        "labels": torch.tensor([0, 1]),
+        "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+    }
+    task = Classification()
+    loss = task.loss_sum(model, batch)
+    assert loss.item() == pytest.approx(_nll(values[0], 0) + _nll(values[1], 1), rel=1e-6)
+    assert model.calls == [["attention_mask"]]  # the labels never reach the model
+    assert task.num_items(batch) == 2
+    assert int(task.num_tokens(batch)) == 5  # real tokens, not padding
+    assert task.num_tokens({"input_ids": torch.zeros(3, 4)}) == 12  # no mask: every position
+    assert task.labels_shape(5, 7) == (5,)
+    assert task.cache_key() == {"task": "classification"}
+
+
+def test_classification_evaluate_restores_the_mode_and_gives_the_loss_s_sampling_error():
+    values = [[1.0, 0.0], [0.0, 2.0], [0.5, 0.0]]
+    model = _FixedLogits(torch.tensor(values))
+    model.train()
+    batches = [{"row": torch.tensor([0, 1]), "labels": torch.tensor([0, 0])}, {"row": torch.tensor([2]), "labels": torch.tensor([1])}]
+    metrics = Classification().evaluate(model, batches, _OneProcess())
+    assert model.training  # back in training mode
+    losses = [_nll(values[0], 0), _nll(values[1], 0), _nll(values[2], 1)]
+    mean = sum(losses) / 3
+    sem = math.sqrt(sum((x - mean) ** 2 for x in losses) / 2) / math.sqrt(3)
+    assert metrics["eval/loss"] == pytest.approx(mean, rel=1e-6)
+    assert metrics["eval/loss_sem"] == pytest.approx(sem, rel=1e-5)
+    assert metrics["eval/accuracy"] == pytest.approx(1 / 3, rel=1e-6)
+    assert metrics["eval/samples"] == 3
+    model.eval()
+    single = Classification().evaluate(model, batches[1:], _OneProcess())
+    assert not model.training and single["eval/loss_sem"] is None  # one sample: no spread
+
+
+def test_shifted_cross_entropy_scores_position_i_against_label_i_plus_1():
+    values = [[[0.0, 1.0, 2.0], [1.0, 0.0, 0.0], [3.0, 0.0, 1.0]]]
+    logits = torch.tensor(values)
+    labels = torch.tensor([[2, 1, IGNORE_INDEX]])
+    total = shifted_cross_entropy(logits, labels, reduction="sum").item()
+    assert total == pytest.approx(_nll(values[0][0], 1), rel=1e-6)  # the -100 target is skipped
+    per = shifted_cross_entropy(logits, labels, reduction="none")
+    assert per.shape == (2,) and per[1].item() == 0.0
+
+
+def test_causal_loss_sum_items_and_evaluate_over_real_target_tokens():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 5)
+    labels = torch.tensor([[1, 2, 3, 4], [0, 4, IGNORE_INDEX, IGNORE_INDEX], [2, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]])
+    model = _FixedLogits(logits)
+    task = CausalLM()
+    batch = {"row": torch.arange(3), "labels": labels}
+    per_row = []
+    for r in range(3):
+        nll = [_nll(logits[r, i].tolist(), int(labels[r, i + 1])) for i in range(3) if labels[r, i + 1] != IGNORE_INDEX]
+        per_row.append(nll)
+    assert task.loss_sum(model, batch).item() == pytest.approx(sum(map(sum, per_row)), rel=1e-5)
+    assert int(task.num_items(batch)) == 4 and int(task.num_tokens(batch)) == 4
+    assert task.labels_shape(5, 7) == (5, 7)
+    assert task.cache_key() == {"task": "causal_lm", "packing": False}
+    assert CausalLM(packing=True).cache_key() == {"task": "causal_lm", "packing": True}
+
+    model.train()
+    batches = [{"row": torch.tensor([0, 1]), "labels": labels[:2]}, {"row": torch.tensor([2]), "labels": labels[2:]}]
+    metrics = task.evaluate(model, batches, _OneProcess())
+    assert model.training
+    loss = sum(map(sum, per_row)) / 4
+    assert metrics["eval/loss"] == pytest.approx(loss, rel=1e-6)
+    assert metrics["eval/perplexity"] == pytest.approx(math.exp(loss), rel=1e-6)
+    assert (metrics["eval/samples"], metrics["eval/tokens"]) == (3, 4)
+    rows = [sum(nll) / len(nll) for nll in per_row if nll]  # the row without a target is left out
+    mean = sum(rows) / 2
+    sem = math.sqrt(sum((x - mean) ** 2 for x in rows)) / math.sqrt(2)
+    assert metrics["eval/loss_sem"] == pytest.approx(sem, rel=1e-5)
+    first_two = task.evaluate(model, batches[:1], _OneProcess())
+    two = rows[:2]
+    assert first_two["eval/loss_sem"] == pytest.approx(abs(two[0] - two[1]) / 2, rel=1e-5)
+    one_row = task.evaluate(model, [{"row": torch.tensor([1]), "labels": labels[1:2]}], _OneProcess())
+    assert one_row["eval/loss_sem"] is None
+
+
+def test_packing_must_be_a_boolean():
+    with pytest.raises(ConfigError, match="data.packing"):
+        CausalLM(packing="yes")
+
+
+def test_end_of_text_is_eos_else_sep_else_refused():
+    assert end_of_text_id(SimpleNamespace(eos_token_id=7, sep_token_id=3)) == 7
+    assert end_of_text_id(SimpleNamespace(eos_token_id=0, sep_token_id=3)) == 0  # id 0 is a token
+    assert end_of_text_id(SimpleNamespace(eos_token_id=None, sep_token_id=3)) == 3
+    with pytest.raises(ConfigError, match=r"^model\.tokenizer='tok' is invalid: it has no end-of-text"):
+        end_of_text_id(SimpleNamespace(eos_token_id=None, sep_token_id=None, name_or_path="tok"))
+
+
+def test_build_task_defaults_to_classification():
+    assert type(build_task(OmegaConf.create({}))) is Classification
+    task = build_task(OmegaConf.create({"task": {"_target_": "effitrain.tasks.CausalLM", "packing": True}}))
+    assert type(task) is CausalLM and task.packing is True
+
+
+def test_the_unigram_baseline_is_exp_of_the_target_tokens_entropy():
+    from datasets import Dataset
+
+    tokenized = {"train": Dataset.from_dict({"input_ids": [[9, 1, 1, 2], [9, 2], [9, 1, 3]]})}
+    summary = CausalLM().data_summary(tokenized)
+    # targets (position 0 is none): 1, 1, 2, 2, 1, 3 -> p = 1/2, 1/3, 1/6
+    entropy = -sum(p * math.log(p) for p in (1 / 2, 1 / 3, 1 / 6))
+    assert summary["train/unigram_perplexity"] == pytest.approx(math.exp(entropy), rel=1e-12)
+    assert (summary["data/train_rows"], summary["data/train_target_tokens"]) == (3, 6)
+    assert Classification().data_summary(tokenized) == {}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from effitrain.modeling import build_tokenizer
+    from tests.conftest import compose
+
+    return build_tokenizer(compose("task=causal_lm", "model=llama_tiny").model)
+
+
+def test_the_causal_collator_labels_real_tokens_even_when_padding_shares_their_id(tokenizer):
+    collate = CausalCollator(tokenizer)
+    pad = tokenizer.pad_token_id
+    rows = [{"input_ids": [5, 6, pad], "attention_mask": [1, 1, 1]}, {"input_ids": [7], "attention_mask": [1]}]
+    batch = collate(rows)
+    assert batch["input_ids"].tolist() == [[5, 6, pad], [7, pad, pad]]
+    assert batch["labels"].tolist() == [[5, 6, pad], [7, IGNORE_INDEX, IGNORE_INDEX]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_tokenize_ends_each_document_and_packs_rows_of_max_length(tokenizer):
+    from datasets import Dataset
+
+    texts = ["alpha beta gamma", "delta", "epsilon zeta eta theta"]
+    raw = SimpleNamespace(train=Dataset.from_dict({"text": texts}), eval=Dataset.from_dict({"text": texts[:2]}))
+    eos = end_of_text_id(tokenizer)
+    docs = [row if row[-1] == eos else [*row, eos] for row in tokenizer(texts)["input_ids"]]
+    rows = CausalLM().tokenize(raw, tokenizer, max_length=4)
+    assert rows["train"]["input_ids"] == [d[:4] for d in docs]
+    assert rows["train"]["attention_mask"] == [[1] * len(d[:4]) for d in docs]
+    assert rows["eval"]["input_ids"] == [d[:4] for d in docs[:2]]
+    stream = [t for d in docs for t in d]
+    packed = CausalLM(packing=True).tokenize(raw, tokenizer, max_length=3)
+    assert packed["train"]["input_ids"] == [stream[i : i + 3] for i in range(0, len(stream) - 2, 3)]
+    assert packed["train"]["attention_mask"] == [[1, 1, 1]] * (len(stream) // 3)
+    with pytest.raises(ConfigError, match=r"^max_length=1000 is invalid: the train split holds fewer tokens"):
+        CausalLM(packing=True).tokenize(raw, tokenizer, max_length=1000)
