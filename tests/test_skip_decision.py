@@ -29,6 +29,14 @@ def _with(cfg, **values):
     return changed
 
 
+def _without(cfg, *keys):
+    """``cfg`` without ``keys``: a config written before they existed takes their defaults."""
+    trimmed = OmegaConf.to_container(cfg)
+    for key in keys:
+        trimmed.pop(key)
+    return OmegaConf.create(trimmed)
+
+
 def _ok_summary(folder, cfg, **extra):
     folder.mkdir(parents=True, exist_ok=True)
     summary = {"status": "ok", "eval/loss": 0.5, results.CONFIG_KEY: results.config_record(cfg), **extra}
@@ -60,6 +68,11 @@ def test_skip_refusal_names_the_key_that_changed(tmp_path, cfg):
         f"seed=43 is invalid: {tmp_path} holds an ok run with seed=42, which this sweep would skip "
         "as done: give another hydra.sweep.dir"
     )
+    # a key recorded on one side only is a change too (a key this version added, or dropped)
+    older = dict(previous[results.CONFIG_KEY])
+    del older["seed"]
+    assert results.config_change({results.CONFIG_KEY: older}, cfg) == ("seed", 42, None)
+    assert results.config_change(previous, _with(cfg, new_key=1)) == ("new_key", 1, None)
 
 
 def test_a_job_folder_outside_the_sweep_fails_without_a_process(tmp_path, cfg):
@@ -67,7 +80,7 @@ def test_a_job_folder_outside_the_sweep_fails_without_a_process(tmp_path, cfg):
     for name in ("../elsewhere", "."):
         job = LaunchedJob(1, ["seed=1", "lr=2"], cfg, sweep.sweep_dir / name, name)
         assert sweep._decide_without_process(job) is True
-        assert (job.outcome.status, job.outcome.skipped) == ("failed", False)
+        assert (job.outcome.folder, job.outcome.status, job.outcome.skipped) == (job.folder, "failed", False)
         assert job.outcome.error == (
             f"hydra.sweep.subdir={name!r} is invalid: a job folder must be inside the sweep folder "
             f"{sweep.sweep_dir} (overrides seed=1 lr=2)"
@@ -77,10 +90,11 @@ def test_a_job_folder_outside_the_sweep_fails_without_a_process(tmp_path, cfg):
 
 def test_only_an_ok_job_of_the_same_config_is_skipped(tmp_path, cfg):
     sweep = _sweep(tmp_path)
-    ok = _job(sweep, "ok", cfg, 0)
-    _ok_summary(ok.folder, cfg, **{"eval/accuracy": 0.75})
+    # a config without skip_ok_jobs and optimized_metric: skipping is on, the metric eval/loss
+    ok = _job(sweep, "ok", _without(cfg, "skip_ok_jobs", "optimized_metric"), 0)
+    _ok_summary(ok.folder, ok.config, **{"eval/accuracy": 0.75})
     assert sweep._decide_without_process(ok) is True
-    assert (ok.outcome.status, ok.outcome.skipped, ok.outcome.error) == ("ok", True, None)
+    assert (ok.outcome.folder, ok.outcome.status, ok.outcome.skipped, ok.outcome.error) == (ok.folder, "ok", True, None)
     assert ok.value == 0.5  # the optimized metric (eval/loss by default) for Hydra's sweeper
     metric = _job(sweep, "ok", _with(cfg, optimized_metric="eval/accuracy"), 1)
     _ok_summary(ok.folder, metric.config, **{"eval/accuracy": 0.75})
@@ -89,7 +103,7 @@ def test_only_an_ok_job_of_the_same_config_is_skipped(tmp_path, cfg):
     other = _job(sweep, "other", _with(cfg, seed=43), 2)
     _ok_summary(other.folder, cfg)
     assert sweep._decide_without_process(other) is True
-    assert (other.outcome.status, other.outcome.skipped) == ("failed", False)
+    assert (other.outcome.folder, other.outcome.status, other.outcome.skipped) == (other.folder, "failed", False)
     assert other.outcome.error == results.skip_refusal(other.folder, json.loads((other.folder / "summary.json").read_text()), other.config)
     assert other.outcome.error.startswith("seed=43 is invalid")
 
@@ -128,7 +142,7 @@ def test_a_folder_in_use_is_left_to_its_owner(tmp_path, cfg):
     with results.folder_lock(job.folder) as owner:  # another open file: flock refuses it below
         assert owner is None
         assert sweep._decide_without_process(job) is True
-    assert (job.outcome.status, job.outcome.skipped) == ("busy", False)
+    assert (job.outcome.folder, job.outcome.status, job.outcome.skipped) == (job.folder, "busy", False)
     assert job.outcome.error == f"in use by another sweep or run (pid {os.getpid()}): left to it"
     assert job.lock is None
     assert _records(sweep) == [{"job": 0, "folder": "j", "status": "busy", "owner": str(os.getpid())}]
