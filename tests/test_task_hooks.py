@@ -189,20 +189,37 @@ def test_the_causal_collator_labels_real_tokens_even_when_padding_shares_their_i
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
 
 
-def test_tokenize_ends_each_document_and_packs_rows_of_max_length(tokenizer):
+class _WordTokenizer:
+    """One id per word (its length + 10; "|" is the end-of-text id 2), no end-of-text of its own."""
+
+    eos_token_id, sep_token_id = 2, None
+
+    def __call__(self, texts):
+        return {"input_ids": [[2 if w == "|" else len(w) + 10 for w in text.split()] for text in texts]}
+
+
+def test_tokenize_ends_each_document_once_and_packs_rows_of_max_length():
     from datasets import Dataset
 
-    texts = ["alpha beta gamma", "delta", "epsilon zeta eta theta"]
-    raw = SimpleNamespace(train=Dataset.from_dict({"text": texts}), eval=Dataset.from_dict({"text": texts[:2]}))
-    eos = end_of_text_id(tokenizer)
-    docs = [row if row[-1] == eos else [*row, eos] for row in tokenizer(texts)["input_ids"]]
-    rows = CausalLM().tokenize(raw, tokenizer, max_length=4)
-    assert rows["train"]["input_ids"] == [d[:4] for d in docs]
-    assert rows["train"]["attention_mask"] == [[1] * len(d[:4]) for d in docs]
-    assert rows["eval"]["input_ids"] == [d[:4] for d in docs[:2]]
+    texts = ["aa bbb", "", "c dddd eeeee", "ff |"]
+    raw = SimpleNamespace(
+        train=Dataset.from_dict({"text": texts, "label": [0, 1, 0, 1]}), eval=Dataset.from_dict({"text": texts[2:], "label": [0, 1]})
+    )
+    # eos appended where a document does not end with it; an empty one is the eos alone
+    docs = [[12, 13, 2], [2], [11, 14, 15, 2], [12, 2]]
+    rows = CausalLM().tokenize(raw, _WordTokenizer(), max_length=3)
+    assert rows["train"].column_names == ["input_ids", "attention_mask"]  # text and labels dropped
+    assert rows["train"]["input_ids"] == [[12, 13, 2], [2], [11, 14, 15], [12, 2]]
+    assert rows["train"]["attention_mask"] == [[1, 1, 1], [1], [1, 1, 1], [1, 1]]
+    assert rows["eval"]["input_ids"] == [[11, 14, 15], [12, 2]]
+    # packed: the 10-token stream in rows of 5 (two, nothing left), of 3 (three, one token dropped)
     stream = [t for d in docs for t in d]
-    packed = CausalLM(packing=True).tokenize(raw, tokenizer, max_length=3)
-    assert packed["train"]["input_ids"] == [stream[i : i + 3] for i in range(0, len(stream) - 2, 3)]
-    assert packed["train"]["attention_mask"] == [[1, 1, 1]] * (len(stream) // 3)
-    with pytest.raises(ConfigError, match=r"^max_length=1000 is invalid: the train split holds fewer tokens"):
-        CausalLM(packing=True).tokenize(raw, tokenizer, max_length=1000)
+    packed = CausalLM(packing=True).tokenize(raw, _WordTokenizer(), max_length=5)
+    assert packed["train"]["input_ids"] == [stream[:5], stream[5:]]
+    assert packed["train"]["attention_mask"] == [[1] * 5] * 2
+    assert packed["eval"]["input_ids"] == [[11, 14, 15, 2, 12]]  # 6 tokens: one row of 5
+    packed = CausalLM(packing=True).tokenize(raw, _WordTokenizer(), max_length=3)
+    assert packed["train"]["input_ids"] == [stream[0:3], stream[3:6], stream[6:9]]
+    assert packed["eval"]["input_ids"] == [[11, 14, 15], [2, 12, 2]]
+    with pytest.raises(ConfigError, match=r"^max_length=11 is invalid: the train split holds fewer tokens"):
+        CausalLM(packing=True).tokenize(raw, _WordTokenizer(), max_length=11)
