@@ -141,8 +141,22 @@ def test_causal_loss_sum_items_and_evaluate_over_real_target_tokens():
 
 
 def test_packing_must_be_a_boolean():
-    with pytest.raises(ConfigError, match="data.packing"):
+    with pytest.raises(ConfigError, match=r"^data\.packing='yes' is invalid: must be true or false$"):
         CausalLM(packing="yes")
+
+
+def _raw(train: int, eval: int, label_column="label"):
+    """A data loader's result (``load`` instantiates this): ``train`` and ``eval`` texts."""
+    return SimpleNamespace(train=["t"] * train, eval=["e"] * eval, label_column=label_column)
+
+
+def test_causal_load_reads_texts_only_and_refuses_an_empty_split():
+    node = {"_target_": f"{__name__}._raw", "label_column": "label", "packing": True}
+    raw = CausalLM().load(OmegaConf.create({**node, "train": 2, "eval": 1}))
+    assert (len(raw.train), len(raw.eval), raw.label_column) == (2, 1, None)  # labels unread
+    for train, eval, split in ((0, 1, "train"), (1, 0, "eval")):
+        with pytest.raises(ConfigError, match=rf"^data \({split} split\)=0 is invalid: the split is empty: it needs at least one sample$"):
+            CausalLM().load(OmegaConf.create({**node, "train": train, "eval": eval}))
 
 
 def test_end_of_text_is_eos_else_sep_else_refused():
@@ -162,12 +176,12 @@ def test_build_task_defaults_to_classification():
 def test_the_unigram_baseline_is_exp_of_the_target_tokens_entropy():
     from datasets import Dataset
 
-    tokenized = {"train": Dataset.from_dict({"input_ids": [[9, 1, 1, 2], [9, 2], [9, 1, 3]]})}
+    tokenized = {"train": Dataset.from_dict({"input_ids": [[9, 1, 1, 2], [9, 2], [9], [9, 1, 3]]})}
     summary = CausalLM().data_summary(tokenized)
-    # targets (position 0 is none): 1, 1, 2, 2, 1, 3 -> p = 1/2, 1/3, 1/6
+    # targets (position 0 is none; a one-token row has none): 1, 1, 2, 2, 1, 3 -> p = 1/2, 1/3, 1/6
     entropy = -sum(p * math.log(p) for p in (1 / 2, 1 / 3, 1 / 6))
     assert summary["train/unigram_perplexity"] == pytest.approx(math.exp(entropy), rel=1e-12)
-    assert (summary["data/train_rows"], summary["data/train_target_tokens"]) == (3, 6)
+    assert (summary["data/train_rows"], summary["data/train_target_tokens"]) == (4, 6)
     assert Classification().data_summary(tokenized) == {}
 
 
@@ -177,6 +191,27 @@ def tokenizer():
     from tests.conftest import compose
 
     return build_tokenizer(compose("task=causal_lm", "model=llama_tiny").model)
+
+
+def test_a_tokenizer_without_padding_pads_with_its_end_of_text_and_one_with_keeps_its_own(tokenizer):
+    import copy
+
+    own = tokenizer.pad_token_id
+    CausalCollator(tokenizer)
+    assert tokenizer.pad_token_id == own == 0  # MiniLM's [PAD] kept
+    bare = copy.deepcopy(tokenizer)
+    bare.pad_token = None
+    CausalCollator(bare)
+    assert bare.pad_token_id == end_of_text_id(bare) == bare.sep_token_id
+
+
+def test_causal_build_model_on_meta_allocates_nothing(tokenizer):
+    from tests.conftest import compose
+
+    cfg = compose("task=causal_lm", "model=llama_tiny").model
+    model = CausalLM().build_model(cfg, None, tokenizer, "meta")
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert model.get_input_embeddings().num_embeddings == len(tokenizer)
 
 
 def test_the_causal_collator_labels_real_tokens_even_when_padding_shares_their_id(tokenizer):
