@@ -52,8 +52,8 @@ def _nll(row_logits, target):
 def test_model_inputs_drop_only_the_labels_and_data_node_drops_packing():
     batch = {"input_ids": 1, "attention_mask": 2, "labels": 3, "token_type_ids": 4}
     assert model_inputs(batch) == {"input_ids": 1, "attention_mask": 2, "token_type_ids": 4}
-    node = data_node(OmegaConf.create({"a": 1, "packing": True, "label_column": "y"}), label_column=None, b=2)
-    assert OmegaConf.to_container(node) == {"a": 1, "label_column": None}  # b: no such parameter
+    node = data_node(OmegaConf.create({"a": 1, "packing": True, "label_column": "y", "c": "${a}"}), label_column=None, b=2)
+    assert OmegaConf.to_container(node) == {"a": 1, "label_column": None, "c": 1}  # b: no such parameter
 
 
 def test_classification_loss_sum_items_and_tokens():
@@ -258,3 +258,56 @@ def test_tokenize_ends_each_document_once_and_packs_rows_of_max_length():
     assert packed["eval"]["input_ids"] == [[11, 14, 15], [2, 12, 2]]
     with pytest.raises(ConfigError, match=r"^max_length=11 is invalid: the train split holds fewer tokens"):
         CausalLM(packing=True).tokenize(raw, _WordTokenizer(), max_length=11)
+
+
+class _RecordingTokenizer:
+    """Each word one id (its length), truncated only when asked; records how it was called."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, texts, truncation=False, max_length=None):
+        self.calls.append((type(texts), truncation, max_length))
+        ids = [[len(w) for w in text.split()] for text in texts]
+        ids = [row[:max_length] for row in ids] if truncation else ids
+        return {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids]}
+
+
+def test_classification_tokenize_truncates_in_batches_and_keeps_the_labels():
+    from datasets import Dataset
+
+    raw = SimpleNamespace(
+        train=Dataset.from_dict({"text": ["a bb ccc dddd", "ee"], "label": [1, 0]}),
+        eval=Dataset.from_dict({"text": ["fff g"], "label": [1]}),
+    )
+    tokenizer = _RecordingTokenizer()
+    rows = Classification().tokenize(raw, tokenizer, max_length=3)
+    assert rows["train"]["input_ids"] == [[1, 2, 3], [2]] and rows["eval"]["input_ids"] == [[3, 1]]
+    assert rows["train"]["labels"] == [1, 0] and rows["train"].column_names == ["labels", "input_ids", "attention_mask"]
+    assert {call for call in tokenizer.calls} == {(list, True, 3)}  # batches of texts
+
+
+def test_classification_collator_pads_to_tensors_and_the_head_names_the_labels(tokenizer):
+    from tests.conftest import compose
+
+    batch = Classification().collator(tokenizer)([{"input_ids": [5, 6, 7], "labels": 1}, {"input_ids": [8], "labels": 0}])
+    assert isinstance(batch["input_ids"], torch.Tensor)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]] and batch["labels"].tolist() == [1, 0]
+    raw = SimpleNamespace(label_names=["neg", "pos", "mixed"])
+    model = Classification().build_model(compose("model=tiny").model, raw, tokenizer, "meta")
+    assert model.config.id2label == {0: "neg", 1: "pos", 2: "mixed"}
+    assert model.config.label2id == {"neg": 0, "pos": 1, "mixed": 2}
+    assert model.num_labels == 3
+
+
+def test_macro_f1_counts_a_class_neither_predicted_nor_present_as_0_without_a_warning():
+    import warnings
+
+    from effitrain.tasks import macro_f1
+
+    labels, predictions = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 1, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # zero_division given: scikit-learn does not warn
+        f1 = macro_f1(predictions, labels, 4)
+    # class 0: precision 1, recall 1/2 -> 2/3; class 1: 2/3 and 1 -> 4/5; classes 2 and 3: 0
+    assert f1 == pytest.approx((2 / 3 + 4 / 5 + 0 + 0) / 4, abs=1e-12)

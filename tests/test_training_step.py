@@ -227,12 +227,21 @@ def test_the_summary_s_times_from_known_step_times():
     one.step_times = [4.0]
     assert one.summary()["speed/step_s_median"] == 4.0
     none = _meter().summary()
+    assert math.isnan(none["train/loss"])  # no step yet: not a number, never None
     assert math.isnan(none["speed/step_s_median"]) and math.isnan(none["train/loss_mean"])
     assert math.isnan(none["speed/samples_per_s"]) and math.isnan(none["speed/first_step_overhead_s"])
     assert none["speed/tracked_step_s"] is None and none["train/steps"] == 0
     untracked = _meter()
     untracked.step_times, untracked.untimed = [1.0], {5}  # tracking never reached its step
     assert untracked.summary()["speed/tracked_step_s"] is None
+
+
+def test_only_the_main_process_shows_a_progress_bar_and_only_when_asked():
+    assert _meter(progress_bar=False, is_main=True)._progress is None
+    assert _meter(progress_bar=True, is_main=False)._progress is None
+    shown = _meter(progress_bar=True, is_main=True)
+    assert shown._progress is not None
+    shown.close()
 
 
 def test_the_step_clock_excludes_other_work_and_startup_counts_from_the_process():
