@@ -297,7 +297,7 @@ def test_classification_collator_pads_to_tensors_and_the_head_names_the_labels(t
     model = Classification().build_model(compose("model=tiny").model, raw, tokenizer, "meta")
     assert model.config.id2label == {0: "neg", 1: "pos", 2: "mixed"}
     assert model.config.label2id == {"neg": 0, "pos": 1, "mixed": 2}
-    assert model.num_labels == 3
+    assert model.num_labels == 3 and {p.device.type for p in model.parameters()} == {"meta"}
 
 
 def test_macro_f1_counts_a_class_neither_predicted_nor_present_as_0_without_a_warning():
