@@ -23,7 +23,9 @@ def test_8bit_lamb_at_the_size_limit_with_max_unorm_is_estimated_exactly():
     state = optimizer.state[model[0].weight]
     assert state["state1"].dtype == torch.uint8  # exactly min_8bit_size elements: 8-bit
     assert optimizer.state[model[1].weight]["state1"].dtype == torch.float32  # 640: under it
-    assert state["unorm_vec"].numel() == 1  # LAMB's max_unorm (1.0, the only value it takes) > 0: one fp32 norm per tensor
+    assert (
+        state["unorm_vec"].numel() == 1
+    )  # LAMB's max_unorm (1.0, the only value it takes) > 0: one fp32 norm per tensor
     assert memory.optimizer_state_footprint(optimizer) == estimated
 
 
@@ -50,7 +52,9 @@ def test_apollo_s_right_projection_is_estimated_exactly():
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 40), torch.nn.Linear(40, 6))
-    cfg = compose("optimizer=apollo", "optimizer.rank=4", "optimizer.scale_type=tensor", "+optimizer.proj_type=right").optimizer
+    cfg = compose(
+        "optimizer=apollo", "optimizer.rank=4", "optimizer.scale_type=tensor", "+optimizer.proj_type=right"
+    ).optimizer
     optimizer = build_optimizer(cfg, model, weight_decay=0.0)
     _measured_equals_estimated(model, optimizer, torch.randint(0, 50, (3, 5)))
 

@@ -94,7 +94,12 @@ def test_only_an_ok_job_of_the_same_config_is_skipped(tmp_path, cfg):
     ok = _job(sweep, "ok", _without(cfg, "skip_ok_jobs", "optimized_metric"), 0)
     _ok_summary(ok.folder, ok.config, **{"eval/accuracy": 0.75})
     assert sweep._decide_without_process(ok) is True
-    assert (ok.outcome.folder, ok.outcome.status, ok.outcome.skipped, ok.outcome.error) == (ok.folder, "ok", True, None)
+    assert (ok.outcome.folder, ok.outcome.status, ok.outcome.skipped, ok.outcome.error) == (
+        ok.folder,
+        "ok",
+        True,
+        None,
+    )
     assert ok.value == 0.5  # the optimized metric (eval/loss by default) for Hydra's sweeper
     metric = _job(sweep, "ok", _with(cfg, optimized_metric="eval/accuracy"), 1)
     _ok_summary(ok.folder, metric.config, **{"eval/accuracy": 0.75})
@@ -103,8 +108,14 @@ def test_only_an_ok_job_of_the_same_config_is_skipped(tmp_path, cfg):
     other = _job(sweep, "other", _with(cfg, seed=43), 2)
     _ok_summary(other.folder, cfg)
     assert sweep._decide_without_process(other) is True
-    assert (other.outcome.folder, other.outcome.status, other.outcome.skipped) == (other.folder, "failed", False)
-    assert other.outcome.error == results.skip_refusal(other.folder, json.loads((other.folder / "summary.json").read_text()), other.config)
+    assert (other.outcome.folder, other.outcome.status, other.outcome.skipped) == (
+        other.folder,
+        "failed",
+        False,
+    )
+    assert other.outcome.error == results.skip_refusal(
+        other.folder, json.loads((other.folder / "summary.json").read_text()), other.config
+    )
     assert other.outcome.error.startswith("seed=43 is invalid")
 
     assert _records(sweep) == [

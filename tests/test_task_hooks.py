@@ -52,7 +52,9 @@ def _nll(row_logits, target):
 def test_model_inputs_drop_only_the_labels_and_data_node_drops_packing():
     batch = {"input_ids": 1, "attention_mask": 2, "labels": 3, "token_type_ids": 4}
     assert model_inputs(batch) == {"input_ids": 1, "attention_mask": 2, "token_type_ids": 4}
-    node = data_node(OmegaConf.create({"a": 1, "packing": True, "label_column": "y", "c": "${a}"}), label_column=None, b=2)
+    node = data_node(
+        OmegaConf.create({"a": 1, "packing": True, "label_column": "y", "c": "${a}"}), label_column=None, b=2
+    )
     assert OmegaConf.to_container(node) == {"a": 1, "label_column": None, "c": 1}  # b: no such parameter
 
 
@@ -79,7 +81,10 @@ def test_classification_evaluate_restores_the_mode_and_gives_the_loss_s_sampling
     values = [[1.0, 0.0], [0.0, 2.0], [0.5, 0.0]]
     model = _FixedLogits(torch.tensor(values))
     model.train()
-    batches = [{"row": torch.tensor([0, 1]), "labels": torch.tensor([0, 0])}, {"row": torch.tensor([2]), "labels": torch.tensor([1])}]
+    batches = [
+        {"row": torch.tensor([0, 1]), "labels": torch.tensor([0, 0])},
+        {"row": torch.tensor([2]), "labels": torch.tensor([1])},
+    ]
     metrics = Classification().evaluate(model, batches, _OneProcess())
     assert model.training  # back in training mode
     losses = [_nll(values[0], 0), _nll(values[1], 0), _nll(values[2], 1)]
@@ -107,13 +112,19 @@ def test_shifted_cross_entropy_scores_position_i_against_label_i_plus_1():
 def test_causal_loss_sum_items_and_evaluate_over_real_target_tokens():
     torch.manual_seed(0)
     logits = torch.randn(3, 4, 5)
-    labels = torch.tensor([[1, 2, 3, 4], [0, 4, IGNORE_INDEX, IGNORE_INDEX], [2, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]])
+    labels = torch.tensor(
+        [[1, 2, 3, 4], [0, 4, IGNORE_INDEX, IGNORE_INDEX], [2, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]]
+    )
     model = _FixedLogits(logits)
     task = CausalLM()
     batch = {"row": torch.arange(3), "labels": labels}
     per_row = []
     for r in range(3):
-        nll = [_nll(logits[r, i].tolist(), int(labels[r, i + 1])) for i in range(3) if labels[r, i + 1] != IGNORE_INDEX]
+        nll = [
+            _nll(logits[r, i].tolist(), int(labels[r, i + 1]))
+            for i in range(3)
+            if labels[r, i + 1] != IGNORE_INDEX
+        ]
         per_row.append(nll)
     assert task.loss_sum(model, batch).item() == pytest.approx(sum(map(sum, per_row)), rel=1e-5)
     assert int(task.num_items(batch)) == 4 and int(task.num_tokens(batch)) == 4
@@ -122,7 +133,10 @@ def test_causal_loss_sum_items_and_evaluate_over_real_target_tokens():
     assert CausalLM(packing=True).cache_key() == {"task": "causal_lm", "packing": True}
 
     model.train()
-    batches = [{"row": torch.tensor([0, 1]), "labels": labels[:2]}, {"row": torch.tensor([2]), "labels": labels[2:]}]
+    batches = [
+        {"row": torch.tensor([0, 1]), "labels": labels[:2]},
+        {"row": torch.tensor([2]), "labels": labels[2:]},
+    ]
     metrics = task.evaluate(model, batches, _OneProcess())
     assert model.training
     loss = sum(map(sum, per_row)) / 4
@@ -155,7 +169,10 @@ def test_causal_load_reads_texts_only_and_refuses_an_empty_split():
     raw = CausalLM().load(OmegaConf.create({**node, "train": 2, "eval": 1}))
     assert (len(raw.train), len(raw.eval), raw.label_column) == (2, 1, None)  # labels unread
     for train, eval, split in ((0, 1, "train"), (1, 0, "eval")):
-        with pytest.raises(ConfigError, match=rf"^data \({split} split\)=0 is invalid: the split is empty: it needs at least one sample$"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^data \({split} split\)=0 is invalid: the split is empty: it needs at least one sample$",
+        ):
             CausalLM().load(OmegaConf.create({**node, "train": train, "eval": eval}))
 
 
@@ -217,7 +234,10 @@ def test_causal_build_model_on_meta_allocates_nothing(tokenizer):
 def test_the_causal_collator_labels_real_tokens_even_when_padding_shares_their_id(tokenizer):
     collate = CausalCollator(tokenizer)
     pad = tokenizer.pad_token_id
-    rows = [{"input_ids": [5, 6, pad], "attention_mask": [1, 1, 1]}, {"input_ids": [7], "attention_mask": [1]}]
+    rows = [
+        {"input_ids": [5, 6, pad], "attention_mask": [1, 1, 1]},
+        {"input_ids": [7], "attention_mask": [1]},
+    ]
     batch = collate(rows)
     assert batch["input_ids"].tolist() == [[5, 6, pad], [7, pad, pad]]
     assert batch["labels"].tolist() == [[5, 6, pad], [7, IGNORE_INDEX, IGNORE_INDEX]]
@@ -238,7 +258,8 @@ def test_tokenize_ends_each_document_once_and_packs_rows_of_max_length():
 
     texts = ["aa bbb", "", "c dddd eeeee", "ff |"]
     raw = SimpleNamespace(
-        train=Dataset.from_dict({"text": texts, "label": [0, 1, 0, 1]}), eval=Dataset.from_dict({"text": texts[2:], "label": [0, 1]})
+        train=Dataset.from_dict({"text": texts, "label": [0, 1, 0, 1]}),
+        eval=Dataset.from_dict({"text": texts[2:], "label": [0, 1]}),
     )
     # eos appended where a document does not end with it; an empty one is the eos alone
     docs = [[12, 13, 2], [2], [11, 14, 15, 2], [12, 2]]
@@ -283,14 +304,20 @@ def test_classification_tokenize_truncates_in_batches_and_keeps_the_labels():
     tokenizer = _RecordingTokenizer()
     rows = Classification().tokenize(raw, tokenizer, max_length=3)
     assert rows["train"]["input_ids"] == [[1, 2, 3], [2]] and rows["eval"]["input_ids"] == [[3, 1]]
-    assert rows["train"]["labels"] == [1, 0] and rows["train"].column_names == ["labels", "input_ids", "attention_mask"]
+    assert rows["train"]["labels"] == [1, 0] and rows["train"].column_names == [
+        "labels",
+        "input_ids",
+        "attention_mask",
+    ]
     assert {call for call in tokenizer.calls} == {(list, True, 3)}  # batches of texts
 
 
 def test_classification_collator_pads_to_tensors_and_the_head_names_the_labels(tokenizer):
     from tests.conftest import compose
 
-    batch = Classification().collator(tokenizer)([{"input_ids": [5, 6, 7], "labels": 1}, {"input_ids": [8], "labels": 0}])
+    batch = Classification().collator(tokenizer)(
+        [{"input_ids": [5, 6, 7], "labels": 1}, {"input_ids": [8], "labels": 0}]
+    )
     assert isinstance(batch["input_ids"], torch.Tensor)
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]] and batch["labels"].tolist() == [1, 0]
     raw = SimpleNamespace(label_names=["neg", "pos", "mixed"])
