@@ -299,3 +299,18 @@ def test_a_job_that_did_not_finish_ok_holds_no_best_value():
     ]
     assert best_cells(headers, rows, [False, True, True]) == {(2, 2), (1, 3)}
     assert best_cells(headers, rows) == {(0, 2), (0, 3)}
+
+
+def test_best_cells_skip_empty_and_nan_cells_and_take_the_highest_where_higher_is_better():
+    from effitrain.compare.report import best_cells
+
+    headers = ["#", "optimizer", "eval loss", "accuracy", "samples/s", "job"]
+    rows = [
+        ["1", "adamw", "nan", "", "12.5", "3"],  # no eval: an empty or nan cell is no best
+        ["2", "lion", "0.75", "0.5", "30.0", "1"],
+        ["3", "sgd", "0.5", "0.75", "30.0", "2"],
+    ]
+    # lowest eval loss, highest accuracy, both fastest (a tie); "#" and "job" are no figures
+    assert best_cells(headers, rows) == {(2, 2), (2, 3), (1, 4), (2, 4)}
+    # without job 3, eval loss and accuracy have one value each: nothing to mark there
+    assert best_cells(headers, rows, [True, True, False]) == {(1, 4)}
