@@ -102,6 +102,30 @@ def test_apollo_resumes_from_a_weights_only_checkpoint_bit_identically():
         assert torch.equal(original, again)
 
 
+def test_apollo_default_scale_makes_its_step_on_minilm_matrices_the_size_of_adamws():
+    """With scale 1 APOLLO's step on a matrix is sqrt(rank / side) of AdamW's (rank 32, MiniLM's
+    side 384: 0.29x), which left the default task at the majority class; the default scale
+    384 / 32 = 12 (the authors' fine-tuning rule, hidden size / rank) multiplies it by sqrt(12)."""
+
+    def first_step(*overrides, shape=(384, 384)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(shape[1], shape[0], bias=False)
+        start = model.weight.detach().clone()
+        optimizer = build_optimizer(compose(*overrides).optimizer, model, 0.0)
+        model.weight.grad = torch.randn(shape) * torch.rand(shape[0], 1)  # rows of unequal size
+        optimizer.step()
+        return (model.weight.detach() - start).norm().item()
+
+    for shape in [(384, 384), (1536, 384), (384, 1536)]:  # attention, MLP in and out
+        adamw = first_step("optimizer=adamw", shape=shape)
+        apollo = first_step("optimizer=apollo", shape=shape)
+        unscaled = first_step("optimizer=apollo", "optimizer.scale=1.0", shape=shape)
+        assert compose("optimizer=apollo").optimizer.scale == 12.0
+        assert apollo == pytest.approx(math.sqrt(12) * unscaled, rel=1e-5)
+        assert unscaled / adamw == pytest.approx(math.sqrt(32 / 384), rel=0.05)
+        assert apollo / adamw == pytest.approx(1.0, rel=0.05)
+
+
 def test_a_parameter_named_like_a_bias_does_not_decay():
     # torch's own attention names its input projection's bias in_proj_bias: no decay, as any bias
     attention = torch.nn.MultiheadAttention(embed_dim=8, num_heads=2)
