@@ -339,3 +339,27 @@ def test_a_run_that_logs_keeps_its_train_log(tmp_path):
     assert logged.endswith(f"resume=auto: no checkpoint in {tmp_path}, starting from scratch\n")
     left = [".hydra", "metrics.jsonl", "summary.json", "train.log"]
     assert sorted(p.name for p in tmp_path.iterdir()) == left
+
+
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
+def test_the_logged_lr_is_the_step_s_own_with_an_lr_held_in_a_tensor(tmp_path, monkeypatch, backend):
+    """torchao's optimizers keep ``lr`` as a tensor, which the scheduler updates in place: a reference
+    read before the step would be logged with the next step's value. Warm-up starts from 0."""
+    import effitrain.job
+    from effitrain.optim import build_optimizer
+
+    def tensor_lr(optimizer_cfg, model, weight_decay):
+        optimizer = build_optimizer(optimizer_cfg, model, weight_decay)
+        for group in optimizer.param_groups:
+            group["lr"] = torch.tensor(group["lr"], dtype=torch.float64)  # float64: the same values
+        return optimizer
+
+    overrides = ["max_steps=4", "warmup_ratio=0.5", f"backend={backend}"]
+    (tmp_path / "tensor").mkdir()
+    (tmp_path / "float").mkdir()
+    assert run_job(tmp_path / "float", *overrides)["status"] == "ok"
+    monkeypatch.setattr(effitrain.job, "build_optimizer", tensor_lr)
+    assert run_job(tmp_path / "tensor", *overrides)["status"] == "ok"
+    logged = [line["lr"] for line in read_metrics(tmp_path / "tensor")]
+    lr = compose().optimizer.lr
+    assert logged == [0.0, lr / 2, lr, lr / 2] == [line["lr"] for line in read_metrics(tmp_path / "float")]

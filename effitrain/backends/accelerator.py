@@ -52,7 +52,8 @@ def fit(job) -> Evaluation:
             job.epoch_batches(train_loader, epoch), cfg.gradient_accumulation_steps
         ):
             with job.track_step(step + 1):
-                lr = optimizer.param_groups[0]["lr"]
+                # the value now: an lr held in a tensor (torchao's) is updated in place by the scheduler
+                lr = float(optimizer.param_groups[0]["lr"])
                 items = step_items(job.task, window, accelerator.device)
                 grad_norm = window_step(
                     job.task, model, optimizer, window, items, job.meter, ops, job.step_memory.saw
