@@ -108,7 +108,8 @@ def test_backends_compute_the_same_decoder_training(tmp_path):
     assert "eval/accuracy" not in final and "eval/f1" not in final
 
 
-@pytest.mark.parametrize("layout", ["padded", pytest.param("packed", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_token_counts_are_exact(tmp_path, layout):
     """train/tokens and eval/tokens against a count made from the tokenizer here."""
     from effitrain.data import load_synthetic

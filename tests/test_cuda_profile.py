@@ -111,6 +111,7 @@ def test_a_cpu_run_whose_tracked_step_is_its_first_measures_the_first_step_phase
     assert summary["mem/run_peak_bytes_predicted"] == max(phases)
 
 
+@pytest.mark.slow
 def test_a_causal_lm_evaluation_at_many_rows_sets_the_run_peak():
     from effitrain.estimate import estimate_memory
 

@@ -187,8 +187,9 @@ def test_the_printed_rerun_command_resumes_a_job_that_left_checkpoints(tmp_path,
     assert command[2:] == ["-m", *args, *(["resume=auto"] if checkpointed else []), f"hydra.sweep.dir={sweep}"]
 
 
+@pytest.mark.slow
 def test_a_rerun_skips_only_the_ok_jobs(tmp_path):
-    """The skip decision, fast: of a finished sweep, a job whose summary says failed, oom or is
+    """The skip decision, through the launcher (in process: tests/test_skip_decision.py): of a finished sweep, a job whose summary says failed, oom or is
     missing runs again; only an ok one is settled without a process."""
     args = ["seed=1,2,3,4"]
     first = run_app(tmp_path, *args)

@@ -243,10 +243,8 @@ def test_online_init_failing_falls_back_to_offline(tmp_path, monkeypatch):
     assert len(history(inspect_records(log_file))) == 3 + 1  # the steps and the final evaluation
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [pytest.param(["logger=none"], marks=pytest.mark.slow), ["logger=wandb", "logger.mode=disabled"]],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [["logger=none"], ["logger=wandb", "logger.mode=disabled"]])
 def test_no_wandb_files_when_off(tmp_path, overrides):
     summary = run_job(tmp_path, *overrides, *FEW_STEPS)
     assert summary["status"] == "ok", summary["error"]

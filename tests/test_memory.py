@@ -261,7 +261,8 @@ def test_two_processes_report_independent_peaks():
 CATEGORIES = ["weights", "gradients", "optimizer_state", "activations", "temporaries"]
 
 
-@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
 def test_every_run_writes_the_mem_keys(tmp_path, backend):
     summary = run_job(tmp_path, f"backend={backend}", "optimizer=adam8bit", "max_steps=3")
     assert summary["status"] == "ok"

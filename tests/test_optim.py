@@ -102,6 +102,7 @@ def test_apollo_resumes_from_a_weights_only_checkpoint_bit_identically():
         assert torch.equal(original, again)
 
 
+@pytest.mark.slow
 def test_apollo_default_scale_makes_its_step_on_minilm_matrices_the_size_of_adamws():
     """With scale 1 APOLLO's step on a matrix is sqrt(rank / side) of AdamW's (rank 32, MiniLM's
     side 384: 0.29x), which left the default task at the majority class; the default scale
