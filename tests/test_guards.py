@@ -39,7 +39,10 @@ def snapshot(folder: Path, hydra_record: bool = True) -> dict:
 
 # every row through the run in the full suite; every fourth in the fast selection (preflight, in
 # test_config, takes every row there: the run refusing what check refuses is the slow half)
-RUN_ROWS = [row if i % 4 == 0 else pytest.param(*row, marks=pytest.mark.slow) for i, row in enumerate(VALUES)]
+RUN_ROWS = [
+    row if i % 4 == 0 else pytest.param(*row.values, marks=[*row.marks, pytest.mark.slow], id=row.id)
+    for i, row in enumerate(r if hasattr(r, "marks") else pytest.param(*r) for r in VALUES)
+]
 
 
 @pytest.mark.parametrize("overrides, message", RUN_ROWS)
