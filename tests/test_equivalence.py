@@ -74,6 +74,7 @@ def test_backends_compute_the_same_thing(tmp_path, optimizer):
         assert accel_metrics[key] == pytest.approx(trainer_metrics[key], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_backends_see_the_same_batches_in_the_same_order(tmp_path):
     seen = {}
     for backend in ("accelerator", "trainer"):

@@ -161,6 +161,7 @@ def test_a_failed_job_finishes_its_run_with_a_nonzero_exit_code(tmp_path, monkey
     assert state["summary"]["status"] == "failed" and "the loop broke" in state["summary"]["error"]
 
 
+@pytest.mark.slow
 def test_an_interrupted_job_finishes_its_run_as_crashed(tmp_path, monkeypatch):
     from effitrain.backends import accelerator
 
@@ -179,6 +180,7 @@ def test_an_interrupted_job_finishes_its_run_as_crashed(tmp_path, monkeypatch):
     assert state["summary"]["status"] == "interrupted"
 
 
+@pytest.mark.slow
 def test_a_rejected_config_shows_as_crashed_too(tmp_path):
     summary = run_job(tmp_path, *WANDB, "gradient_accumulation_steps=0")
     assert summary["status"] == "failed" and summary["error_type"] == "config"

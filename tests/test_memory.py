@@ -62,7 +62,9 @@ def _one_step(model, batch, optimizer_name):
 
 
 @pytest.mark.parametrize("optimizer_name", OPTIONS)
-@pytest.mark.parametrize("make_model", [_tiny_classifier, _tied_lm], ids=["tiny", "tied"])
+@pytest.mark.parametrize(
+    "make_model", [_tiny_classifier, pytest.param(_tied_lm, marks=pytest.mark.slow)], ids=["tiny", "tied"]
+)
 def test_measured_state_equals_estimate_exactly(optimizer_name, make_model):
     torch.manual_seed(0)
     model, batch = make_model()
