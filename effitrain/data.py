@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Sampler
 from effitrain.atomic import atomic_path, sha256
 from effitrain.compat import dataset_fingerprint
 from effitrain.errors import invalid
+from effitrain.label_checks import check_label_kinds, check_label_sets
 
 log = logging.getLogger(__name__)
 
@@ -211,11 +212,6 @@ def load_hub(
     return RawData(standardize(train_split), standardize(eval_split), names)
 
 
-def _shown(values) -> str:
-    values = sorted(values, key=str)
-    return ", ".join(repr(v) for v in values[:5]) + (", ..." if len(values) > 5 else "")
-
-
 def _local_files(data_files) -> bool:
     """``data_files`` names files, and all of them on this machine (no ``scheme://``)."""
     if not data_files:
@@ -226,45 +222,6 @@ def _local_files(data_files) -> bool:
         data_files = [data_files]
     flat = [f for item in data_files for f in ([item] if isinstance(item, str) else item)]
     return all("://" not in str(f) for f in flat)
-
-
-def check_label_kinds(column: str, every: set) -> None:
-    """Labels of one kind: in a numeric column whole class ids only (1.5 would become a class of
-    its own), and no class ids mixed with names ("1" beside "x").
-
-    Raises:
-        ConfigError: naming the column and the offending values.
-    """
-    key = "data.label_column"
-    numeric = [v for v in every if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    fractional = [v for v in numeric if isinstance(v, float) and not float(v).is_integer()]
-    if fractional:
-        raise invalid(
-            key, column, f"a numeric label column must hold whole class ids; it holds {_shown(fractional)}"
-        )
-    numbers_as_text = [v for v in every if isinstance(v, str) and v.strip().lstrip("-").isdigit()]
-    if numbers_as_text and len(numbers_as_text) < len(every):
-        others = [v for v in every if v not in numbers_as_text]
-        raise invalid(key, column, f"the column mixes class ids ({_shown(numbers_as_text)}) with other values "
-                                   f"({_shown(others)}): give ids or names, not both")  # fmt: skip
-
-
-def check_label_sets(column: str, train: list, eval_: list) -> None:
-    """At least two classes in training, and every eval label among them (a class never trained on
-    scores as a guaranteed error, and disjoint sets mean the splits were labelled differently).
-
-    Raises:
-        ConfigError: naming the column and the offending values.
-    """
-    key = "data.label_column"
-    train_values, eval_values = set(train), set(eval_)
-    if len(train_values) < 2:
-        raise invalid(key, column, f"the train split holds a single class ({_shown(train_values)}): "
-                                   "classification needs at least 2")  # fmt: skip
-    unseen = eval_values - train_values
-    if unseen:
-        raise invalid(key, column, f"the eval split holds labels the train split lacks ({_shown(unseen)}; "
-                                   f"train has {_shown(train_values)})")  # fmt: skip
 
 
 def check_raw(raw: RawData, num_labels: int) -> None:

@@ -103,7 +103,7 @@ def _finished_records(run_file, seconds: int = 120) -> list[dict]:
 
 @pytest.mark.slow
 def test_the_wandb_comparison_is_one_run_per_sweep_in_the_jobs_project_and_short_group(wandb_sweep):
-    from effitrain.loggers import comparison_run_id
+    from effitrain.compare.wandb_table import comparison_run_id
     from tests.test_loggers import inspect_summary, wandb_files
 
     jobs = list(summaries(wandb_sweep).values())
@@ -180,13 +180,12 @@ def test_failed_missing_and_unreadable_jobs_are_reported_not_raised(failing_swee
 @pytest.mark.slow
 def test_each_sweep_s_wandb_comparison_holds_its_own_jobs_only(wandb_sweep, tmp_path, monkeypatch):
     # compared together, two W&B sweeps share the page, but each sweep's run describes that sweep
-    from effitrain import loggers
-    from effitrain.compare import load_jobs, log_to_wandb
+    from effitrain.compare import load_jobs, log_to_wandb, wandb_table
 
     other = tmp_path / "other"
     shutil.copytree(wandb_sweep, other)
     logged = []
-    monkeypatch.setattr(loggers, "log_comparison_table", lambda rows, **kw: logged.append((rows, kw)))
+    monkeypatch.setattr(wandb_table, "log_comparison_table", lambda rows, **kw: logged.append((rows, kw)))
     jobs = load_jobs([wandb_sweep, other])
     assert len(jobs) == 4
     log_to_wandb(jobs, [wandb_sweep, other], "offline")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from effitrain import loggers
+from effitrain.compare import wandb_table
 from effitrain.errors import ConfigError
 from tests.conftest import TINY, compose, read_metrics, run_job, train_py
 
@@ -280,7 +281,7 @@ def test_comparison_table_is_its_own_run_of_the_group(tmp_path):
         {"job": 1, "cfg/optimizer": "adam8bit", "mem/step_peak_bytes": 98_765_432, "eval/loss": float("nan")},
         {"job": 2, "cfg/optimizer": "adafactor", "status": "oom"},
     ]
-    folder = loggers.log_comparison_table(
+    folder = wandb_table.log_comparison_table(
         rows, group="multirun/2025-01-31/12-00-00", wandb_dir=tmp_path, mode="offline"
     )
     [log_file] = wandb_files(tmp_path)
@@ -307,7 +308,7 @@ def test_comparison_rows_of_differently_shaped_values_are_one_table(tmp_path, ca
         {"job": "b", "lr": 3e-4, "job/config": {"optimizer.clip_threshold": 1.0}, "env/cpu_affinity": [0, 1]},
     ]  # fmt: skip
     page = (["#", "optimizer", "step peak MiB"], [[1.0, "adamw", 22.9], [2.0, "adafactor", None]])
-    folder = loggers.log_comparison_table(
+    folder = wandb_table.log_comparison_table(
         rows, group="g", wandb_dir=tmp_path, mode="offline", page=page, summary={"verdict": "use adamw"}
     )
     assert "W&B" not in capsys.readouterr().err
@@ -330,7 +331,7 @@ def test_a_table_wandb_refuses_leaves_the_verdict_in_a_run_finished_as_failed(tm
         raise TypeError("Data row contained incompatible types:\n{'job': ...} of type {...}")
 
     monkeypatch.setattr(wandb, "Table", refuse)
-    folder = loggers.log_comparison_table(
+    folder = wandb_table.log_comparison_table(
         [{"job": "a"}], group="g", wandb_dir=tmp_path, mode="offline", summary={"verdict": "use adamw"}
     )
     assert folder is None
@@ -345,7 +346,9 @@ def test_a_table_wandb_refuses_leaves_the_verdict_in_a_run_finished_as_failed(tm
 
 
 def test_comparison_table_disabled_writes_nothing(tmp_path):
-    assert loggers.log_comparison_table([{"job": 0}], group="g", wandb_dir=tmp_path, mode="disabled") is None
+    assert (
+        wandb_table.log_comparison_table([{"job": 0}], group="g", wandb_dir=tmp_path, mode="disabled") is None
+    )
     assert list(tmp_path.iterdir()) == []
 
 

@@ -44,7 +44,7 @@ def log_to_wandb(jobs: list[JobResult], sweeps: list[Path], mode: str | None) ->
     in the project, entity and group its jobs recorded (``wandb/*`` in their summaries): the page's
     table, the exact values and the verdict in the run's summary, each of that sweep's jobs alone
     (several sweeps compared at once do not mix into one sweep's run)."""
-    from effitrain.loggers import log_comparison_table
+    from effitrain.compare.wandb_table import log_comparison_table
 
     for sweep in sweeps:
         own = [job for job in jobs if job.sweep == sweep]
