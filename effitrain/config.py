@@ -1,7 +1,11 @@
 """The front door of a run's configuration: :func:`load` composes (``effitrain.composition``),
 validates (``effitrain.validation``) and derives (``micro_batch_size`` from ``effective_batch_size``),
-once, before anything heavy is loaded; :func:`task_config` is the Hydra task's door, for a config
-Hydra composed.
+once, before anything heavy is loaded. The Hydra task's config, which Hydra composed, is derived
+and validated by its run (``effitrain.run.prepare``).
+
+A config validated here is remembered for one run: ``train.py`` validates the command line before
+Hydra starts (``hydra_task.preflight``), and the run Hydra then starts with the same config does
+not validate it again (:func:`validate_once`).
 
 Every error a user can cause is a :class:`ConfigError` whose message is one line naming the
 key, the bad value and what is allowed.
@@ -9,9 +13,11 @@ key, the bad value and what is allowed.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import json
 
-from effitrain.composition import compose_checked, with_hydra_node
+from omegaconf import DictConfig, OmegaConf
+
+from effitrain.composition import compose_checked
 from effitrain.errors import ConfigError, ConfigErrors, raise_problems
 from effitrain.validation import validate
 
@@ -39,13 +45,37 @@ def checked(cfg: DictConfig, problems: list[str], world_size: int = 1) -> DictCo
     return cfg
 
 
-def task_config(cfg: DictConfig, hydra_node: DictConfig, world_size: int = 1) -> DictConfig:
-    """The front door of the Hydra task (a job of ``train.py``): its config with its Hydra node
-    attached and ``micro_batch_size`` derived, before any tracker starts. The command line was
-    validated before Hydra started (``hydra_task.preflight``); the run validates again and reports."""
-    cfg = with_hydra_node(cfg, hydra_node)
-    apply_effective_batch_size(cfg, world_size)
-    return cfg
+# Configs the front door validated and derived (:func:`checked`) for a run this process starts
+# next (:func:`remember_validated`) that no run has used yet: one entry per validation, so each
+# pays for exactly one run (a sweep's jobs: one each).
+_VALIDATED: list[str] = []
+
+
+def remember_validated(cfg: DictConfig, world_size: int = 1) -> None:
+    """Mark a config :func:`checked` returned as validated for the next run of it in this process."""
+    _VALIDATED.append(_identity(cfg, world_size))
+
+
+def _identity(cfg: DictConfig, world_size: int) -> str:
+    """The config's own keys (not its Hydra node), unresolved, with the number of processes."""
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    plain.pop("hydra", None)
+    return json.dumps([plain, world_size], sort_keys=True, default=str)
+
+
+def validate_once(cfg: DictConfig, world_size: int = 1) -> bool:
+    """Validate a run's derived config unless this process's front door just validated the same
+    config (``train.py``'s preflight, then Hydra's run of it); True when it validated here.
+
+    Raises:
+        ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
+    """
+    identity = _identity(cfg, world_size)
+    if identity in _VALIDATED:
+        _VALIDATED.remove(identity)  # used: a second run of it validates again
+        return False
+    validate(cfg, world_size)
+    return True
 
 
 def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:

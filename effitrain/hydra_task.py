@@ -51,7 +51,7 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
         ConfigError: the first grammar problem, or every problem of the first bad job.
     """
     from effitrain.composition import compose_checked
-    from effitrain.config import checked, load
+    from effitrain.config import checked, load, remember_validated
     from effitrain.overrides import parse
 
     flags = [a for a in argv if a.startswith("-")]
@@ -73,6 +73,7 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     if not multirun:
         cfg = checked(cfg, problems, world_size)
         check_output_folder("hydra.run.dir", str(cfg.hydra.run.dir))
+        remember_validated(cfg, world_size)  # the run Hydra starts with it does not validate it again
         return cfg
     check_output_folder("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
     raise_problems([p for p in problems if p.startswith("hydra.launcher.")])  # the sweep's, not a job's
@@ -83,7 +84,9 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     jobs = sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]
     for job in jobs:
         try:
-            skipped_as_done(load(fixed + job, world_size))
+            job_cfg = load(fixed + job, world_size)
+            skipped_as_done(job_cfg)
+            remember_validated(job_cfg, world_size)  # a job run in this process is not validated again
         except ConfigError as error:
             label = " ".join(job) or "the defaults"
             raise ConfigError(f"the sweep's job {label}:\n{error}") from None
@@ -190,10 +193,10 @@ def train_job(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from effitrain.config import task_config
+    from effitrain.composition import with_hydra_node
 
     hydra_cfg = HydraConfig.get()  # the task is the one place that reads it: the run reads cfg.hydra
-    cfg = task_config(cfg, hydra_cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    cfg = with_hydra_node(cfg, hydra_cfg)  # the run derives and validates (effitrain.run.prepare)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         from effitrain.sweep_job import start_job
 

@@ -237,16 +237,6 @@ class WandbLogger:
             self._warn(f"logging failed ({type(error).__name__}: {error}); no more W&B logging for this run")
             self.run = None
 
-    def update_config(self, config: dict) -> None:
-        """Replace config values decided after the run started (a derived micro batch)."""
-        if self.run is None:
-            return
-        try:
-            secret = os.environ.get("WANDB_API_KEY")
-            self.run.config.update(without_secret(config, secret), allow_val_change=True)
-        except Exception as error:
-            self._warn(f"updating the config failed ({type(error).__name__}: {error})")
-
     def finish(self, summary: dict | None) -> None:
         """Copy ``summary`` into the run's summary and finish it: exit code 0 for ok, 1 otherwise.
 

@@ -10,7 +10,6 @@ with ``status`` saying how the run ended (:mod:`effitrain.outcome`).
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -22,16 +21,16 @@ from omegaconf import DictConfig
 from effitrain import checkpoint, results
 from effitrain.backends import backend_of
 from effitrain.compat import compile_seconds, reset_accelerator_state
-from effitrain.config import apply_effective_batch_size
+from effitrain.config import apply_effective_batch_size, validate_once
 from effitrain.distributed import process_state
 from effitrain.flops import mfu_keys
 from effitrain.identity import summary_config_keys
 from effitrain.job import Evaluation, Job, build_job, evaluate_job
-from effitrain.loggers import build_tracker, run_config
+from effitrain.loggers import build_tracker
 from effitrain.memory import TrainingMemory
 from effitrain.outcome import interrupts_raise, one_line, recorded
 from effitrain.step_memory import predicted_keys, run_peak_keys, trace_run
-from effitrain.validation import check_output_dir, validate
+from effitrain.validation import check_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +62,8 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
     output_dir = Path(output_dir)
     state = process_state()
     previous = results.read_summary(output_dir)
+    # the one derivation of the run's config (the Hydra task's door did it already: nothing to do)
+    apply_effective_batch_size(cfg, state.num_processes)
     keys = summary_config_keys(cfg, output_dir, state.num_processes)
     summary = {"status": "failed", "error": None, **keys, **results.env_info(str(state.device))}
     summary["env/rank"] = state.process_index
@@ -100,11 +101,6 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
                 tracker = build_tracker(cfg, output_dir, keys)
                 summary.update(tracker.identity_keys() if tracker is not None else {})
             spec = prepare(cfg, output_dir, state.num_processes)
-            if spec.derived:  # micro_batch_size was derived: the config keys say so
-                summary.update(spec.keys)
-                if tracker is not None:  # the started run's own W&B keys, not the config's defaults
-                    tracker.update_config(run_config(cfg, spec.keys))
-                    summary.update(tracker.identity_keys())
             summary[results.CONFIG_KEY] = results.config_record(cfg)  # what a rerun is compared with
             loggers = []
             if state.is_main_process:  # the same records to every logger: metrics.jsonl, W&B
@@ -126,9 +122,7 @@ def finished_and_kept(cfg: DictConfig, output_dir: Path, num_processes: int = 1)
         return None
     kept = results.finished_run(cfg, output_dir)
     if kept is not None:
-        derived = copy.deepcopy(cfg)  # compared as the run would train it: micro_batch_size derived
-        apply_effective_batch_size(derived, num_processes)
-        checkpoint.find_resume(derived, output_dir)  # raises for a config that changed
+        checkpoint.find_resume(cfg, output_dir)  # raises for a config that changed
     return kept
 
 
@@ -136,24 +130,21 @@ def finished_and_kept(cfg: DictConfig, output_dir: Path, num_processes: int = 1)
 class RunSpec:
     """What :func:`prepare` decided for a run."""
 
-    keys: dict  # the summary's config keys (summary_config_keys), after derivation
     resume: checkpoint.ResumePoint | None  # the checkpoint the run continues from; None: a fresh start
-    derived: bool  # micro_batch_size was derived here from effective_batch_size
+    validated: bool  # validated here (False: the front door validated this config before Hydra started)
 
 
 def prepare(cfg: DictConfig, output_dir: Path, num_processes: int) -> RunSpec:
-    """The run's decisions, once and in this order: validate ``cfg``, refuse to overwrite a finished
-    ok run, derive ``micro_batch_size``, find the checkpoint to resume from (which also checks the
-    number of processes).
+    """The run's decisions on its derived config, once and in this order: validate it (unless the
+    front door just did), refuse to overwrite a finished ok run, find the checkpoint to resume
+    from (which also checks the number of processes).
 
     Raises:
         ConfigError: a bad config, a finished run in the folder, or a checkpoint it cannot resume.
     """
-    validate(cfg, num_processes)
+    validated = validate_once(cfg, num_processes)
     results.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
-    derived = apply_effective_batch_size(cfg, num_processes)
-    keys = summary_config_keys(cfg, output_dir, num_processes)
-    return RunSpec(keys, checkpoint.find_resume(cfg, output_dir), derived)
+    return RunSpec(checkpoint.find_resume(cfg, output_dir), validated)
 
 
 def _train_and_evaluate(job: Job, summary: dict, opened: contextlib.ExitStack) -> None:

@@ -66,6 +66,17 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture(autouse=True)
+def _no_validation_carried_over():
+    """A config ``train.py``'s front door validated is not validated again by the run started with
+    it in the same process (``effitrain.config.validate_once``); one test's preflight must not
+    stand for another test's run."""
+    import effitrain.config
+
+    yield
+    effitrain.config._VALIDATED.clear()
+
+
 def compose(*overrides: str, tiny: bool = True):
     """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""
     from effitrain.composition import compose

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import signal
@@ -360,3 +361,47 @@ def test_the_logged_lr_is_the_step_s_own_with_an_lr_held_in_a_tensor(tmp_path, m
     assert run_job(tmp_path, "max_steps=4", "warmup_ratio=0.5", f"backend={backend}")["status"] == "ok"
     lr = compose().optimizer.lr  # linear warm-up over 2 steps from 0, then linear decay to 0 at step 4
     assert [line["lr"] for line in read_metrics(tmp_path)] == [0.0, lr / 2, lr, lr / 2]
+
+
+@pytest.fixture
+def validations(monkeypatch) -> list:
+    """The configs ``validate`` is called on from here on (through ``effitrain.config``, which the
+    front door and the run both validate through)."""
+    import effitrain.config as config
+
+    seen, real_validate = [], config.validate
+
+    def counted(cfg, world_size=1):
+        seen.append(copy.deepcopy(cfg))
+        return real_validate(cfg, world_size)
+
+    monkeypatch.setattr(config, "validate", counted)
+    monkeypatch.setattr(sys, "argv", ["train.py"])  # train() sets it for Hydra
+    return seen
+
+
+def test_train_py_validates_a_run_once_and_derives_its_micro_batch(tmp_path, validations):
+    """``train.py`` validates the command line before Hydra starts; the run Hydra then starts with
+    that config is not validated again (a config the front door did not see, as ``run_job``'s, is
+    validated by its run: the bad-value table's rows through a run say so)."""
+    import effitrain.config as config
+    from effitrain.hydra_task import train
+
+    batch = ["max_steps=2", "effective_batch_size=16", "gradient_accumulation_steps=2"]
+    train([*TINY, *batch, f"hydra.run.dir={tmp_path / 'front'}"])
+    summary = json.loads((tmp_path / "front" / "summary.json").read_text())
+    # once, on the derived micro batch (16 / 2)
+    assert summary["status"] == "ok" and [cfg.micro_batch_size for cfg in validations] == [8]
+    assert summary["cfg/micro_batch_size"] == 8 and summary["train/samples"] == 32
+    assert config._VALIDATED == []  # used by that run: a second run of the config validates it
+
+
+@pytest.mark.slow
+def test_a_sweep_run_in_this_process_validates_each_job_once(tmp_path, validations):
+    """Hydra's basic launcher runs a sweep's jobs in the preflight's process: each job's config,
+    validated by the preflight, is not validated again by its run."""
+    from effitrain.hydra_task import train
+
+    train(["-m", *TINY, "max_steps=1", "seed=3,4", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}"])
+    seeds = sorted(json.loads(path.read_text())["cfg/seed"] for path in tmp_path.glob("*/summary.json"))
+    assert seeds == [3, 4] and sorted(cfg.seed for cfg in validations) == [3, 4]
