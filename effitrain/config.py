@@ -63,9 +63,9 @@ def _identity(cfg: DictConfig, world_size: int) -> str:
     return json.dumps([plain, world_size], sort_keys=True, default=str)
 
 
-def validate_once(cfg: DictConfig, world_size: int = 1) -> bool:
+def validate_once(cfg: DictConfig, world_size: int = 1) -> None:
     """Validate a run's derived config unless this process's front door just validated the same
-    config (``train.py``'s preflight, then Hydra's run of it); True when it validated here.
+    config (``train.py``'s preflight, then Hydra's run of it).
 
     Raises:
         ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
@@ -73,9 +73,8 @@ def validate_once(cfg: DictConfig, world_size: int = 1) -> bool:
     identity = _identity(cfg, world_size)
     if identity in _VALIDATED:
         _VALIDATED.remove(identity)  # used: a second run of it validates again
-        return False
+        return
     validate(cfg, world_size)
-    return True
 
 
 def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:

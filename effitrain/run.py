@@ -1,7 +1,8 @@
-"""One run: prepare -> open sinks -> build -> train -> evaluate -> summarize.
+"""One run: derive -> prepare -> open sinks -> build -> train -> evaluate -> summarize.
 
-:func:`prepare` validates the config, derives the micro batch and decides resume, once; everything a
-backend needs is then built once (:func:`effitrain.job.build_job`); the backend gets a
+The run derives its micro batch once, first; :func:`prepare` validates the config (unless
+``train.py``'s preflight just did: :func:`effitrain.config.validate_once`) and decides resume,
+once; everything a backend needs is then built once (:func:`effitrain.job.build_job`); the backend gets a
 :class:`~effitrain.job.Job`, owns only its loop and returns what evaluation runs on
 (:class:`effitrain.backends.Backend`). ``summary.json`` is written at the end whatever happens,
 with ``status`` saying how the run ended (:mod:`effitrain.outcome`).
@@ -62,7 +63,7 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
     output_dir = Path(output_dir)
     state = process_state()
     previous = results.read_summary(output_dir)
-    # the one derivation of the run's config (the Hydra task's door did it already: nothing to do)
+    # the one derivation of the run's config (the Hydra task's too: it only attaches the Hydra node)
     apply_effective_batch_size(cfg, state.num_processes)
     keys = summary_config_keys(cfg, output_dir, state.num_processes)
     summary = {"status": "failed", "error": None, **keys, **results.env_info(str(state.device))}
@@ -93,7 +94,7 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
         ending.callback(write_summary)
         with contextlib.ExitStack() as opened, recorded(summary, output_dir, state.is_main_process):
             check_output_dir(output_dir)
-            kept = finished_and_kept(cfg, output_dir, state.num_processes)
+            kept = finished_and_kept(cfg, output_dir)
             if kept is not None:  # resume of a finished run: its results stay as they are
                 print(kept)
                 return previous
@@ -115,7 +116,7 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
     return summary
 
 
-def finished_and_kept(cfg: DictConfig, output_dir: Path, num_processes: int = 1) -> str | None:
+def finished_and_kept(cfg: DictConfig, output_dir: Path) -> str | None:
     """With ``resume=auto``, a line saying ``output_dir`` holds a finished ok run that is left as it
     is (None: there is a run to do). A changed config is still refused, naming the key."""
     if cfg.get("resume") != "auto":
@@ -131,7 +132,6 @@ class RunSpec:
     """What :func:`prepare` decided for a run."""
 
     resume: checkpoint.ResumePoint | None  # the checkpoint the run continues from; None: a fresh start
-    validated: bool  # validated here (False: the front door validated this config before Hydra started)
 
 
 def prepare(cfg: DictConfig, output_dir: Path, num_processes: int) -> RunSpec:
@@ -142,9 +142,9 @@ def prepare(cfg: DictConfig, output_dir: Path, num_processes: int) -> RunSpec:
     Raises:
         ConfigError: a bad config, a finished run in the folder, or a checkpoint it cannot resume.
     """
-    validated = validate_once(cfg, num_processes)
+    validate_once(cfg, num_processes)
     results.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
-    return RunSpec(checkpoint.find_resume(cfg, output_dir), validated)
+    return RunSpec(checkpoint.find_resume(cfg, output_dir))
 
 
 def _train_and_evaluate(job: Job, summary: dict, opened: contextlib.ExitStack) -> None:
