@@ -1,19 +1,17 @@
 """The front door of a run's configuration: :func:`load` composes (``effitrain.composition``),
 validates (``effitrain.validation``) and derives (``micro_batch_size`` from ``effective_batch_size``),
 once, before anything heavy is loaded. The Hydra task's config, which Hydra composed, is derived
-and validated by its run (``effitrain.run.prepare``).
+by its run (``effitrain.run._run``, first) and validated by the run's ``prepare``.
 
-A config validated here is remembered for one run: ``train.py`` validates the command line before
-Hydra starts (``hydra_task.preflight``), and the run Hydra then starts with the same config does
-not validate it again (:func:`validate_once`).
+A single run's config validated here is remembered for one run: ``train.py`` validates the command
+line before Hydra starts (``hydra_task.preflight``), and the run Hydra then starts with the same
+config does not validate it again (:func:`validate_once`).
 
 Every error a user can cause is a :class:`ConfigError` whose message is one line naming the
 key, the bad value and what is allowed.
 """
 
 from __future__ import annotations
-
-import json
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -45,27 +43,30 @@ def checked(cfg: DictConfig, problems: list[str], world_size: int = 1) -> DictCo
     return cfg
 
 
-# Configs the front door validated and derived (:func:`checked`) for a run this process starts
-# next (:func:`remember_validated`) that no run has used yet: one entry per validation, so each
-# pays for exactly one run (a sweep's jobs: one each).
+# Single runs the front door validated and derived (:func:`checked`) that no run has used yet:
+# one entry per validation, so each pays for exactly one run.
 _VALIDATED: list[str] = []
 
 
 def remember_validated(cfg: DictConfig, world_size: int = 1) -> None:
-    """Mark a config :func:`checked` returned as validated for the next run of it in this process."""
+    """Mark a single run's config :func:`checked` returned as validated, for the run Hydra starts
+    with it in this process next (a sweep's jobs are not marked: a job may start hours after the
+    preflight, and the files, weights and resume paths validation checks may have changed)."""
     _VALIDATED.append(_identity(cfg, world_size))
 
 
 def _identity(cfg: DictConfig, world_size: int) -> str:
-    """The config's own keys (not its Hydra node), unresolved, with the number of processes."""
+    """The config's keys, unresolved, with what validation reads of its Hydra node (the command
+    line's overrides, the groups' choices) and the number of processes (``repr``: any key type)."""
     plain = OmegaConf.to_container(cfg, resolve=False)
-    plain.pop("hydra", None)
-    return json.dumps([plain, world_size], sort_keys=True, default=str)
+    hydra = plain.pop("hydra", None) or {}
+    read = [hydra.get("overrides", {}).get("task"), hydra.get("runtime", {}).get("choices")]
+    return repr([plain, read, world_size])
 
 
 def validate_once(cfg: DictConfig, world_size: int = 1) -> None:
-    """Validate a run's derived config unless this process's front door just validated the same
-    config (``train.py``'s preflight, then Hydra's run of it).
+    """Validate a run's derived config unless ``train.py``'s preflight validated this very config
+    in this process just before Hydra started the run (:func:`remember_validated`).
 
     Raises:
         ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.

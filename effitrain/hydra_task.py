@@ -84,9 +84,7 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     jobs = sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]
     for job in jobs:
         try:
-            job_cfg = load(fixed + job, world_size)
-            skipped_as_done(job_cfg)
-            remember_validated(job_cfg, world_size)  # a job run in this process is not validated again
+            skipped_as_done(load(fixed + job, world_size))  # each job validates again when it starts
         except ConfigError as error:
             label = " ".join(job) or "the defaults"
             raise ConfigError(f"the sweep's job {label}:\n{error}") from None
@@ -196,7 +194,7 @@ def train_job(cfg: DictConfig) -> float | None:
     from effitrain.composition import with_hydra_node
 
     hydra_cfg = HydraConfig.get()  # the task is the one place that reads it: the run reads cfg.hydra
-    cfg = with_hydra_node(cfg, hydra_cfg)  # the run derives and validates (effitrain.run.prepare)
+    cfg = with_hydra_node(cfg, hydra_cfg)  # the run derives (effitrain.run._run) and validates (prepare)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         from effitrain.sweep_job import start_job
 

@@ -1,8 +1,10 @@
-"""One run: derive -> prepare -> open sinks -> build -> train -> evaluate -> summarize.
+"""One run: derive -> start the W&B run -> prepare -> open metrics -> build -> train -> evaluate ->
+summarize.
 
-The run derives its micro batch once, first; :func:`prepare` validates the config (unless
-``train.py``'s preflight just did: :func:`effitrain.config.validate_once`) and decides resume,
-once; everything a backend needs is then built once (:func:`effitrain.job.build_job`); the backend gets a
+The run derives its micro batch once, first; the W&B run starts before validation, so a rejected
+config shows there too; :func:`prepare` validates the config (unless ``train.py``'s preflight just
+did: :func:`effitrain.config.validate_once`) and decides resume, once; everything a backend needs is
+then built once (:func:`effitrain.job.build_job`); the backend gets a
 :class:`~effitrain.job.Job`, owns only its loop and returns what evaluation runs on
 (:class:`effitrain.backends.Backend`). ``summary.json`` is written at the end whatever happens,
 with ``status`` saying how the run ended (:mod:`effitrain.outcome`).

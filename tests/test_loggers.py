@@ -182,6 +182,20 @@ def test_an_interrupted_job_finishes_its_run_as_crashed(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_the_w_and_b_config_holds_the_derived_micro_batch(tmp_path):
+    """With ``effective_batch_size`` set, the W&B run's config holds the micro batch the run trains
+    with (derived before the W&B run starts), not the config file's."""
+    overrides = [o for o in TINY if not o.startswith(("micro_batch_size=", "logger="))]
+    batch = ["effective_batch_size=16", "gradient_accumulation_steps=2"]
+    assert compose(*overrides, tiny=False).micro_batch_size == 16  # the file's value, before deriving
+    summary = run_job(tmp_path, *overrides, *WANDB, *FEW_STEPS, *batch, tiny=False)
+    assert summary["status"] == "ok" and summary["cfg/micro_batch_size"] == 8
+    assert summary["train/samples"] == 3 * 16  # 3 steps of 2 micro-batches of 8
+    config = inspect_summary(wandb_files(tmp_path)[0])["config"]
+    assert config["micro_batch_size"] == 8 and config["cfg/micro_batch_size"] == 8
+
+
+@pytest.mark.slow
 def test_a_rejected_config_shows_as_crashed_too(tmp_path):
     summary = run_job(tmp_path, *WANDB, "gradient_accumulation_steps=0")
     assert summary["status"] == "failed" and summary["error_type"] == "config"

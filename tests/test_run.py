@@ -383,25 +383,28 @@ def validations(monkeypatch) -> list:
 def test_train_py_validates_a_run_once_and_derives_its_micro_batch(tmp_path, validations):
     """``train.py`` validates the command line before Hydra starts; the run Hydra then starts with
     that config is not validated again (a config the front door did not see, as ``run_job``'s, is
-    validated by its run: the bad-value table's rows through a run say so)."""
+    validated by its run: the bad-value table's rows through a run say so). The micro batch is
+    derived from the effective batch: 16 in the config file, 8 trained."""
     import effitrain.config as config
     from effitrain.hydra_task import train
 
+    overrides = [o for o in TINY if not o.startswith("micro_batch_size=")]
+    assert compose(*overrides, tiny=False).micro_batch_size == 16  # the file's value
     batch = ["max_steps=2", "effective_batch_size=16", "gradient_accumulation_steps=2"]
-    train([*TINY, *batch, f"hydra.run.dir={tmp_path / 'front'}"])
+    train([*overrides, *batch, f"hydra.run.dir={tmp_path / 'front'}"])
     summary = json.loads((tmp_path / "front" / "summary.json").read_text())
-    # once, on the derived micro batch (16 / 2)
-    assert summary["status"] == "ok" and [cfg.micro_batch_size for cfg in validations] == [8]
-    assert summary["cfg/micro_batch_size"] == 8 and summary["train/samples"] == 32
+    assert summary["status"] == "ok" and len(validations) == 1  # the preflight's, not the run's
+    assert summary["cfg/micro_batch_size"] == 8 and summary["train/samples"] == 2 * 16
     assert config._VALIDATED == []  # used by that run: a second run of the config validates it
 
 
 @pytest.mark.slow
-def test_a_sweep_run_in_this_process_validates_each_job_once(tmp_path, validations):
-    """Hydra's basic launcher runs a sweep's jobs in the preflight's process: each job's config,
-    validated by the preflight, is not validated again by its run."""
+def test_a_sweep_job_is_validated_again_when_it_starts(tmp_path, validations):
+    """A sweep's jobs are all validated by the preflight before the first starts, and each again
+    when it starts (Hydra's basic launcher runs them in the preflight's process, possibly hours
+    later: the files, weights and resume paths validation checks may have changed)."""
     from effitrain.hydra_task import train
 
     train(["-m", *TINY, "max_steps=1", "seed=3,4", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}"])
     seeds = sorted(json.loads(path.read_text())["cfg/seed"] for path in tmp_path.glob("*/summary.json"))
-    assert seeds == [3, 4] and sorted(cfg.seed for cfg in validations) == [3, 4]
+    assert seeds == [3, 4] and sorted(cfg.seed for cfg in validations) == [3, 3, 4, 4]
