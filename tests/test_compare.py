@@ -449,3 +449,17 @@ def test_a_summary_that_is_json_but_not_an_object_is_reported_not_raised(tmp_pat
     rows = list(csv.DictReader(open(tmp_path / "comparison.csv")))
     assert [(row["job"], row["status"]) for row in rows] == [("listed", "missing")]
     assert "not ok: listed: missing: summary.json cannot be read (damaged)" in capsys.readouterr().out
+
+
+def test_merged_curves_are_named_by_what_their_jobs_share_and_hold():
+    """The name of one line standing for several identical curves (loss and lr plots)."""
+    from effitrain.compare.labels import merged_label
+
+    lion = [f"lion | seed={seed} | lr=5e-05" for seed in (42, 43, 44)]
+    assert merged_label(lion) == "lion | seed=42/43/44 | lr=5e-05"
+    assert merged_label(["adamw | accelerator", "adamw | trainer"]) == "adamw | accelerator/trainer"
+    twelve = [f"{name} | seed={seed} | lr=0.0002" for name in ("adam8bit", "adamw", "adamw_fused", "apollo")
+              for seed in (42, 43, 44)]  # fmt: skip
+    assert merged_label(twelve) == "adam8bit/adamw/adamw_fused/apollo: 12 jobs"
+    assert merged_label(["a" * 30 + " | x", "b" * 30 + " | y"]) == "2 jobs (named on the right)"
+    assert merged_label(["adamw | seed=1", "trainer"]) == "adamw | seed=1 / trainer"

@@ -39,14 +39,26 @@ def job_labels(jobs: list[JobResult], width: int = 48) -> list[str]:
 
 def merged_label(labels: list[str], width: int = 44) -> str:
     """One name for several jobs: the parts they share once, the parts that differ joined by ``/``
-    (``adamw | accelerator/trainer``)."""
+    (``adamw | accelerator/trainer``, ``lion | seed=42/43``); when that is too long, the first
+    part's values and the number of jobs (``adamw/apollo: 6 jobs``)."""
     split = [label.split(" | ") for label in labels]
     if len(split) == 1:
         return labels[0]
     merged = " / ".join(labels)
     if len({len(parts) for parts in split}) == 1:
-        merged = " | ".join("/".join(dict.fromkeys(column)) for column in zip(*split))
+        columns = [_joined_values(list(dict.fromkeys(column))) for column in zip(*split)]
+        merged = " | ".join(columns)
+        if len(merged) > width:
+            merged = f"{columns[0]}: {len(labels)} jobs"
     return merged if len(merged) <= width else f"{len(labels)} jobs (named on the right)"
+
+
+def _joined_values(values: list[str]) -> str:
+    """Distinct parts joined by ``/``, the key written once when all name the same one (``seed=42/43``)."""
+    keys = {value.split("=", 1)[0] for value in values if "=" in value}
+    if len(keys) == 1 and all("=" in value for value in values):
+        return f"{keys.pop()}=" + "/".join(value.split("=", 1)[1] for value in values)
+    return "/".join(values)
 
 
 def joined_numbers(indices: list[int]) -> str:

@@ -121,13 +121,18 @@ def _colors(count: int) -> list:
 
 
 def _legend(ax, entries: int, title: str | None = None) -> None:
-    """Below its own panel, never over the curves it names."""
+    """Below its own panel and its axis label, never over the curves it names: a fixed distance in
+    points under the axes, so a panel that the layout shrinks to make room for a tall legend does
+    not pull the legend up over its x label."""
+    from matplotlib.transforms import offset_copy
+
     longest = max(
         (len(t.get_label()) for t in ax.get_lines() if not t.get_label().startswith("_")), default=0
     )
     ncol = 1 if longest > 38 or entries <= 3 else 2
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=ncol, frameon=False, title=title,
-              title_fontsize=7, alignment="left")  # fmt: skip
+    below = offset_copy(ax.transAxes, fig=ax.figure, y=-32, units="points")  # tick labels, then the x label
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 0.0), bbox_transform=below, ncol=ncol,
+              frameon=False, title=title, title_fontsize=7, alignment="left")  # fmt: skip
 
 
 def plot_losses(jobs: list[JobResult], path: Path) -> None:
