@@ -135,6 +135,18 @@ VALUES = [
 
 PREFLIGHT = PARSE + VALUES
 
+
+def every_nth_fast(rows: list, n: int) -> list:
+    """``rows`` as pytest params, every ``n``-th (from the first) in the fast selection and the
+    others marked slow, so the full suite still runs them all; a row that is already a
+    ``pytest.param`` keeps its marks and id."""
+    params = [row if hasattr(row, "marks") else pytest.param(*row) for row in rows]
+    return [
+        row if i % n == 0 else pytest.param(*row.values, marks=[*row.marks, pytest.mark.slow], id=row.id)
+        for i, row in enumerate(params)
+    ]
+
+
 # Found only when the data is read (inside the job, before the model is built).
 DATA = [
     ([*HUB, files(train="empty_text.csv")],

@@ -15,7 +15,7 @@ from effitrain.modeling import build_model, build_tokenizer
 from effitrain.optim import build_optimizer, param_groups
 from effitrain.registry import CONF_DIR, group_options
 from effitrain.validation import validate
-from tests.bad_inputs import PREFLIGHT, fill
+from tests.bad_inputs import PREFLIGHT, every_nth_fast, fill
 from tests.conftest import TINY, compose, optimizer_option
 
 GROUPS = ["optimizer", "backend", "compile", "precision", "model", "data", "logger"]
@@ -201,11 +201,7 @@ def test_hub_data_reads_local_files_with_load_dataset(tmp_path):
     assert raw.train["label"] == [1, 0, 1] and raw.eval["text"] == ["okay", "awful"]
 
 
-# every row in the full suite, every third in the fast selection
-FAST_PREFLIGHT = [
-    row if i % 3 == 0 else pytest.param(*row.values, marks=[*row.marks, pytest.mark.slow], id=row.id)
-    for i, row in enumerate(r if hasattr(r, "marks") else pytest.param(*r) for r in PREFLIGHT)
-]
+FAST_PREFLIGHT = every_nth_fast(PREFLIGHT, 3)  # every row in the full suite, every third in the fast one
 
 
 @pytest.mark.parametrize("overrides, message", FAST_PREFLIGHT)

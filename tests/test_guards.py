@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.bad_inputs import DATA, VALUES, fill
+from tests.bad_inputs import DATA, VALUES, every_nth_fast, fill
 from tests.conftest import REPO, TINY, run_job, train_py
 
 NO_CUDA = not torch.cuda.is_available()
@@ -37,12 +37,9 @@ def snapshot(folder: Path, hydra_record: bool = True) -> dict:
     }
 
 
-# every row through the run in the full suite; every fourth in the fast selection (preflight, in
-# test_config, takes every row there: the run refusing what check refuses is the slow half)
-RUN_ROWS = [
-    row if i % 4 == 0 else pytest.param(*row.values, marks=[*row.marks, pytest.mark.slow], id=row.id)
-    for i, row in enumerate(r if hasattr(r, "marks") else pytest.param(*r) for r in VALUES)
-]
+# every row through the run in the full suite; every fourth in the fast selection (test_config's
+# preflight table takes every third there)
+RUN_ROWS = every_nth_fast(VALUES, 4)
 
 
 @pytest.mark.parametrize("overrides, message", RUN_ROWS)
