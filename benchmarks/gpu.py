@@ -66,8 +66,8 @@ def timing_cases() -> list[dict]:
 
 def dry_run(cases: list[dict]) -> None:
     """Compose and validate every case as ``effitrain check`` does; nothing is built or run."""
-    from effitrain.errors import ConfigError
-    from effitrain.hydra_task import preflight
+    from effitrain.commands.train import preflight
+    from effitrain.config.errors import ConfigError
 
     bad = 0
     for case in cases:
@@ -194,7 +194,7 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("gpu.py: no CUDA device here; --dry-run checks the cases without one")
-    from effitrain.isolated import run_isolated
+    from effitrain.run.isolated import run_isolated
 
     started = time.time()
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:

@@ -20,12 +20,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from effitrain.composition import compose  # noqa: E402
-from effitrain.estimate import estimate_memory  # noqa: E402
+from effitrain.commands.estimate import estimate_memory  # noqa: E402
+from effitrain.config.compose import compose  # noqa: E402
 from effitrain.memory import MIB  # noqa: E402
-from effitrain.modeling import build_model  # noqa: E402
-from effitrain.step_memory import CATEGORIES, trace_step  # noqa: E402
-from effitrain.tasks import build_task  # noqa: E402
+from effitrain.memory.replay import CATEGORIES, trace_step  # noqa: E402
+from effitrain.train.modeling import build_model  # noqa: E402
+from effitrain.train.tasks import build_task  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "h100-step-peak.md"
 DISTILBERT = ["model=distilbert_base_cased", "model.init=random", "model.architecture.vocab_size=30522",

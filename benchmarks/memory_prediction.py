@@ -24,12 +24,12 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from effitrain.composition import compose  # noqa: E402
-from effitrain.estimate import estimate_memory  # noqa: E402
-from effitrain.isolated import run_isolated  # noqa: E402
+from effitrain.commands.estimate import estimate_memory  # noqa: E402
+from effitrain.config.compose import compose  # noqa: E402
+from effitrain.config.registry import group_options  # noqa: E402
 from effitrain.memory import MIB  # noqa: E402
-from effitrain.registry import group_options  # noqa: E402
-from effitrain.step_memory import CATEGORIES  # noqa: E402
+from effitrain.memory.replay import CATEGORIES  # noqa: E402
+from effitrain.run.isolated import run_isolated  # noqa: E402
 
 MODEL = {"distilbert_base_cased": ["model.init=random"]}
 

@@ -3,7 +3,7 @@
     python benchmarks/optimizer_memory.py                       # minilm and distilbert_base_cased
     python benchmarks/optimizer_memory.py model=tiny            # any one model (Hydra overrides)
 
-For each model: the estimate comes from a ``meta`` model (``effitrain.estimate.estimate_memory``, what
+For each model: the estimate comes from a ``meta`` model (``effitrain.commands.estimate.estimate_memory``, what
 ``effitrain estimate`` prints); the measurement builds the real model on this machine's device, runs
 one forward/backward/optimizer step on a 4 x 16-token batch, and counts the distinct storages in
 ``optimizer.state`` (``effitrain.memory.optimizer_state_footprint``). Bytes are exact integers.
@@ -19,11 +19,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from effitrain import memory
-from effitrain.composition import compose
-from effitrain.estimate import estimate_memory
-from effitrain.modeling import build_model, build_tokenizer
-from effitrain.optim import build_optimizer
-from effitrain.registry import group_options
+from effitrain.commands.estimate import estimate_memory
+from effitrain.config.compose import compose
+from effitrain.config.registry import group_options
+from effitrain.train.modeling import build_model, build_tokenizer
+from effitrain.train.optim import build_optimizer
 
 MODELS = {
     "minilm": ["model=minilm"],

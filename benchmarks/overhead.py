@@ -6,7 +6,7 @@
 Four loops train the same model, data, optimizer and number of steps, in this one process, in
 interleaved rounds (A B C D, A B C D, ...), so a busy machine slows all of them alike:
 
-* ``effitrain accelerator``: ``effitrain.run.run`` with ``backend=accelerator`` (meter, memory
+* ``effitrain accelerator``: ``effitrain.run.recipe.run`` with ``backend=accelerator`` (meter, memory
   tracking, metrics file and all);
 * ``plain torch loop``: forward, cross-entropy, backward, clip, step, schedule, zero_grad;
 * ``effitrain trainer``: ``run`` with ``backend=trainer``;
@@ -33,8 +33,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 import torch.nn.functional as F
 
-from effitrain.composition import compose
-from effitrain.run import build_job, run
+from effitrain.config.compose import compose
+from effitrain.run.recipe import build_job, run
 
 BASE = [
     "data=synthetic",

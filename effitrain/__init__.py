@@ -2,7 +2,8 @@
 
 from importlib import metadata
 
-from effitrain import assets, logs, overrides, schema
+from effitrain.config import overrides, schema
+from effitrain.util import assets, logs
 
 try:
     __version__ = metadata.version("effitrain")

@@ -1,5 +1,5 @@
 """The ``effitrain`` console script: ``train`` (the same as ``python train.py``), ``check``,
-``compare``, ``estimate`` and ``plan``. The Hydra side is :mod:`effitrain.hydra_task`."""
+``compare``, ``estimate`` and ``plan``. The Hydra side is :mod:`effitrain.commands.train`."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from effitrain.composition import compose
-from effitrain.errors import ConfigError, fail
-from effitrain.hydra_task import MULTIRUN_FLAGS, preflight, train
-from effitrain.plan import DEFAULT_MARGIN
-from effitrain.schema import DEVICES
+from effitrain.commands.plan import DEFAULT_MARGIN
+from effitrain.commands.train import MULTIRUN_FLAGS, preflight, train
+from effitrain.config.compose import compose
+from effitrain.config.errors import ConfigError, fail
+from effitrain.config.schema import DEVICES
 
 
 def default_device() -> str:
@@ -49,19 +49,19 @@ def _estimate(args) -> None:
     """Static memory of the run these overrides describe, for every option of the optimizer group."""
     import json
 
-    from effitrain.estimate import estimate_memory
-    from effitrain.memory import MIB
+    from effitrain.commands.estimate import estimate_memory
 
     # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
     # the other optimizers may have no such key.
-    from effitrain.overrides import names, parse
-    from effitrain.registry import group_options, installed_optimizers
+    from effitrain.config.overrides import names, parse
+    from effitrain.config.registry import group_options, installed_optimizers
+    from effitrain.memory import MIB
 
     parsed = parse(args.overrides)
     base = [o.input_line for o in parsed if not names(o, "optimizer")]
     own = [o.input_line for o in parsed if names(o, "optimizer") and o.key_or_group != "optimizer"]
     cfg = compose(args.overrides)  # unknown keys named with the nearest real ones
-    from effitrain.target_checks import check_max_length
+    from effitrain.config.targets import check_max_length
 
     check_max_length(cfg)  # as train and check refuse it
     chosen = cfg.hydra.runtime.choices.optimizer
@@ -119,7 +119,7 @@ def _check_optimizer_options(names: list[str]) -> None:
     """``--optimizers``: each an option of conf/optimizer whose package is installed (one line if not)."""
     from omegaconf import OmegaConf
 
-    from effitrain.registry import CONF_DIR, group_options, install_hint, missing_module
+    from effitrain.config.registry import CONF_DIR, group_options, install_hint, missing_module
 
     options = group_options("optimizer")
     for name in names:
@@ -135,8 +135,8 @@ def _check_optimizer_options(names: list[str]) -> None:
 def _plan(args) -> None:
     import json
 
+    from effitrain.commands.plan import parse_bytes, plan, probe
     from effitrain.memory import MIB
-    from effitrain.plan import parse_bytes, plan, probe
 
     budget = parse_bytes(args.memory_budget)
     if args.effective_batch_size is not None and args.effective_batch_size < 1:

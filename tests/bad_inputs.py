@@ -22,7 +22,7 @@ def files(train: str = "train.csv", test: str = "test.csv") -> str:
 
 
 # Rejected while the command line is read and composed: grammar, unknown options and keys, sweeps
-# without -m, and values of the wrong type for the schema (effitrain/schema.py).
+# without -m, and values of the wrong type for the schema (effitrain/config/schema.py).
 PARSE = [
     (["optimizer=sgd"], "optimizer='sgd' is not an option: choose one of adafactor, adam8bit, adamw"),
     (["backend=trainer,keras"], "backend='keras' is not an option: choose one of accelerator, trainer"),

@@ -69,24 +69,24 @@ def _fresh_dynamo():
 @pytest.fixture(autouse=True)
 def _no_validation_carried_over():
     """A config ``train.py``'s front door validated is not validated again by the run started with
-    it in the same process (``effitrain.config.validate_once``); one test's preflight must not
+    it in the same process (``effitrain.config.load.validate_once``); one test's preflight must not
     stand for another test's run."""
-    import effitrain.config
+    import effitrain.config.load
 
     yield
-    effitrain.config._VALIDATED.clear()
+    effitrain.config.load._VALIDATED.clear()
 
 
 def compose(*overrides: str, tiny: bool = True):
     """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""
-    from effitrain.composition import compose
+    from effitrain.config.compose import compose
 
     return compose((TINY if tiny else []) + list(overrides))
 
 
 def run_job(tmp_path: Path, *overrides: str, tiny: bool = True) -> dict:
     """One run in this process; returns its summary (also written to tmp_path/summary.json)."""
-    from effitrain.run import run
+    from effitrain.run.recipe import run
 
     return run(compose(*overrides, tiny=tiny), tmp_path)
 
@@ -139,7 +139,7 @@ class ParamSnapshots:
 
 def fit(job) -> dict:
     """Train (the backend's loop), then evaluate, as a run does between them: the train and eval metrics."""
-    from effitrain.run import evaluate_job, train
+    from effitrain.run.recipe import evaluate_job, train
 
     metrics, evaluation = train(job)
     metrics.update(evaluate_job(job, evaluation))
@@ -151,9 +151,9 @@ def fit_with_snapshots(tmp_path: Path, *overrides: str):
 
     Returns (snapshots, metrics from fit, the job).
     """
-    from effitrain.distributed import process_state
-    from effitrain.run import build_job
-    from effitrain.validation import validate
+    from effitrain.config.validate import validate
+    from effitrain.run.job import build_job
+    from effitrain.train.distributed import process_state
 
     cfg = compose(*overrides)
     validate(cfg)
@@ -170,7 +170,7 @@ def optimizer_option(name: str):
     extra such as torchao) is not installed."""
     from omegaconf import OmegaConf
 
-    from effitrain.registry import CONF_DIR, install_hint, missing_module
+    from effitrain.config.registry import CONF_DIR, install_hint, missing_module
 
     missing = missing_module(OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml"))
     reason = f"{missing} is not installed ({install_hint(missing)})" if missing else ""

@@ -15,9 +15,9 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-from effitrain import results
-from effitrain.registry import CONF_DIR
-from effitrain.sweep import expose_launcher_plugin
+from effitrain.config.registry import CONF_DIR
+from effitrain.run import results
+from effitrain.sweep.launcher import expose_launcher_plugin
 
 
 def task(cfg) -> float:

@@ -32,9 +32,9 @@ def test_an_upward_import_and_a_cycle_break_the_contract(tmp_path):
     """The contract bites: the errors leaf importing the run lifecycle is reported, by module and line."""
     shutil.copy(REPO / "pyproject.toml", tmp_path)
     shutil.copytree(REPO / "effitrain", tmp_path / "effitrain", ignore=shutil.ignore_patterns("__pycache__"))
-    errors = tmp_path / "effitrain" / "errors.py"
-    errors.write_text(errors.read_text() + "\n\ndef _upward():\n    from effitrain.run import run  # noqa\n")
+    errors = tmp_path / "effitrain" / "config" / "errors.py"
+    errors.write_text(errors.read_text() + "\n\ndef _upward():\n    from effitrain.run.recipe import run  # noqa\n")
     result = lint_imports(tmp_path)
     assert result.returncode == 1, result.stdout[-4000:]
     assert "Contracts: 0 kept, 2 broken." in result.stdout
-    assert "effitrain.errors -> effitrain.run" in result.stdout
+    assert "effitrain.config.errors -> effitrain.run.recipe" in result.stdout

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from effitrain import atomic
+from effitrain.util import atomic
 
 
 def test_a_file_is_replaced_whole_and_nothing_else_is_left(tmp_path):

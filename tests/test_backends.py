@@ -10,10 +10,10 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from effitrain.backends import Backend, backend_of
-from effitrain.errors import ConfigError
-from effitrain.registry import group_options
-from effitrain.training import StepOps, window_step
+from effitrain.backends.base import Backend, backend_of
+from effitrain.config.errors import ConfigError
+from effitrain.config.registry import group_options
+from effitrain.train.step import StepOps, window_step
 from tests.conftest import compose
 
 
@@ -28,7 +28,7 @@ def test_every_backend_keeps_the_contract(option):
     assert backend.loads_checkpoint is (option == "trainer")
 
 
-@pytest.mark.parametrize("target", ["effitrain.training.step_loss", "effitrain.nowhere.fit"])
+@pytest.mark.parametrize("target", ["effitrain.train.step.step_loss", "effitrain.nowhere.fit"])
 def test_a_target_that_is_no_backend_is_named(target):
     with pytest.raises(
         ConfigError, match=rf"^backend\._target_='{target}' is invalid: a backend is a module"

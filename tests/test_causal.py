@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from effitrain.config import load
-from effitrain.errors import ConfigError
-from effitrain.tasks import IGNORE_INDEX
+from effitrain.config.errors import ConfigError
+from effitrain.config.load import load
+from effitrain.train.tasks import IGNORE_INDEX
 from tests.bad_inputs import HUB, files
 from tests.conftest import REPO, compose, read_metrics, run_job, train_py
 from tests.test_equivalence import assert_same_training
@@ -40,9 +40,9 @@ def causal(*overrides: str):
 
 
 def fit(tmp_path, *overrides: str):
-    from effitrain.distributed import process_state
-    from effitrain.run import build_job
-    from effitrain.validation import validate
+    from effitrain.config.validate import validate
+    from effitrain.run.job import build_job
+    from effitrain.train.distributed import process_state
     from tests.conftest import ParamSnapshots
     from tests.conftest import fit as fit_job
 
@@ -112,8 +112,8 @@ def test_backends_compute_the_same_decoder_training(tmp_path):
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_token_counts_are_exact(tmp_path, layout):
     """train/tokens and eval/tokens against a count made from the tokenizer here."""
-    from effitrain.data import load_synthetic
-    from effitrain.modeling import build_tokenizer
+    from effitrain.train.data import load_synthetic
+    from effitrain.train.modeling import build_tokenizer
 
     extra = PACKED if layout == "packed" else []
     summary = run_job(tmp_path, *CAUSAL, "epochs=1", *extra, tiny=False)
@@ -144,9 +144,9 @@ def test_a_causal_lm_from_a_local_folder_loads_its_weights(tmp_path):
     """model.name_or_path= any causal LM folder (saved here, as the hub would give it)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from effitrain.distributed import process_state
-    from effitrain.modeling import build_tokenizer
-    from effitrain.run import build_job
+    from effitrain.run.job import build_job
+    from effitrain.train.distributed import process_state
+    from effitrain.train.modeling import build_tokenizer
 
     tokenizer = build_tokenizer(causal().model)
     torch.manual_seed(7)
@@ -174,7 +174,7 @@ def test_a_causal_lm_from_a_local_folder_loads_its_weights(tmp_path):
 def test_a_text_only_file_is_enough_for_causal_lm_not_for_classification(csv_files):
     text_only = files(train="text_only.csv", test="text_only.csv").replace("{CSV}", str(csv_files))
     cfg = load(["task=causal_lm", "model=llama_tiny", *HUB, text_only])
-    assert cfg.task._target_ == "effitrain.tasks.CausalLM"
+    assert cfg.task._target_ == "effitrain.train.tasks.CausalLM"
     with pytest.raises(
         ConfigError, match="data.label_column='label' is invalid: no such column: choose one of text"
     ):
@@ -183,7 +183,7 @@ def test_a_text_only_file_is_enough_for_causal_lm_not_for_classification(csv_fil
 
 @pytest.mark.slow
 def test_compile_changes_speed_not_the_numbers_of_the_decoder(tmp_path):
-    from effitrain.modeling import build_model
+    from effitrain.train.modeling import build_model
 
     common = ["max_steps=6", "micro_batch_size=8", "compile.backend=aot_eager"]
     eager, _, _ = fit(tmp_path / "eager", "compile=off", *common)
@@ -294,8 +294,8 @@ def test_the_lm_memory_study_runs_and_compares(tmp_path):
 
 def causal_lm_models() -> list[str]:
     """Every option of conf/model that task=causal_lm accepts (``effitrain check`` passes)."""
-    from effitrain.registry import group_options
-    from effitrain.validation import validate
+    from effitrain.config.registry import group_options
+    from effitrain.config.validate import validate
 
     accepted = []
     for option in group_options("model"):
@@ -325,10 +325,10 @@ def test_causal_lm_accepts_encoders_only_built_causal():
     """Every model task=causal_lm accepts, built as a run builds it: the output at position t does not
     change when a later token changes. BERT (model=tiny, model=minilm) is built with is_decoder=True;
     the same BERT built as the encoder it is would see later tokens, as the check says."""
-    from effitrain.causality import sees_later_tokens
-    from effitrain.distributed import process_state
-    from effitrain.modeling import build_config
-    from effitrain.run import build_job
+    from effitrain.config.causality import sees_later_tokens
+    from effitrain.run.job import build_job
+    from effitrain.train.distributed import process_state
+    from effitrain.train.modeling import build_config
 
     accepted = causal_lm_models()
     assert {"tiny", "minilm", "llama_tiny", "llama_small"} <= set(accepted)

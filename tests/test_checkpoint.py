@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from effitrain import checkpoint
+from effitrain.train import checkpoint
 from tests.conftest import REPO, TINY, read_metrics, run_job, train_py
 
 # 64 samples / micro 8 = 8 micro-batches per epoch; 3 epochs = 24 optimizer steps: the kill lands

@@ -188,8 +188,8 @@ def test_without_the_data_package_check_and_train_refuse_in_one_line_and_estimat
     assert estimate.returncode == 0, estimate.stderr[-2000:]
     rows = json.loads(estimate.stdout)["optimizers"]
     # the classes from the config (data.num_labels) are the data's: the model a run builds
-    from effitrain.modeling import build_model
-    from effitrain.tasks import build_task
+    from effitrain.train.modeling import build_model
+    from effitrain.train.tasks import build_task
     from tests.conftest import compose
 
     cfg = compose("model=tiny", tiny=False)

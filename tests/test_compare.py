@@ -103,7 +103,7 @@ def _finished_records(run_file, seconds: int = 120) -> list[dict]:
 
 @pytest.mark.slow
 def test_the_wandb_comparison_is_one_run_per_sweep_in_the_jobs_project_and_short_group(wandb_sweep):
-    from effitrain.compare.wandb_table import comparison_run_id
+    from effitrain.compare.wandb import comparison_run_id
     from tests.test_loggers import inspect_summary, wandb_files
 
     jobs = list(summaries(wandb_sweep).values())
@@ -153,7 +153,7 @@ def test_the_wandb_comparison_is_one_run_per_sweep_in_the_jobs_project_and_short
 
 def jobs_by_number(folder):
     """The summaries in the order compare numbers the jobs (folder order)."""
-    from effitrain.sweep_report import job_folders
+    from effitrain.sweep.report import job_folders
 
     return [json.loads((f / "summary.json").read_text()) for f in job_folders(folder)]
 
@@ -180,7 +180,8 @@ def test_failed_missing_and_unreadable_jobs_are_reported_not_raised(failing_swee
 @pytest.mark.slow
 def test_each_sweep_s_wandb_comparison_holds_its_own_jobs_only(wandb_sweep, tmp_path, monkeypatch):
     # compared together, two W&B sweeps share the page, but each sweep's run describes that sweep
-    from effitrain.compare import load_jobs, log_to_wandb, wandb_table
+    from effitrain.compare import load_jobs, log_to_wandb
+    from effitrain.compare import wandb as wandb_table
 
     other = tmp_path / "other"
     shutil.copytree(wandb_sweep, other)

@@ -1,4 +1,4 @@
-"""The private library APIs of effitrain/compat.py, each against the installed release: when an
+"""The private library APIs of effitrain/util/compat.py, each against the installed release: when an
 upgrade renames or changes one, the test of that entry fails and names it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from effitrain import compat
+from effitrain.util import compat
 from tests.conftest import REPO
 
 

@@ -8,13 +8,13 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from effitrain.config import load
-from effitrain.errors import ConfigError, ConfigErrors
-from effitrain.hydra_task import preflight
-from effitrain.modeling import build_model, build_tokenizer
-from effitrain.optim import build_optimizer, param_groups
-from effitrain.registry import CONF_DIR, group_options
-from effitrain.validation import validate
+from effitrain.commands.train import preflight
+from effitrain.config.errors import ConfigError, ConfigErrors
+from effitrain.config.load import load
+from effitrain.config.registry import CONF_DIR, group_options
+from effitrain.config.validate import validate
+from effitrain.train.modeling import build_model, build_tokenizer
+from effitrain.train.optim import build_optimizer, param_groups
 from tests.bad_inputs import PREFLIGHT, every_nth_fast, fill
 from tests.conftest import TINY, compose, optimizer_option
 
@@ -59,7 +59,7 @@ def test_an_optimizer_whose_package_is_missing_is_refused_in_one_line(monkeypatc
     import importlib.util
     import sys
 
-    from effitrain.registry import installed_optimizers
+    from effitrain.config.registry import installed_optimizers
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
@@ -144,7 +144,7 @@ def test_an_unreachable_hub_is_found_by_one_connection_attempt(monkeypatch):
 
     from huggingface_hub import constants
 
-    from effitrain.assets import hub_unreachable
+    from effitrain.util.assets import hub_unreachable
 
     def probe(endpoint: str, offline: bool = False) -> bool:
         monkeypatch.setattr(constants, "ENDPOINT", endpoint)
@@ -249,7 +249,7 @@ def test_config_overrides_plain_form_is_set_in_the_built_model(tmp_path):
     recorded by Hydra in a real run, and in the model's config."""
     import yaml
 
-    from effitrain.modeling import build_config
+    from effitrain.train.modeling import build_config
     from tests.conftest import train_py
 
     plain = "model.config_overrides.hidden_dropout_prob=0.0"

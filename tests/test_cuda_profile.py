@@ -113,7 +113,7 @@ def test_a_cpu_run_whose_tracked_step_is_its_first_measures_the_first_step_phase
 
 @pytest.mark.slow
 def test_a_causal_lm_evaluation_at_many_rows_sets_the_run_peak():
-    from effitrain.estimate import estimate_memory
+    from effitrain.commands.estimate import estimate_memory
 
     cfg = compose("task=causal_lm", "model=llama_tiny", "micro_batch_size=2", "eval_batch_size=32",
                   "max_length=64", tiny=False)  # fmt: skip
@@ -148,9 +148,9 @@ def test_the_replayed_h100_step_matches_the_measured_rows(checkpointing):
     for the checkpointed 8-bit row, where the replay counts 6 MiB (one hidden-state-sized tensor) of
     the recomputed layer as temporaries that the H100 counted as activations; their sum and the
     total agree."""
-    from effitrain.modeling import build_model
-    from effitrain.step_memory import trace_step
-    from effitrain.tasks import build_task
+    from effitrain.memory.replay import trace_step
+    from effitrain.train.modeling import build_model
+    from effitrain.train.tasks import build_task
 
     cfg = compose(*DISTILBERT, "data=synthetic", f"gradient_checkpointing={checkpointing}", tiny=False)
     task = build_task(cfg)
@@ -190,7 +190,7 @@ def test_gpu_benchmark_dry_run_checks_every_case_on_a_cpu_machine():
 @pytest.mark.slow
 def test_gpu_report_reads_what_isolated_runs_write():
     """gpu.py's tables from real summaries (CPU runs of the tiny model, each in its own process)."""
-    from effitrain.isolated import run_isolated
+    from effitrain.run.isolated import run_isolated
 
     gpu = _gpu_script()
     cases = [{"model": "tiny", "optimizer": o, "checkpointing": False, "precision": "fp32",
@@ -240,7 +240,7 @@ def test_cuda_autocast_casts_by_cudas_lists_and_casts_a_weight_once_per_region()
 
 @pytest.mark.slow
 def test_bf16_with_checkpointing_recomputes_under_the_cuda_autocast():
-    from effitrain.estimate import estimate_memory
+    from effitrain.commands.estimate import estimate_memory
 
     base = ("task=causal_lm", "model=llama_tiny", "max_length=32", "micro_batch_size=4", "precision=bf16")
     peaks = {}
@@ -274,10 +274,10 @@ def test_the_eval_phase_predicted_on_cpu_equals_a_real_evaluation_under_the_trac
     the worst case), after a real training step, so weights and optimizer state are held."""
     import transformers
 
-    from effitrain.modeling import build_model
-    from effitrain.optim import build_optimizer
-    from effitrain.step_memory import breakdown, step_tracker, trace_run
-    from effitrain.tasks import build_task
+    from effitrain.memory.replay import breakdown, step_tracker, trace_run
+    from effitrain.train.modeling import build_model
+    from effitrain.train.optim import build_optimizer
+    from effitrain.train.tasks import build_task
 
     model_name = "llama_tiny" if task == "causal_lm" else "tiny"
     cfg = compose(f"task={task}", f"model={model_name}", "max_length=32", "micro_batch_size=4", "eval_batch_size=8",

@@ -8,10 +8,10 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from effitrain.data import tokenize_cached
-from effitrain.errors import ConfigError, instantiate_node
-from effitrain.modeling import build_tokenizer
-from effitrain.tasks import Classification, macro_f1
+from effitrain.config.errors import ConfigError, instantiate_node
+from effitrain.train.data import tokenize_cached
+from effitrain.train.modeling import build_tokenizer
+from effitrain.train.tasks import Classification, macro_f1
 from tests.conftest import compose, run_job
 
 
@@ -104,7 +104,7 @@ def test_a_file_rewritten_with_the_same_size_and_time_is_read_anew(tmp_path):
     rewrite that keeps all three must still give the new rows (and their tokens)."""
     import os
 
-    from effitrain.tasks import Classification
+    from effitrain.train.tasks import Classification
 
     write_csv(tmp_path / "train.csv", [("good", 1), ("bad", 0)] * 2)
     write_csv(tmp_path / "test.csv", [("fine", 1), ("vile", 0)])
@@ -141,8 +141,8 @@ def test_a_cache_entry_with_altered_bytes_is_rebuilt(tmp_path, capsys):
 
 
 def test_check_allows_exactly_the_synthetic_classes_the_loader_makes():
-    from effitrain import data
-    from effitrain.validation import SYNTHETIC_MAX_LABELS
+    from effitrain.config.validate import SYNTHETIC_MAX_LABELS
+    from effitrain.train import data
 
     assert SYNTHETIC_MAX_LABELS == len(data._KEYWORDS) == 6
     raw = data.load_synthetic(num_train=12, num_eval=6, num_labels=6, words_per_text=4, seed=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from effitrain.modeling import build_model
+from effitrain.train.modeling import build_model
 from tests.conftest import fit_with_snapshots
 
 NO_DROPOUT = [

@@ -1,4 +1,4 @@
-"""The optimizer-state estimate (effitrain.memory.estimate) at the edges of bitsandbytes' formula,
+"""The optimizer-state estimate (effitrain.memory.optimizer_state) at the edges of bitsandbytes' formula,
 each against what a real step allocates: a tensor of exactly ``min_8bit_size`` elements, the
 ``max_unorm`` buffer, and a subclass whose own ``init_state`` the formula does not describe."""
 
@@ -47,7 +47,7 @@ def _measured_equals_estimated(model, optimizer, inputs):
 
 
 def test_apollo_s_right_projection_is_estimated_exactly():
-    from effitrain.optim import build_optimizer
+    from effitrain.train.optim import build_optimizer
     from tests.conftest import compose
 
     torch.manual_seed(0)

@@ -41,7 +41,7 @@ task:
 SMOOTHED_CLASS = '''\
 import torch.nn.functional as F
 
-from effitrain.tasks import Classification, Metric, model_inputs
+from effitrain.train.tasks import Classification, Metric, model_inputs
 
 
 class SmoothedClassification(Classification):
@@ -103,7 +103,7 @@ def plain(extended) -> dict:
 
 def test_the_copy_is_what_runs(extended):
     done = subprocess.run(
-        [sys.executable, "-c", "import effitrain.registry as r; print(r.CONF_DIR)"],
+        [sys.executable, "-c", "import effitrain.config.registry as r; print(r.CONF_DIR)"],
         cwd=extended, env=dict(os.environ, PYTHONPATH=str(extended)), capture_output=True, text=True,
     )  # fmt: skip
     assert done.stdout.strip() == str(extended / "effitrain" / "conf")

@@ -96,7 +96,7 @@ def test_output_folder_that_cannot_be_written_is_refused_before_hydra(tmp_path):
 
 # ``python train.py ARGS`` in a process where writes fail as on a full disk: os.fsync (every
 # flush to disk: a probe, an atomic write) raises ENOSPC, or, with a second argument, so does
-# ``effitrain.results.write_json_atomic`` (summary.json) alone.
+# ``effitrain.run.results.write_json_atomic`` (summary.json) alone.
 FULL_DISK = """
 import errno, os, runpy, sys
 
@@ -104,8 +104,8 @@ def full(*args):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 if sys.argv[1] == "summary":
-    import effitrain.results
-    effitrain.results.write_json_atomic = full
+    import effitrain.run.results
+    effitrain.run.results.write_json_atomic = full
 else:
     os.fsync = full
 sys.argv = sys.argv[2:]
@@ -189,7 +189,7 @@ def test_effective_batch_size_sets_the_micro_batch(tmp_path):
 
 
 def test_trust_remote_code_is_off_in_every_model_option():
-    from effitrain.registry import group_options
+    from effitrain.config.registry import group_options
     from tests.conftest import compose
 
     for option in group_options("model"):
@@ -220,7 +220,7 @@ def test_resume_auto_with_a_changed_key_into_a_finished_run_is_refused(ok_run):
 
 @pytest.mark.slow
 def test_a_folder_in_use_is_refused_before_hydra_writes_there(ok_run):
-    from effitrain.results import folder_lock
+    from effitrain.run.results import folder_lock
 
     before = snapshot(ok_run)
     with folder_lock(ok_run) as owner:  # held as a running run holds it

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from effitrain.errors import ConfigError
-from effitrain.sweep import LAUNCHER_DIR, LAUNCHES
-from effitrain.sweep_slots import launcher_settings
+from effitrain.config.errors import ConfigError
+from effitrain.sweep.launcher import LAUNCHER_DIR, LAUNCHES
+from effitrain.sweep.slots import launcher_settings
 from tests.conftest import REPO, wait_for_lines
 
 APP = REPO / "tests" / "launcher_app.py"
@@ -213,7 +213,7 @@ def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, mo
     """The same decision where Hydra's own launchers (submitit) start the job: start_job."""
     from omegaconf import OmegaConf
 
-    from effitrain.sweep_job import INDUCTOR_CACHE, start_job
+    from effitrain.sweep.job_start import INDUCTOR_CACHE, start_job
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored after the test")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
@@ -350,9 +350,9 @@ def test_launcher_settings_are_typed_when_composed():
     while the sweep's config is composed, in one line (the sweep's, not each job's)."""
     from omegaconf import OmegaConf
 
-    from effitrain.composition import compose
-    from effitrain.hydra_task import preflight
-    from effitrain.schema import LauncherConfig
+    from effitrain.commands.train import preflight
+    from effitrain.config.compose import compose
+    from effitrain.config.schema import LauncherConfig
 
     cfg = compose(["hydra.launcher.max_parallel=3", "hydra.launcher.timeout_min=0.5"])
     assert OmegaConf.get_type(cfg.hydra.launcher) is LauncherConfig

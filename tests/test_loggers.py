@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from effitrain import loggers
-from effitrain.compare import wandb_table
-from effitrain.errors import ConfigError
+from effitrain.compare import wandb as wandb_table
+from effitrain.config.errors import ConfigError
+from effitrain.train import loggers
 from tests.conftest import TINY, compose, read_metrics, run_job, train_py
 
 FEW_STEPS = ["max_steps=3", "data.num_train=48", "data.num_eval=16"]
@@ -368,7 +368,7 @@ def test_comparison_table_disabled_writes_nothing(tmp_path):
 
 def test_wandb_is_the_default_logger_and_builds_a_logger(tmp_path, monkeypatch):
     cfg = compose(tiny=False)
-    assert cfg.logger._target_ == "effitrain.loggers.WandbLogger" and cfg.logger.mode is None
+    assert cfg.logger._target_ == "effitrain.train.loggers.WandbLogger" and cfg.logger.mode is None
     tracker = loggers.build_tracker(
         compose("logger=wandb", "logger.mode=disabled"), tmp_path, {"cfg/seed": 42}
     )

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from effitrain import memory
-from effitrain.estimate import estimate_memory
-from effitrain.modeling import build_model, build_tokenizer
-from effitrain.optim import build_optimizer
-from effitrain.registry import group_options, installed_optimizers
+from effitrain.commands.estimate import estimate_memory
+from effitrain.config.registry import group_options, installed_optimizers
+from effitrain.train.modeling import build_model, build_tokenizer
+from effitrain.train.optim import build_optimizer
 from tests.conftest import REPO, compose, optimizer_option, read_metrics, run_job, train_py
 
 # every option of conf/optimizer, no list kept here; those whose optional package is missing are
@@ -291,7 +291,7 @@ def test_the_step_tracker_finds_memtrackers_peak():
     """effitrain's tracker skips MemTracker's per-module peaks: the step's peak is the same."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from effitrain.step_memory import breakdown, step_tracker
+    from effitrain.memory.replay import breakdown, step_tracker
 
     peaks = []
     for tracker in (step_tracker(), MemTracker()):

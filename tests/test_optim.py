@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from effitrain.modeling import build_model, build_tokenizer
-from effitrain.optim import build_optimizer, build_scheduler, num_optimizer_steps, param_groups
+from effitrain.train.modeling import build_model, build_tokenizer
+from effitrain.train.optim import build_optimizer, build_scheduler, num_optimizer_steps, param_groups
 from tests.conftest import compose
 
 

@@ -68,7 +68,7 @@ def test_an_installed_wheel_trains_estimates_and_sweeps_outside_the_checkout(ins
     estimate = effitrain(installed, "estimate", "model=tiny", "data=synthetic", "--json", cwd=tmp_path)
     assert estimate.returncode == 0, estimate.stderr[-3000:]
     rows = json.loads(estimate.stdout)["optimizers"]
-    from effitrain.estimate import estimate_memory
+    from effitrain.commands.estimate import estimate_memory
     from tests.conftest import compose
 
     here = estimate_memory(compose("model=tiny", "data=synthetic"))["chosen"]  # the checkout's own figure

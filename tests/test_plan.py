@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from effitrain.errors import ConfigError
-from effitrain.estimate import estimate_memory
-from effitrain.plan import parse_bytes, plan, probe
+from effitrain.commands.estimate import estimate_memory
+from effitrain.commands.plan import parse_bytes, plan, probe
+from effitrain.config.errors import ConfigError
 from tests.conftest import REPO, compose, run_job
 
 # long enough for activations to set the peak; evaluation's rows few, so training's phases set the run's peak
@@ -130,7 +130,7 @@ def test_the_search_traces_and_ranks_candidates_by_their_predicted_peaks(monkeyp
     """plan's search against peaks known in advance (the slow tests above run the real traces):
     from the largest micro batch down, the smallest traced when the largest is over, checkpointing
     tried only where it saves accumulation steps, fits ranked by fewer steps first."""
-    import effitrain.estimate
+    import effitrain.commands.estimate
 
     def known_peaks(cfg, optimizers, device):
         assert list(optimizers) == ["adamw"] and device == "cpu" and cfg.effective_batch_size == 8
@@ -138,7 +138,7 @@ def test_the_search_traces_and_ranks_candidates_by_their_predicted_peaks(monkeyp
         peak = 1000 + 100 * cfg.micro_batch_size // (4 if cfg.gradient_checkpointing else 1)
         return {"adamw": {"step_peak_bytes": peak, "run_peak_bytes": peak, "run_peak": "later_step"}}
 
-    monkeypatch.setattr(effitrain.estimate, "estimate_memory", known_peaks)
+    monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
     rows = plan(BASE, 1500, effective=8, optimizers=["adamw"], precisions=["fp32"], margin=margin)
     assert [(r["micro_batch_size"], r["gradient_checkpointing"], r["fits"]) for r in rows] == expected
     peaks = [1000 + 100 * r["micro_batch_size"] // (4 if r["gradient_checkpointing"] else 1) for r in rows]
@@ -208,7 +208,7 @@ def test_flops_per_step_match_a_hand_count_and_mfu_is_their_rate_over_the_peak(t
     """The tiny BERT (2 layers, hidden 32, 2 heads, intermediate 64, 3 labels) on rows all truncated to
     8 tokens, 8 rows a step: every matrix product counted here, 2 FLOPs per multiply-add, and the
     backward pass twice the forward (the input's and the weight's gradient of every product)."""
-    from effitrain.flops import device_peak
+    from effitrain.memory.flops import device_peak
 
     summary = run_job(tmp_path, "max_steps=4", "max_length=8", "micro_batch_size=8")
     assert summary["status"] == "ok", summary["error"]

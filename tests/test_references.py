@@ -54,8 +54,8 @@ def first_step(tmp_path, task: str, backend: str):
 
     Returns (reference loss, reference gradients, parameters before, the step's gradients as the
     optimizer saw them, the parameters after it, the step's metrics line, the job)."""
-    from effitrain.run import build_job
-    from effitrain.validation import validate
+    from effitrain.config.validate import validate
+    from effitrain.run.job import build_job
 
     cfg = compose(*TASKS[task], f"backend={backend}", *ONE_STEP, tiny=False)
     validate(cfg)
@@ -138,7 +138,7 @@ class _OneProcess:
 def test_eval_metrics_count_a_predicted_but_absent_class():
     from sklearn.metrics import f1_score
 
-    from effitrain.tasks import Classification
+    from effitrain.train.tasks import Classification
 
     labels = [0, 0, 1, 1, 1, 0]
     predicted = [0, 2, 1, 1, 0, 0]  # class 2 is predicted once and never the label
@@ -228,7 +228,7 @@ def _job(index: int, optimizer: str, state_mib: int, peak_mib: int | None, statu
     ],
 )  # fmt: skip
 def test_compare_table_on_known_summaries(jobs, title, rows):
-    from effitrain.compare.report import table_rows
+    from effitrain.compare.render import table_rows
 
     headers, table = table_rows([_job(i, *values) for i, values in enumerate(jobs)])
     columns = ["optimizer", "status", "opt state MiB", title, "step peak MiB", title]
@@ -241,7 +241,7 @@ def test_compare_table_on_known_summaries(jobs, title, rows):
 
 
 def test_compare_table_names_jobs_by_their_choices_or_their_folder():
-    from effitrain.compare.report import table_rows
+    from effitrain.compare.render import table_rows
 
     jobs = [
         _job(0, "adamw", 800, 4000, choices={"optimizer": "adamw"}),
@@ -266,8 +266,8 @@ MODELS = sorted(
 def test_no_decay_holds_exactly_the_one_dimensional_parameters_of_every_shipped_model(model):
     """Biases and normalization weights (LayerNorm, Llama's RMSNorm) are exactly the parameters with
     one dimension in these architectures; every matrix (embeddings included) decays."""
-    from effitrain.modeling import build_model
-    from effitrain.optim import param_groups
+    from effitrain.train.modeling import build_model
+    from effitrain.train.optim import param_groups
 
     cfg = compose(f"model={model}", "model.init=random", tiny=False)
     auto_classes = ["AutoModelForSequenceClassification"]
@@ -289,7 +289,7 @@ def test_no_decay_holds_exactly_the_one_dimensional_parameters_of_every_shipped_
 
 def test_a_job_that_did_not_finish_ok_holds_no_best_value():
     """An interrupted job's short wall time or partial state is not a column's best."""
-    from effitrain.compare.report import best_cells
+    from effitrain.compare.render import best_cells
 
     headers = ["#", "status", "opt state MiB", "wall s"]
     rows = [
@@ -302,7 +302,7 @@ def test_a_job_that_did_not_finish_ok_holds_no_best_value():
 
 
 def test_best_cells_skip_empty_and_nan_cells_and_take_the_highest_where_higher_is_better():
-    from effitrain.compare.report import best_cells
+    from effitrain.compare.render import best_cells
 
     headers = ["#", "optimizer", "eval loss", "accuracy", "samples/s", "job"]
     rows = [

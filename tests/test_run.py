@@ -36,8 +36,8 @@ def eval_reference(run_dir, *overrides: str) -> dict:
     from safetensors.torch import load_model
     from sklearn.metrics import f1_score
 
-    from effitrain.checkpoint import list_checkpoints
-    from effitrain.modeling import build_model, build_tokenizer
+    from effitrain.train.checkpoint import list_checkpoints
+    from effitrain.train.modeling import build_model, build_tokenizer
 
     cfg = compose(*overrides)
     raw = instantiate(cfg.data)
@@ -207,7 +207,7 @@ def read_lines(folder):
 def test_a_folder_in_use_by_another_run_is_refused_and_left_alone(tmp_path):
     import fcntl
 
-    from effitrain.results import LOCK
+    from effitrain.run.results import LOCK
 
     tmp_path.mkdir(exist_ok=True)
     with open(tmp_path / LOCK, "a+") as held:  # another process's run, as the lock sees it
@@ -247,12 +247,12 @@ def test_eval_every_writes_eval_lines_and_the_best_one(tmp_path, backend):
 def test_a_full_disk_while_writing_metrics_is_a_failed_summary_in_one_line(tmp_path, monkeypatch):
     import errno
 
-    from effitrain import results
+    from effitrain.train import loggers
 
     def full(self, payload, step):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(results.MetricsFile, "log_dict", full)
+    monkeypatch.setattr(loggers.MetricsFile, "log_dict", full)
     summary = run_job(tmp_path, *FEW_STEPS)
     assert summary["status"] == "failed"
     assert summary["error"] == "OSError: [Errno 28] No space left on device"
@@ -260,7 +260,7 @@ def test_a_full_disk_while_writing_metrics_is_a_failed_summary_in_one_line(tmp_p
 
 
 def test_a_torn_last_metrics_line_is_skipped_by_the_reader(tmp_path):
-    from effitrain.results import read_metrics as read
+    from effitrain.train.loggers import read_metrics as read
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "train/loss": 1.5}\n{"step": 2, "train/loss": 1.4}\n{"step": 3, "tra')
@@ -275,7 +275,7 @@ def test_an_eval_line_equals_evaluating_the_weights_saved_at_its_step(tmp_path):
     from accelerate import Accelerator
     from safetensors.torch import load_model
 
-    from effitrain.run import build_job
+    from effitrain.run.job import build_job
 
     steps = ["max_steps=4", "eval_every=2", "checkpoint_every=2", "optimizer.lr=3e-3", "warmup_ratio=0"]
     summary = run_job(tmp_path / "run", *steps)
@@ -296,7 +296,7 @@ def test_each_optimizer_step_runs_inside_job_track_step(tmp_path, backend, monke
     holding the step's optimizer update and closed before the step's metrics line."""
     import contextlib
 
-    from effitrain import run
+    from effitrain.run import recipe as run
 
     events = []
     original = run.Job.track_step
@@ -348,8 +348,8 @@ def test_a_run_that_logs_keeps_its_train_log(tmp_path):
 def test_the_logged_lr_is_the_step_s_own_with_an_lr_held_in_a_tensor(tmp_path, monkeypatch, backend):
     """torchao's optimizers keep ``lr`` as a tensor, which the scheduler updates in place: a reference
     read before the step would be logged with the next step's value. Warm-up starts from 0."""
-    import effitrain.job
-    from effitrain.optim import build_optimizer
+    import effitrain.run.job
+    from effitrain.train.optim import build_optimizer
 
     def tensor_lr(optimizer_cfg, model, weight_decay):
         optimizer = build_optimizer(optimizer_cfg, model, weight_decay)
@@ -357,7 +357,7 @@ def test_the_logged_lr_is_the_step_s_own_with_an_lr_held_in_a_tensor(tmp_path, m
             group["lr"] = torch.tensor(group["lr"], dtype=torch.float64)  # float64: the same values
         return optimizer
 
-    monkeypatch.setattr(effitrain.job, "build_optimizer", tensor_lr)
+    monkeypatch.setattr(effitrain.run.job, "build_optimizer", tensor_lr)
     assert run_job(tmp_path, "max_steps=4", "warmup_ratio=0.5", f"backend={backend}")["status"] == "ok"
     lr = compose().optimizer.lr  # linear warm-up over 2 steps from 0, then linear decay to 0 at step 4
     assert [line["lr"] for line in read_metrics(tmp_path)] == [0.0, lr / 2, lr, lr / 2]
@@ -365,9 +365,9 @@ def test_the_logged_lr_is_the_step_s_own_with_an_lr_held_in_a_tensor(tmp_path, m
 
 @pytest.fixture
 def validations(monkeypatch) -> list:
-    """The configs ``validate`` is called on from here on (through ``effitrain.config``, which the
+    """The configs ``validate`` is called on from here on (through ``effitrain.config.load``, which the
     front door and the run both validate through)."""
-    import effitrain.config as config
+    import effitrain.config.load as config
 
     seen, real_validate = [], config.validate
 
@@ -385,8 +385,8 @@ def test_train_py_validates_a_run_once_and_derives_its_micro_batch(tmp_path, val
     that config is not validated again (a config the front door did not see, as ``run_job``'s, is
     validated by its run: the bad-value table's rows through a run say so). The micro batch is
     derived from the effective batch: 16 in the config file, 8 trained."""
-    import effitrain.config as config
-    from effitrain.hydra_task import train
+    import effitrain.config.load as config
+    from effitrain.commands.train import train
 
     overrides = [o for o in TINY if not o.startswith("micro_batch_size=")]
     assert compose(*overrides, tiny=False).micro_batch_size == 16  # the file's value
@@ -403,7 +403,7 @@ def test_a_sweep_job_is_validated_again_when_it_starts(tmp_path, validations):
     """A sweep's jobs are all validated by the preflight before the first starts, and each again
     when it starts (Hydra's basic launcher runs them in the preflight's process, possibly hours
     later: the files, weights and resume paths validation checks may have changed)."""
-    from effitrain.hydra_task import train
+    from effitrain.commands.train import train
 
     train(["-m", *TINY, "max_steps=1", "seed=3,4", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}"])
     seeds = sorted(json.loads(path.read_text())["cfg/seed"] for path in tmp_path.glob("*/summary.json"))

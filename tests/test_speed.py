@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from effitrain.tasks import Classification
-from effitrain.training import WARMUP_STEPS, StepMeter
+from effitrain.train.step import WARMUP_STEPS, StepMeter
+from effitrain.train.tasks import Classification
 from tests.conftest import run_job
 
 SLEEP_S = 0.05
@@ -51,7 +51,7 @@ def test_meter_throughput_is_work_over_time_with_a_known_sleep():
 
 @pytest.mark.slow
 def test_run_throughput_with_a_sleep_per_micro_batch(tmp_path, monkeypatch):
-    from effitrain.tasks import Classification
+    from effitrain.train.tasks import Classification
 
     real_loss_sum = Classification.loss_sum
 

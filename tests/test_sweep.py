@@ -13,11 +13,11 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from effitrain.config import apply_effective_batch_size
-from effitrain.errors import ConfigError
-from effitrain.registry import check_group_overrides
-from effitrain.sweep import LAUNCHER_DIR, LAUNCHES
-from effitrain.validation import validate
+from effitrain.config.errors import ConfigError
+from effitrain.config.load import apply_effective_batch_size
+from effitrain.config.registry import check_group_overrides
+from effitrain.config.validate import validate
+from effitrain.sweep.launcher import LAUNCHER_DIR, LAUNCHES
 from tests.conftest import REPO, TINY, compose, train_py, wait_for_lines
 
 # Each job starts its own Python (about 3 s of imports here), so jobs are few and short.
@@ -304,8 +304,8 @@ def test_accumulation_that_does_not_divide_names_the_keys():
 
 
 def test_job_shares_the_sweep_compile_cache_and_skips_only_ok_summaries(tmp_path, monkeypatch, capsys):
-    from effitrain.results import write_json_atomic
-    from effitrain.sweep_job import INDUCTOR_CACHE, start_job
+    from effitrain.run.results import write_json_atomic
+    from effitrain.sweep.job_start import INDUCTOR_CACHE, start_job
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     job = tmp_path / "optimizer=adamw"

@@ -1,5 +1,5 @@
-"""The one check of every ``_target_`` node's keys (effitrain/target_checks.py ``check_targets``) and
-the signatures it binds them to (effitrain/registry.py ``target_signature``)."""
+"""The one check of every ``_target_`` node's keys (effitrain/config/targets.py ``check_targets``) and
+the signatures it binds them to (effitrain/config/registry.py ``target_signature``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,17 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from effitrain.errors import ConfigError, ConfigErrors
-from effitrain.optim import build_scheduler
-from effitrain.registry import CONF_DIR, _source_signature, group_names, group_options, target_signature
-from effitrain.target_checks import check_targets
-from effitrain.validation import validate
+from effitrain.config.errors import ConfigError, ConfigErrors
+from effitrain.config.registry import (
+    CONF_DIR,
+    _source_signature,
+    group_names,
+    group_options,
+    target_signature,
+)
+from effitrain.config.targets import check_targets
+from effitrain.config.validate import validate
+from effitrain.train.optim import build_scheduler
 from tests.conftest import compose
 
 
@@ -53,7 +59,7 @@ def test_a_target_s_signature_read_from_its_source_is_the_imported_one(target):
     if source is not None:
         assert _shape(source) == _shape(imported)
     # the loaders and backends are read from source: checking a config loads neither datasets nor the Trainer
-    if module in ("effitrain.data", "effitrain.backends.accelerator", "effitrain.backends.trainer"):
+    if module in ("effitrain.train.data", "effitrain.backends.accelerator", "effitrain.backends.trainer"):
         assert source is not None
 
 
@@ -101,9 +107,9 @@ def test_a_group_s_misspelled_or_supplied_key_is_named_with_what_its_target_take
         "give weight_decay instead"
     )
     with pytest.raises(ConfigError) as error:
-        validate(compose("data._target_=effitrain.data.load_synthetik"))
+        validate(compose("data._target_=effitrain.train.data.load_synthetik"))
     assert str(error.value) == (
-        "data._target_='effitrain.data.load_synthetik' is invalid: effitrain.data has no load_synthetik: "
+        "data._target_='effitrain.train.data.load_synthetik' is invalid: effitrain.train.data has no load_synthetik: "
         "give an importable class or function"
     )
     with pytest.raises(ConfigError, match=r"^logger\.mode='offline' adds a key nothing reads"):

@@ -1,4 +1,4 @@
-"""The tasks' hooks (effitrain.tasks) on hand-made logits, labels and rows, each figure computed here
+"""The tasks' hooks (effitrain.train.tasks) on hand-made logits, labels and rows, each figure computed here
 with ``math`` (no torch loss): the summed losses, the items that normalize them, the evaluation
 metrics of both tasks, the causal collator's labels, tokenizing and packing, the unigram baseline.
 No model is trained: these run in milliseconds, so the mutation run (README, "Mutation testing")
@@ -13,8 +13,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from effitrain.errors import ConfigError
-from effitrain.tasks import (
+from effitrain.config.errors import ConfigError
+from effitrain.train.tasks import (
     IGNORE_INDEX,
     CausalCollator,
     CausalLM,
@@ -186,7 +186,7 @@ def test_end_of_text_is_eos_else_sep_else_refused():
 
 def test_build_task_defaults_to_classification():
     assert type(build_task(OmegaConf.create({}))) is Classification
-    task = build_task(OmegaConf.create({"task": {"_target_": "effitrain.tasks.CausalLM", "packing": True}}))
+    task = build_task(OmegaConf.create({"task": {"_target_": "effitrain.train.tasks.CausalLM", "packing": True}}))
     assert type(task) is CausalLM and task.packing is True
 
 
@@ -204,7 +204,7 @@ def test_the_unigram_baseline_is_exp_of_the_target_tokens_entropy():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from effitrain.modeling import build_tokenizer
+    from effitrain.train.modeling import build_tokenizer
     from tests.conftest import compose
 
     return build_tokenizer(compose("task=causal_lm", "model=llama_tiny").model)
@@ -330,7 +330,7 @@ def test_classification_collator_pads_to_tensors_and_the_head_names_the_labels(t
 def test_macro_f1_counts_a_class_neither_predicted_nor_present_as_0_without_a_warning():
     import warnings
 
-    from effitrain.tasks import macro_f1
+    from effitrain.train.tasks import macro_f1
 
     labels, predictions = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 1, 1])
     with warnings.catch_warnings():

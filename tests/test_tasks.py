@@ -1,4 +1,4 @@
-"""A task declares the metrics it writes once (effitrain/tasks.py ``Task.metrics``); compare's tables,
+"""A task declares the metrics it writes once (effitrain/train/tasks.py ``Task.metrics``); compare's tables,
 its verdict and a run's closing line read them from there."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from effitrain.tasks import CausalLM, Classification, reported_metrics
+from effitrain.train.tasks import CausalLM, Classification, reported_metrics
 
 
 class _Logits(torch.nn.Module):
@@ -49,7 +49,7 @@ def test_each_task_writes_the_metrics_it_declares():
 
 def test_compare_shows_the_declared_metrics_in_the_order_of_the_task_classes():
     from effitrain.compare.load import SEED_KEYS
-    from effitrain.compare.report import COLUMNS, HIGHER_IS_BETTER, LOWER_IS_BETTER, SEED_COLUMNS
+    from effitrain.compare.render import COLUMNS, HIGHER_IS_BETTER, LOWER_IS_BETTER, SEED_COLUMNS
     from effitrain.compare.verdict import QUALITY_KEYS
 
     shown = [("eval/accuracy", "accuracy", 4), ("eval/f1", "F1", 4), ("eval/perplexity", "perplexity", 2)]

@@ -1,4 +1,4 @@
-"""The shared step's pieces (effitrain.training) on hand-made inputs, each figure computed here:
+"""The shared step's pieces (effitrain.train.step) on hand-made inputs, each figure computed here:
 the loss normalization, accumulation windows, the resumed epoch's iterator, the step meter's lines
 and summary (train/loss_mean across a resume included). No model is trained: these run in
 milliseconds, so the mutation run (README, "Mutation testing") can afford them per mutant."""
@@ -13,8 +13,7 @@ import psutil
 import pytest
 import torch
 
-from effitrain.tasks import CausalLM, Classification
-from effitrain.training import (
+from effitrain.train.step import (
     StepMeter,
     StepOps,
     TrainingDiverged,
@@ -25,6 +24,7 @@ from effitrain.training import (
     step_loss,
     window_step,
 )
+from effitrain.train.tasks import CausalLM, Classification
 
 
 class _Logger:
@@ -80,7 +80,7 @@ class _Loader:
 
 
 def test_epoch_batches_set_the_epoch_skip_the_consumed_and_restore_the_generators():
-    from effitrain.checkpoint import rng_state
+    from effitrain.train.checkpoint import rng_state
 
     loader = _Loader(["a", "b", "c", "d"])
     assert list(epoch_batches(loader, 3)) == ["a", "b", "c", "d"] and loader.epochs == [3]

@@ -5,8 +5,8 @@ the task's items (samples, or real target tokens) in the whole step before any b
 gradients are synchronized once per window (``no_sync`` on every micro-batch but the last), as
 accelerate's own variable-window example (gradient_accumulation_for_autoregressive_models.py) does.
 Restoring, the meter, the end of a step and evaluation are the run's shared code
-(:class:`effitrain.job.Job`); ``fit`` returns the prepared model, eval loader and accelerator that
-evaluation runs on (:class:`effitrain.job.Evaluation`).
+(:class:`effitrain.train.job.Job`); ``fit`` returns the prepared model, eval loader and accelerator that
+evaluation runs on (:class:`effitrain.train.job.Evaluation`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from accelerate import Accelerator
 from accelerate.utils import TorchDynamoPlugin
 
-from effitrain.job import Evaluation
-from effitrain.training import StepOps, accumulation_windows, step_items, window_step
+from effitrain.train.job import Evaluation
+from effitrain.train.step import StepOps, accumulation_windows, step_items, window_step
 
 loads_checkpoint = False  # the shared restore loads weights, optimizer, scheduler and generators
 

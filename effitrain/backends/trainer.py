@@ -25,8 +25,8 @@ import os
 import torch
 from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
-from effitrain.job import Evaluation
-from effitrain.training import step_items, step_loss
+from effitrain.train.job import Evaluation
+from effitrain.train.step import step_items, step_loss
 
 loads_checkpoint = True  # fit loads weights, optimizer, scheduler and generators (the Trainer's resume)
 

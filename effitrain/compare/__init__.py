@@ -23,7 +23,7 @@ from pathlib import Path
 
 from effitrain.compare.load import JobResult, failures, load_jobs, seed_groups, seed_stats
 from effitrain.compare.plots import PLOTS, pareto_front, plot_seeds
-from effitrain.compare.report import (
+from effitrain.compare.render import (
     CSV_KEYS,
     seed_rows,
     table_rows,
@@ -34,7 +34,7 @@ from effitrain.compare.report import (
     write_seeds_csv,
 )
 from effitrain.compare.verdict import Verdict, verdict
-from effitrain.errors import ConfigError
+from effitrain.config.errors import ConfigError
 
 __all__ = ["CSV_KEYS", "JobResult", "Verdict", "compare", "load_jobs", "pareto_front", "verdict"]
 
@@ -44,7 +44,7 @@ def log_to_wandb(jobs: list[JobResult], sweeps: list[Path], mode: str | None) ->
     in the project, entity and group its jobs recorded (``wandb/*`` in their summaries): the page's
     table, the exact values and the verdict in the run's summary, each of that sweep's jobs alone
     (several sweeps compared at once do not mix into one sweep's run)."""
-    from effitrain.compare.wandb_table import log_comparison_table
+    from effitrain.compare.wandb import log_comparison_table
 
     for sweep in sweeps:
         own = [job for job in jobs if job.sweep == sweep]

@@ -13,7 +13,7 @@ def job_labels(jobs: list[JobResult], width: int = 48) -> list[str]:
     shares in one choice (``data.path=/long/shared/folder/``) becomes ``…``, and a part still too
     long loses its middle, so the part that tells the jobs apart stays."""
     from effitrain.compare.load import _label_groups
-    from effitrain.overrides import short_part
+    from effitrain.config.overrides import short_part
 
     keys = list(dict.fromkeys(key for job in jobs for key in job.choices))
     values = {key: [str(job.choices.get(key, "")) for job in jobs] for key in keys}

@@ -13,10 +13,11 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from effitrain import results
-from effitrain.errors import ConfigError
-from effitrain.sweep_report import job_folders
-from effitrain.tasks import reported_metrics
+from effitrain.config.errors import ConfigError
+from effitrain.run import results
+from effitrain.sweep.report import job_folders
+from effitrain.train.loggers import read_metrics
+from effitrain.train.tasks import reported_metrics
 
 MIB = 2**20
 
@@ -49,8 +50,8 @@ class JobResult:
 
 
 def choices_label(choices: dict[str, str]) -> str:
-    """``adafactor | ga4 | recompute``: the job names' short forms (:func:`effitrain.overrides.short_part`)."""
-    from effitrain.overrides import short_part
+    """``adafactor | ga4 | recompute``: the job names' short forms (:func:`effitrain.config.overrides.short_part`)."""
+    from effitrain.config.overrides import short_part
 
     return " | ".join(short_part(key, value, _label_groups()) for key, value in choices.items() if value)
 
@@ -58,7 +59,7 @@ def choices_label(choices: dict[str, str]) -> str:
 @functools.cache
 def _label_groups() -> frozenset[str]:
     """The keys a label shows by their value alone: the config groups, and the sweep folder."""
-    from effitrain.registry import group_names
+    from effitrain.config.registry import group_names
 
     return frozenset(group_names()) | {"sweep"}
 
@@ -68,14 +69,14 @@ def _run_invariant_keys() -> frozenset[str]:
     """``run_invariant_keys`` of ``conf/config.yaml``: the keys that change neither results nor memory."""
     from omegaconf import OmegaConf
 
-    from effitrain.registry import CONF_DIR
+    from effitrain.config.registry import CONF_DIR
 
     return frozenset(OmegaConf.load(CONF_DIR / "config.yaml").get("run_invariant_keys") or [])
 
 
 def _overrides(summary: dict) -> dict[str, str]:
     """The job's result-changing overrides, as its summary recorded them (``job/overrides``)."""
-    from effitrain.overrides import parse, values
+    from effitrain.config.overrides import parse, values
 
     try:
         parsed = parse(summary.get("job/overrides") or [])
@@ -113,7 +114,7 @@ def load_jobs(sweeps: list[Path]) -> list[JobResult]:
                     folder,
                     summary,
                     _overrides(summary),
-                    results.read_metrics(folder / results.METRICS),
+                    read_metrics(folder / results.METRICS),
                 )
             )
     label_jobs(jobs, several_sweeps=len(sweeps) > 1)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from effitrain.compare.labels import identical_groups, job_labels, joined_numbers, merged_label
 from effitrain.compare.load import MIB, JobResult, _is_value
-from effitrain.step_memory import CATEGORIES
+from effitrain.memory.replay import CATEGORIES
 
 
 def _figure(height: float, columns: int = 1):

@@ -23,8 +23,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from effitrain.compare.load import MIB, JobResult, _is_value, baseline, combination_label
-from effitrain.tasks import reported_metrics
-from effitrain.training import WARMUP_STEPS
+from effitrain.train.step import WARMUP_STEPS
+from effitrain.train.tasks import reported_metrics
 
 NOISE_SIGMAS = 2.0  # a ratio closer to 1 than this many standard deviations is noise
 # Closer than this (relative) is the same, whatever the spread: a step peak 4 bytes apart under
@@ -174,7 +174,7 @@ class Verdict:
     notes: list[str]
 
     def text(self) -> str:
-        from effitrain.compare.report import text_table
+        from effitrain.compare.render import text_table
 
         parts = (
             ["Verdict", *self.lines, "", text_table(self.headers, self.rows)]

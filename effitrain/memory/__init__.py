@@ -23,7 +23,7 @@ from effitrain.memory.count import (
     optimizer_state_footprint,
     params_footprint,
 )
-from effitrain.memory.estimate import estimate_optimizer_state, grads_estimate
+from effitrain.memory.optimizer_state import estimate_optimizer_state, grads_estimate
 from effitrain.memory.track import GradientRecorder, PeakMemory, TrainingMemory, current_bytes
 
 __all__ = [

@@ -44,7 +44,7 @@ class Footprint:
 
 def _leaves(value):
     """Plain tensors and non-tensor leaves inside nested dicts/lists/tuples and tensor subclasses."""
-    from effitrain.compat import is_traceable_wrapper_subclass
+    from effitrain.util.compat import is_traceable_wrapper_subclass
 
     if isinstance(value, torch.Tensor):
         if is_traceable_wrapper_subclass(value):

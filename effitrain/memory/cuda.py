@@ -1,6 +1,6 @@
 """What a CUDA device keeps during a training step, modeled on CPU fake tensors.
 
-The step peak is predicted by replaying one step on fake tensors (:func:`effitrain.step_memory.trace_step`).
+The step peak is predicted by replaying one step on fake tensors (:func:`effitrain.memory.replay.trace_step`).
 Run as it is, that replay takes the CPU's kernels, and three of them hold other tensors than CUDA's do:
 
 * dropout: on CPU ``at::dropout`` multiplies by a float noise tensor and keeps it for backward
@@ -29,7 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from effitrain.compat import sdpa_kernel_op, tree_map
+from effitrain.util.compat import sdpa_kernel_op, tree_map
 
 # The order torch tries SDPA's kernels on CUDA (torch._C._get_sdp_priority_order(): flash,
 # memory-efficient, math; cuDNN after math, so never chosen by default).

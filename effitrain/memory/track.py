@@ -17,7 +17,7 @@ from effitrain.memory.count import (
     params_footprint,
     storage_key,
 )
-from effitrain.memory.estimate import estimate_optimizer_state
+from effitrain.memory.optimizer_state import estimate_optimizer_state
 
 _STATUS = Path("/proc/self/status")
 

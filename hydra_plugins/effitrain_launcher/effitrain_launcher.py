@@ -1,7 +1,7 @@
 """Hydra's plugin entry for effitrain's launcher (``hydra/launcher=effitrain``, the default).
 
 Hydra imports every module under ``hydra_plugins`` at start-up to find plugins, so this one stays
-light: the launcher itself lives in :mod:`effitrain.sweep` and is imported when a sweep launches.
+light: the launcher itself lives in :mod:`effitrain.sweep.launcher` and is imported when a sweep launches.
 """
 
 from __future__ import annotations
@@ -26,6 +26,6 @@ class EffitrainLauncher(Launcher):
         self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
-        from effitrain.sweep import launch_local
+        from effitrain.sweep.launcher import launch_local
 
         return launch_local(self, job_overrides, initial_job_idx)

@@ -1,0 +1,84 @@
+"""``effitrain estimate``'s engine: a configuration's memory before running it.
+
+    effitrain estimate model=distilbert_base_cased micro_batch_size=16
+
+The model is built on ``meta`` by the run's own builders, so its weights, gradients and optimizer
+state are counted from shapes (:mod:`effitrain.memory`); the step peak comes from one training step
+traced on fake tensors (:mod:`effitrain.memory.replay`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from effitrain.memory.count import optimizer_params, params_footprint
+from effitrain.memory.optimizer_state import estimate_optimizer_state, grads_estimate
+
+
+def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu") -> dict:
+    """Memory of ``cfg``'s run before running it, in bytes, one row per optimizer.
+
+    The static part (weights, gradients, optimizer state) comes from a ``meta`` model: nothing is
+    allocated. ``step``: also the step peak by category, from one training step traced on fake
+    tensors at the worst case (every micro-batch ``max_length`` tokens), with FLOPs. No weights
+    are read: the model's architecture config decides, its vocabulary sized to the
+    tokenizer for init=random as in a run (effitrain.train.modeling.build_model).
+
+    ``optimizers`` maps names to optimizer config nodes (default: ``{"chosen": cfg.optimizer}``).
+    ``device``: whose kernels the trace replays (``cpu`` or ``cuda``, see
+    :func:`effitrain.memory.replay.trace_run`). Each row also holds the run's peak per phase (the
+    first step, a later step, evaluation at ``eval_batch_size``): ``run_peak`` and ``run_peak_bytes``.
+    """
+    from effitrain.memory.replay import CATEGORIES, trace_run
+    from effitrain.train.modeling import build_model
+    from effitrain.train.optim import build_optimizer
+    from effitrain.train.tasks import build_task
+
+    task = build_task(cfg)
+    if task.uses_labels:
+        num_labels = cfg.data.get("num_labels") or len(task.load(cfg.data).label_names)
+    else:
+        num_labels = None
+    model = build_model(cfg.model, num_labels, None, device="meta", auto_class=task.auto_class)
+    weights = params_footprint(model)
+    tokens = (cfg.micro_batch_size, cfg.max_length)
+    batch = {
+        "input_ids": (tokens, torch.int64),
+        "attention_mask": (tokens, torch.int64),
+        "labels": (task.labels_shape(*tokens), torch.int64),
+    }
+    if getattr(model.config, "type_vocab_size", 0):  # BERT-like tokenizers return segment ids too
+        batch["token_type_ids"] = (tokens, torch.int64)
+    evaluation = {key: ((cfg.eval_batch_size, *shape[1:]), dtype) for key, (shape, dtype) in batch.items()}
+    rows = {}
+    for name, optimizer_cfg in (optimizers or {"chosen": cfg.optimizer}).items():
+        optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
+        grads, state = grads_estimate(optimizer), estimate_optimizer_state(optimizer)
+        trainable = sum(p.numel() for p in optimizer_params(optimizer))
+        rows[name] = {
+            "params": sum(p.numel() for p in model.parameters()),
+            "params_trainable": trainable,
+            "vocab_size": getattr(model.config, "vocab_size", None),
+            "weights_bytes": weights.bytes,
+            "grads_bytes": grads.bytes,
+            "optimizer_state_bytes": state.bytes if state else None,
+            "optimizer_state_elements": state.elements if state else None,
+            "optimizer_bytes_per_param": state.bytes / trainable if state and trainable else None,
+            "total_bytes": weights.bytes + grads.bytes + state.bytes if state else None,
+        }
+        if step:
+            trace = trace_run(
+                model.config,
+                optimizer_cfg,
+                cfg,
+                [batch] * cfg.gradient_accumulation_steps,
+                device,
+                evaluation,
+            )
+            peak = trace.step_peak(warm_up=True)
+            rows[name]["step_peak_bytes"] = peak["total"]
+            rows[name]["step_peak"] = {f"{c}_bytes": peak[c] for c in CATEGORIES}
+            rows[name]["run_peak_bytes"] = trace.run_peak["total"]
+            rows[name]["run_peak"] = {f"{phase}_bytes": p["total"] for phase, p in trace.phases.items()}
+            rows[name]["flops_per_step"] = trace.flops
+    return rows

@@ -1,0 +1,148 @@
+"""``effitrain plan``: the fastest combination that fits a memory budget, before any GPU hour.
+
+    effitrain plan --memory-budget 8GiB --effective-batch-size 32 model=distilbert_base_cased
+
+For each optimizer and precision, micro batches that divide the effective batch are tried from the
+largest down (accumulation follows), first without gradient checkpointing, then with it for the
+micro batches too large to fit without; each step peak is predicted by ``effitrain estimate``'s
+fake-tensor trace at the worst case (every sample ``max_length`` tokens). Candidates under the
+budget are ranked by expected throughput: fewer accumulation steps first (bigger matmuls, fewer
+optimizer-step overheads; a micro batch too small to fill a GPU can cost many times what it
+saves), then no recomputation (checkpointing repeats each layer's forward: about a third more
+FLOPs), then half precision before fp32 on CUDA (its tensor cores), then the optimizer's order in
+conf/optimizer. ``--probe-steps K`` runs K real steps of the top three and ranks them by measured
+step time instead.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from effitrain.config.errors import ConfigError
+from effitrain.config.load import apply_effective_batch_size
+from effitrain.config.model_spec import no_checkpointing
+from effitrain.config.registry import group_options, installed_optimizers
+
+# The share of the budget kept free: the allocator rounds every block up (512 bytes on CUDA) and
+# cannot always reuse a freed block for a larger one, so what it reserves exceeds what tensors hold.
+DEFAULT_MARGIN = 0.10
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """``8GiB``, ``500MiB``, ``24GB`` or a plain number of bytes.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).upper() if match else None
+    if not match or unit not in UNITS:
+        raise ConfigError(f"--memory-budget={text!r} is invalid: give a size such as 8GiB, 500MiB or 24GB")
+    return int(float(match.group(1)) * UNITS[unit])
+
+
+def micro_batches(effective: int) -> list[int]:
+    return [m for m in range(effective, 0, -1) if effective % m == 0]
+
+
+def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None,
+         checkpointing=(False, True), device: str = "cpu", margin: float = DEFAULT_MARGIN):  # fmt: skip
+    """Every traced candidate (dicts with the keys below), best first; those over budget last.
+
+    A candidate fits when its run's peak (the largest of its first step, a later step and
+    evaluation), predicted for ``device``'s kernels, is at most ``budget * (1 - margin)``.
+
+    ``checkpointing``: the gradient checkpointing settings to try. With it on, only micro batches
+    larger than the largest that fits without it are tried: recomputation only pays where it
+    saves accumulation steps.
+    """
+    from effitrain.commands.estimate import estimate_memory
+    from effitrain.config.compose import compose
+    from effitrain.config.overrides import names, parse
+
+    base = compose(overrides)
+    chosen = any(names(o, "gradient_checkpointing") for o in parse(overrides))
+    if chosen:  # the user's own setting is the only one tried
+        checkpointing = [bool(base.gradient_checkpointing)]
+    elif no_checkpointing(base):  # a model class that cannot recompute its layers
+        checkpointing = [False]
+    checkpointing = sorted(set(checkpointing))  # without first: it decides which micro batches to try with
+    effective = (
+        effective
+        or base.get("effective_batch_size")
+        or base.micro_batch_size * base.gradient_accumulation_steps
+    )
+    # each candidate's micro batch comes from its effective batch: a given one would conflict with it
+    overrides = [o.input_line for o in parse(overrides) if o.key_or_group != "micro_batch_size"]
+    optimizers = optimizers or installed_optimizers(group_options("optimizer"))
+    cuda = device == "cuda"
+    precisions = precisions or (["bf16", "fp16", "fp32"] if cuda else ["fp32", "bf16"])
+    rows = []
+
+    def trace(optimizer, precision, recompute, micro) -> dict:
+        accumulation = effective // micro
+        choice = [f"optimizer={optimizer}", f"precision={precision}", f"effective_batch_size={effective}",
+                  f"gradient_accumulation_steps={accumulation}"]  # fmt: skip
+        if recompute and not chosen:
+            choice.append("gradient_checkpointing=true")
+        cfg = compose(list(overrides) + choice)
+        apply_effective_batch_size(cfg)  # micro_batch_size from the effective batch, as a run derives it
+        [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device).values()
+        fits = row["run_peak_bytes"] <= budget * (1 - margin)
+        rows.append({
+            "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
+            "gradient_accumulation_steps": accumulation, "gradient_checkpointing": recompute,
+            "step_peak_bytes_predicted": row["step_peak_bytes"],
+            "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
+            "fits": fits, "command": "python train.py " + " ".join(list(overrides) + choice),
+        })  # fmt: skip
+        print(f"effitrain plan: {len(rows)} traced: {optimizer} {precision} micro {micro} x {accumulation}"
+              f"{' recompute' if recompute else ''}: {row['run_peak_bytes'] / 2**20:.1f} MiB, "
+              f"{'fits' if fits else 'over'}", file=sys.stderr, flush=True)  # fmt: skip
+        return rows[-1]
+
+    for precision in precisions:
+        for optimizer in optimizers:
+            fewest = None  # accumulation steps of the best fit without checkpointing
+            for recompute in checkpointing:
+                sizes = [m for m in micro_batches(effective)
+                         if not (recompute and fewest is not None and effective // m >= fewest)]  # fmt: skip
+                best = None  # the largest micro batch that fits
+                for index, micro in enumerate(sizes):
+                    row = trace(optimizer, precision, recompute, micro)
+                    if row["fits"]:  # smaller micro batches fit too, and rank lower: no need to trace them
+                        best = row
+                        break
+                    if index == 0 and len(sizes) > 2:
+                        # memory grows with the micro batch: when the smallest is over budget too,
+                        # none in between fits, and tracing them would only take time
+                        best = trace(optimizer, precision, recompute, sizes.pop())
+                        if not best["fits"]:
+                            best = None
+                            break
+                if best is not None and not recompute:
+                    fewest = best["gradient_accumulation_steps"]
+    half_first = {"bf16": 0, "fp16": 0, "fp32": 1} if cuda else {"fp32": 0, "bf16": 1, "fp16": 1}
+    rows.sort(key=lambda r: (not r["fits"], r["gradient_accumulation_steps"], r["gradient_checkpointing"],
+                             half_first[r["precision"]], optimizers.index(r["optimizer"])))  # fmt: skip
+    return rows
+
+
+def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> list[dict]:
+    """Run ``steps`` real optimizer steps of the ``top`` fitting candidates, each in a process of its
+    own (:func:`effitrain.run.isolated.run_isolated`); rank them by the measured median step time (the
+    others keep their order after them). A probe that fails (out of memory included) is recorded in
+    its row's ``probe_status`` and the plan goes on."""
+    from effitrain.run.isolated import run_isolated
+
+    fitting = [r for r in rows if r["fits"]][:top]
+    for row in fitting:
+        summary = run_isolated([*row["command"].split()[2:], f"max_steps={steps}"])
+        row["probe_status"] = summary["status"]
+        row["step_s_measured"] = summary.get("speed/step_s_median") if summary["status"] == "ok" else None
+        row["step_peak_bytes_measured"] = summary.get("mem/step_peak_bytes")
+    measured = sorted((r for r in fitting if r.get("step_s_measured")), key=lambda r: r["step_s_measured"])
+    return measured + [r for r in rows if r not in measured]

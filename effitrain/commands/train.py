@@ -1,0 +1,234 @@
+"""The front door of ``train.py`` (and ``effitrain train``) and the Hydra task behind it: overrides
+checked and every job of a sweep validated before Hydra writes anything, then one job per Hydra
+call (:func:`train_job`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from effitrain.config.errors import ConfigError, fail, raise_problems
+from effitrain.config.registry import check_group_overrides
+from effitrain.config.validate import check_output_folder, check_output_overrides
+
+# Hydra's command-line flags that are not overrides; any other flag (--cfg, --info, --help...) is
+# left to Hydra with the overrides unchecked.
+MULTIRUN_FLAGS = ("-m", "--multirun")
+MAX_JOBS_CHECKED = 64  # a sweep's first jobs validated before any starts; the rest when they start
+
+
+def check_overrides_or_exit(argv: list[str]) -> None:
+    """Reject bad overrides before Hydra starts, so a mistake leaves the run folder as it was
+    (Hydra rewrites ``.hydra/`` there before the task runs): a single run is composed and
+    validated here, and so is every job of a sweep (up to ``MAX_JOBS_CHECKED``)."""
+    try:
+        cfg = preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))
+        if cfg is not None:
+            from effitrain.run.results import finished_run, folder_in_use
+
+            owner = folder_in_use(Path(cfg.hydra.run.dir))  # refused before Hydra rewrites its .hydra/
+            if owner is not None:
+                raise ConfigError(
+                    f"hydra.run.dir={str(cfg.hydra.run.dir)!r} is invalid: in use by another run (pid {owner})"
+                )
+            finished = finished_run(cfg, Path(cfg.hydra.run.dir))
+            if finished is not None:
+                print(finished)
+                sys.exit(0)
+    except ConfigError as error:
+        fail(str(error))
+
+
+def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = None) -> DictConfig | None:
+    """Everything a run or sweep would reject, checked from the command line alone; returns a
+    single run's composed config (None for a sweep, or flags left to Hydra). For a sweep, the
+    number of jobs checked is appended to ``jobs_checked``.
+
+    Raises:
+        ConfigError: the first grammar problem, or every problem of the first bad job.
+    """
+    from effitrain.config.compose import compose_checked
+    from effitrain.config.load import checked, load, remember_validated
+    from effitrain.config.overrides import parse
+
+    flags = [a for a in argv if a.startswith("-")]
+    if any(flag not in MULTIRUN_FLAGS for flag in flags):
+        return None
+    overrides = [a for a in argv if not a.startswith("-")]
+    parsed = parse(overrides)
+    check_group_overrides(overrides)
+    check_output_overrides(overrides)
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    cfg, problems = compose_checked(fixed)
+    multirun = bool(flags) or str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    if sweeps and not multirun:
+        raise ConfigError(
+            f"{sweeps[0].input_line} is a sweep (several values): add -m to run one job per value, "
+            "or give one value"
+        )
+    if not multirun:
+        cfg = checked(cfg, problems, world_size)
+        check_output_folder("hydra.run.dir", str(cfg.hydra.run.dir))
+        remember_validated(cfg, world_size)  # the run Hydra starts with it does not validate it again
+        return cfg
+    check_output_folder("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
+    raise_problems([p for p in problems if p.startswith("hydra.launcher.")])  # the sweep's, not a job's
+    if str(cfg.hydra.launcher.get("_target_", "")).endswith(".EffitrainLauncher"):
+        from effitrain.sweep.slots import launcher_settings
+
+        launcher_settings(cfg.hydra.launcher)
+    jobs = sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]
+    for job in jobs:
+        try:
+            skipped_as_done(load(fixed + job, world_size))  # each job validates again when it starts
+        except ConfigError as error:
+            label = " ".join(job) or "the defaults"
+            raise ConfigError(f"the sweep's job {label}:\n{error}") from None
+    if jobs_checked is not None:
+        jobs_checked.append(len(jobs))
+    return None
+
+
+def skipped_as_done(cfg: DictConfig) -> None:
+    """A sweep job whose folder holds an ok run is skipped on a rerun (``skip_ok_jobs``) only when
+    that run had the same result-changing configuration.
+
+    Raises:
+        ConfigError: the folder's ok run ran with another value of a key, named.
+    """
+    from effitrain.run.results import read_summary, skip_refusal
+
+    if not cfg.get("skip_ok_jobs", True):
+        return
+    folder = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    previous = read_summary(folder)
+    if previous is None or previous.get("status") != "ok":
+        return
+    refusal = skip_refusal(folder, previous, cfg)
+    if refusal is not None:
+        raise ConfigError(refusal)
+
+
+def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:
+    """The override lists of a sweep's jobs: the command line's sweeps with the study's
+    ``hydra.sweeper.params`` (the command line wins for a key both name), as Hydra's sweeper expands them."""
+    import itertools
+
+    from effitrain.config.overrides import parse, values, with_value
+
+    params = {
+        o.key_or_group: o
+        for o in parse(f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items())
+    }
+    fixed_keys = {o.key_or_group for o in parse(fixed)}
+    params = {k: o for k, o in params.items() if k not in fixed_keys}
+    params.update({o.key_or_group: o for o in sweeps})
+    axes = []
+    for override in params.values():
+        choices = values(override)
+        if choices is None:  # a glob: Hydra expands it, each job validates itself when it starts
+            continue
+        axes.append([with_value(override, choice) for choice in choices])
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def share_run_dir_across_ranks(argv: list[str]) -> list[str]:
+    """Under ``torchrun``/``accelerate launch``, give every rank rank 0's Hydra run folder.
+
+    Hydra names the folder from the clock, and ranks start a moment apart: without this, two
+    processes of one job could write to two folders. Returns the overrides to pass on.
+    """
+    import os
+
+    from effitrain.config.overrides import parse
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "-m" in argv or "--multirun" in argv:
+        return argv
+    if any(o.key_or_group == "hydra.run.dir" for o in parse(a for a in argv if not a.startswith("-"))):
+        return argv
+    import time
+
+    import torch.distributed as dist
+
+    from effitrain.train.distributed import process_state
+
+    process_state()  # joins the process group the launcher set up
+    folder = [time.strftime("outputs/%Y-%m-%d/%H-%M-%S")]
+    dist.broadcast_object_list(folder, src=0)
+    return [*argv, f"hydra.run.dir={folder[0]}"]
+
+
+def train(argv: list[str]) -> None:
+    """``python train.py ARGS`` and ``effitrain train ARGS``: check, then hand over to Hydra."""
+    import hydra
+
+    from effitrain.config.registry import CONF_SOURCE
+
+    check_overrides_or_exit(argv)
+    from effitrain.config.compose import plain_open_overrides
+
+    argv = share_run_dir_across_ranks(plain_open_overrides(argv))
+    from effitrain.sweep.launcher import expose_launcher_plugin
+
+    expose_launcher_plugin()
+    # Hydra reads the command line from sys.argv; the config comes from the package effitrain.conf,
+    # the checkout's conf/ or the copy inside an installed wheel
+    sys.argv = [sys.argv[0], *argv]
+    hydra.main(version_base="1.3", config_path=CONF_SOURCE, config_name="config")(train_job)()
+
+
+def train_job(cfg: DictConfig) -> float | None:
+    """The Hydra task: run one job into Hydra's output folder; exit non-zero if it failed.
+
+    In a multirun a failed job returns instead, so the other jobs still run, and a job whose
+    folder already holds an ok summary.json is skipped (``skip_ok_jobs``), so rerunning a sweep
+    into its folder resumes it.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from effitrain.config.compose import with_hydra_node
+
+    hydra_cfg = HydraConfig.get()  # the task is the one place that reads it: the run reads cfg.hydra
+    cfg = with_hydra_node(cfg, hydra_cfg)  # the run derives (effitrain.run.recipe._run) and validates (prepare)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        from effitrain.sweep.job_start import start_job
+
+        done = start_job(cfg, hydra_cfg)
+        if done is not None:
+            return done.get(cfg.get("optimized_metric", "eval/loss"))
+
+    from effitrain.run.recipe import run
+
+    summary = run(cfg, hydra_cfg.runtime.output_dir)
+    if summary["status"] == "ok" and summary.get("env/rank", 0) == 0:
+        from effitrain.config.model_spec import task_class
+
+        task_keys = [metric.key for metric in task_class(cfg).metrics]  # what the task declares it writes
+        task_metrics = "".join(f"{k} {summary[k]:.4f}  " for k in task_keys if k in summary)
+        print(
+            f"effitrain: ok: train/loss {summary['train/loss']:.4f}  eval/loss {summary['eval/loss']:.4f}  "
+            f"{task_metrics}{summary['speed/samples_per_s']:.1f} samples/s  {summary['speed/wall_s']:.1f} s  "
+            f"-> {hydra_cfg.runtime.output_dir}"
+        )
+    if summary["status"] == "ok":
+        return summary.get(cfg.get("optimized_metric", "eval/loss"))
+    message = f"{summary['status']}: {summary['error']}"
+    if summary["status"] == "interrupted":  # the shell's convention: 128 + the signal's number
+        print(f"effitrain: error: {message}; resume with resume=auto", file=sys.stderr)
+        sys.exit(128 + summary["signal"])
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        print(f"effitrain: job {hydra_cfg.job.num} {message}", file=sys.stderr)
+        from effitrain.run.results import read_summary
+
+        kept = read_summary(Path(hydra_cfg.runtime.output_dir))
+        if kept is not None and kept.get("status") == "ok":
+            # the folder's ok summary.json stays (never overwritten by a failure): a launcher reading
+            # the folder would take this job for ok, so the failure is raised to it instead
+            raise ConfigError(summary["error"])
+        return None
+    fail(message, 2 if summary.get("error_type") == "config" else 1)

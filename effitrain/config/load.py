@@ -1,0 +1,100 @@
+"""The front door of a run's configuration: :func:`load` composes (``effitrain.config.compose``),
+validates (``effitrain.config.validate``) and derives (``micro_batch_size`` from ``effective_batch_size``),
+once, before anything heavy is loaded. The Hydra task's config, which Hydra composed, is derived
+by its run (``effitrain.run.recipe._run``, first) and validated by the run's ``prepare``.
+
+A single run's config validated here is remembered for one run: ``train.py`` validates the command
+line before Hydra starts (``hydra_task.preflight``), and the run Hydra then starts with the same
+config does not validate it again (:func:`validate_once`).
+
+Every error a user can cause is a :class:`ConfigError` whose message is one line naming the
+key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from effitrain.config.compose import compose_checked
+from effitrain.config.errors import ConfigError, ConfigErrors, raise_problems
+from effitrain.config.validate import validate
+
+
+def load(overrides: list[str], world_size: int = 1) -> DictConfig:
+    """The front door: compose, validate (every problem of the command line at once) and derive
+    (``micro_batch_size`` from ``effective_batch_size``), before anything heavy is loaded.
+
+    Raises:
+        ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
+    """
+    return checked(*compose_checked(overrides), world_size)
+
+
+def checked(cfg: DictConfig, problems: list[str], world_size: int = 1) -> DictConfig:
+    """:func:`load` after composition: ``problems`` (of the composition) and ``validate``'s together."""
+    try:
+        validate(cfg, world_size)
+    except ConfigErrors as errors:
+        problems = problems + errors.problems
+    except ConfigError as error:
+        problems = problems + [str(error)]
+    raise_problems(problems)
+    apply_effective_batch_size(cfg, world_size)
+    return cfg
+
+
+# Single runs the front door validated and derived (:func:`checked`) that no run has used yet:
+# one entry per validation, so each pays for exactly one run.
+_VALIDATED: list[str] = []
+
+
+def remember_validated(cfg: DictConfig, world_size: int = 1) -> None:
+    """Mark a single run's config :func:`checked` returned as validated, for the run Hydra starts
+    with it in this process next (a sweep's jobs are not marked: a job may start hours after the
+    preflight, and the files, weights and resume paths validation checks may have changed)."""
+    _VALIDATED.append(_identity(cfg, world_size))
+
+
+def _identity(cfg: DictConfig, world_size: int) -> str:
+    """The config's keys, unresolved, with what validation reads of its Hydra node (the command
+    line's overrides, the groups' choices) and the number of processes (``repr``: any key type)."""
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    hydra = plain.pop("hydra", None) or {}
+    read = [hydra.get("overrides", {}).get("task"), hydra.get("runtime", {}).get("choices")]
+    return repr([plain, read, world_size])
+
+
+def validate_once(cfg: DictConfig, world_size: int = 1) -> None:
+    """Validate a run's derived config unless ``train.py``'s preflight validated this very config
+    in this process just before Hydra started the run (:func:`remember_validated`).
+
+    Raises:
+        ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
+    """
+    identity = _identity(cfg, world_size)
+    if identity in _VALIDATED:
+        _VALIDATED.remove(identity)  # used: a second run of it validates again
+        return
+    validate(cfg, world_size)
+
+
+def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:
+    """When ``effective_batch_size`` is set, derive ``micro_batch_size`` from it; True if it changed.
+
+    A study that holds the effective batch fixed (e.g. over ``gradient_accumulation_steps``)
+    sets ``effective_batch_size`` and sweeps only the accumulation. Values ``validate`` rejects
+    are left as they are, for it to report.
+    """
+    from omegaconf import open_dict
+
+    effective, accumulation = cfg.get("effective_batch_size"), cfg.get("gradient_accumulation_steps")
+    if not isinstance(effective, int) or not isinstance(accumulation, int) or accumulation < 1:
+        return False  # nothing to derive, or a value validate reports
+    if effective < 1 or effective % (accumulation * world_size):
+        return False
+    micro = effective // (accumulation * world_size)
+    if micro == cfg.micro_batch_size:
+        return False
+    with open_dict(cfg):
+        cfg.micro_batch_size = micro
+    return True

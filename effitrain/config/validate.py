@@ -1,0 +1,318 @@
+"""Validation: every check of a composed run config, in one place, before anything heavy is
+loaded (:func:`validate`), and the checks of output folders made before Hydra writes one.
+
+Every error a user can cause is a :class:`ConfigError` whose message is one line naming the key,
+the bad value and what is allowed; :func:`validate` reports every problem of a config at once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from effitrain.config.compose import command_line_overrides
+from effitrain.config.errors import ConfigError, ConfigErrors, invalid, raise_problems
+from effitrain.config.targets import (
+    check_config_overrides,
+    check_data_files,
+    check_max_length,
+    check_model,
+    check_named_is_built,
+    check_optimizer,
+    check_targets,
+    check_task_model,
+    check_weights,
+)
+from effitrain.util.atomic import probe_write
+
+
+def check_output_overrides(overrides: list[str]) -> None:
+    """Reject a ``hydra.run.dir`` / ``hydra.sweep.dir`` that could not be written, before Hydra
+    creates it and fails with a traceback.
+
+    Raises:
+        ConfigError: the folder (or its nearest existing parent) is not a writable folder.
+    """
+    from effitrain.config.overrides import parse, values
+
+    for override in parse(overrides):
+        key = override.key_or_group
+        if key not in ("hydra.run.dir", "hydra.sweep.dir") or override.is_sweep_override():
+            continue
+        check_output_folder(key, values(override)[0])
+
+
+def check_output_folder(key: str, value: str) -> None:
+    """ConfigError when the folder ``value`` (or its nearest existing parent) could not be written."""
+    if "${" in value:
+        return
+    path = Path(value).expanduser().absolute()
+
+    def exists(candidate: Path) -> bool:
+        try:
+            return candidate.exists()
+        except OSError:  # a name too long for the file system: not there
+            return False
+
+    existing = next(p for p in (path, *path.parents) if exists(p))
+    try:
+        longest = os.pathconf(existing if existing.is_dir() else existing.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    for part in path.relative_to(existing).parts:
+        if "\0" in part or len(part.encode()) > longest:
+            raise invalid(key, value, f"the folder name {part[:40]!r}... is not one this file system takes "
+                                      f"(at most {longest} bytes, no NUL): give a shorter name")  # fmt: skip
+    if not existing.is_dir():
+        raise invalid(key, value, f"{existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise invalid(key, value, f"{existing} cannot be written")
+    try:
+        probe_write(existing)  # a full disk: refused here, before Hydra writes its record
+    except OSError as error:
+        raise invalid(key, value, f"{existing} cannot be written ({error.strerror})") from None
+
+
+def check_output_dir(path: Path) -> None:
+    """Raises ConfigError when results could not be written to ``path``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe_write(path)  # a file of its own: ranks of one job probe one folder at one moment
+    except OSError as error:
+        raise invalid(
+            "hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})"
+        ) from None
+
+
+def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
+    value = cfg.get(key)
+    if value is None and allow_null:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        suffix = " (or null)" if allow_null else ""
+        raise invalid(key, value, f"must be an integer >= {minimum}{suffix}")
+
+
+def _boolean(cfg: DictConfig, key: str) -> None:
+    if not isinstance(cfg.get(key, False), bool):
+        raise invalid(key, cfg.get(key), "must be true or false")
+
+
+def _finite(key: str, value, condition: str, ok) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not ok(value)
+    ):
+        raise invalid(key, value, condition)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _collect(checks) -> list[str]:
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except ConfigErrors as errors:
+            problems += errors.problems
+        except ConfigError as error:
+            problems.append(str(error))
+    return problems
+
+
+def validate(cfg: DictConfig, world_size: int = 1) -> None:
+    """Check a composed run config before any data or model is loaded.
+
+    Every check runs, so a user sees all problems at once. ``world_size`` is the number of
+    data-parallel processes (the effective batch spans them all).
+
+    Raises:
+        ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
+    """
+    _assets(cfg)  # every check below reads these values
+    problems = _collect(
+        [
+            lambda: _missing_values(cfg),
+            lambda: _seed(cfg),
+            lambda: _synthetic(cfg),
+            lambda: _at_least(cfg, "gradient_accumulation_steps", 1),
+            lambda: _at_least(cfg, "micro_batch_size", 1),
+            lambda: _at_least(cfg, "epochs", 1),
+            lambda: _at_least(cfg, "eval_batch_size", 1),
+            lambda: _at_least(cfg, "max_steps", 1, allow_null=True),
+            lambda: _at_least(cfg, "eval_every", 1, allow_null=True),
+            lambda: _at_least(cfg, "effective_batch_size", 1, allow_null=True),
+            lambda: _effective_batch(cfg, world_size),
+            lambda: _at_least(cfg, "checkpoint_every", 1, allow_null=True),
+            lambda: _at_least(cfg, "checkpoint_keep", 1),
+            lambda: _resume(cfg),
+            lambda: _at_least(cfg, "max_length", 2),
+            lambda: _boolean(cfg, "gradient_checkpointing"),
+            lambda: _finite(
+                "optimizer.lr", cfg.optimizer.get("lr"), "must be a finite number > 0", lambda v: v > 0
+            ),
+            lambda: _finite("warmup_ratio", cfg.warmup_ratio, "must be in [0, 1)", lambda v: 0 <= v < 1),
+            lambda: _finite(
+                "max_grad_norm", cfg.max_grad_norm, "must be >= 0 (0 disables clipping)", lambda v: v >= 0
+            ),
+            lambda: _finite("weight_decay", cfg.weight_decay, "must be >= 0", lambda v: v >= 0),
+            lambda: _precision(cfg),
+            lambda: _compile(cfg),
+            lambda: check_model(cfg),
+            lambda: check_named_is_built(cfg),
+            lambda: check_targets(cfg),  # every group's keys against its target's arguments
+        ]
+    )
+    if not problems:  # these build things from the values above, which must be sane first
+        problems = _collect(
+            [
+                lambda: check_optimizer(cfg),
+                lambda: check_config_overrides(cfg),
+                lambda: check_task_model(cfg),
+                lambda: check_max_length(cfg),
+                lambda: check_data_files(cfg),
+            ]
+        )
+    if not problems:  # after the model's type is known to fit the task: the most specific message first
+        problems = _collect([lambda: check_weights(cfg)])
+    raise_problems(problems)
+
+
+def _assets(cfg: DictConfig) -> None:
+    """The ``data`` and ``model`` nodes resolve: a file of a package that is not installed
+    (``${effitrain.asset:...}``) is one line naming the key, not a traceback from deep inside a run."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
+
+    for group in ("data", "model"):
+        try:
+            OmegaConf.to_container(cfg[group], resolve=True)
+        except InterpolationResolutionError as error:
+            raw = OmegaConf.to_container(cfg, resolve=False)
+            for part in str(error.full_key).split("."):
+                raw = raw.get(part) if isinstance(raw, dict) else None
+            reason = str(error).splitlines()[0].split("interpolation: ", 1)[-1]
+            raise invalid(error.full_key, raw, reason) from None
+
+
+MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
+
+
+def _seed(cfg: DictConfig) -> None:
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise invalid("seed", seed, f"must be an integer in 0..{MAX_SEED}")
+
+
+SYNTHETIC_MAX_LABELS = 6  # the keyword classes effitrain.train.data.load_synthetic makes (a test holds them equal)
+
+
+def _synthetic(cfg: DictConfig) -> None:
+    """The generated data's sizes (``data=synthetic``), before the loader would fail on them."""
+    data = cfg.get("data")
+    if data is None or not str(data.get("_target_", "")).endswith("load_synthetic"):
+        return
+    problems = _collect(
+        [
+            lambda: _at_least(data, "num_train", 1),
+            lambda: _at_least(data, "num_eval", 1),
+            lambda: _at_least(data, "words_per_text", 1),
+            lambda: _at_least(data, "min_words_per_text", 1, allow_null=True),
+        ]
+    )
+    labels = data.get("num_labels")
+    if isinstance(labels, bool) or not isinstance(labels, int) or not 2 <= labels <= SYNTHETIC_MAX_LABELS:
+        problems.append(
+            invalid("num_labels", labels, f"must be an integer between 2 and {SYNTHETIC_MAX_LABELS}").args[0]
+        )
+    minimum, words = data.get("min_words_per_text"), data.get("words_per_text")
+    if not problems and minimum is not None and minimum > words:
+        problems.append(
+            invalid("min_words_per_text", minimum, f"must be at most words_per_text = {words}").args[0]
+        )
+    raise_problems([f"data.{p}" for p in problems])
+
+
+def _missing_values(cfg: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    missing = []
+    for key in cfg:
+        if key == "hydra":
+            continue
+        node = cfg._get_node(key)
+        if OmegaConf.is_config(node):
+            missing += sorted(OmegaConf.missing_keys(node))
+        elif OmegaConf.is_missing(cfg, key):
+            missing.append(str(key))
+    if missing:
+        raise ConfigErrors([invalid(key, "???", "a value is required: give it on the command line").args[0]
+                            for key in sorted(missing)])  # fmt: skip
+
+
+def _effective_batch(cfg: DictConfig, world_size: int) -> None:
+    effective = cfg.get("effective_batch_size")
+    accumulation = cfg.get("gradient_accumulation_steps")
+    if not isinstance(effective, int) or not isinstance(accumulation, int) or accumulation < 1:
+        return
+    per_step = accumulation * world_size
+    if effective % per_step:
+        raise invalid(
+            "effective_batch_size",
+            effective,
+            f"must be a multiple of gradient_accumulation_steps x processes = {per_step}, "
+            "so that every micro-batch holds effective_batch_size / that many samples",
+        )
+    given = [
+        o for o in command_line_overrides(cfg) if o.key_or_group == "micro_batch_size" and not o.is_delete()
+    ]
+    if given and not given[-1].is_sweep_override():
+        micro = given[-1].value()
+        if micro != effective // per_step:
+            raise invalid(
+                "micro_batch_size", micro,
+                f"effective_batch_size={effective} with gradient_accumulation_steps x processes = {per_step} "
+                f"sets it to {effective // per_step}: give one of the two",
+            )  # fmt: skip
+
+
+def _resume(cfg: DictConfig) -> None:
+    resume = cfg.get("resume")
+    if resume is not None and resume != "auto" and not os.path.exists(os.path.expanduser(str(resume))):
+        raise invalid("resume", resume, "no such checkpoint folder: give null, auto or an existing path")
+
+
+def _precision(cfg: DictConfig) -> None:
+    import torch
+
+    precision = cfg.precision.mixed_precision
+    if precision == "fp16" and not cuda_available():
+        raise invalid(
+            "precision", "fp16", "fp16 needs a CUDA device (none found): use precision=bf16 or fp32"
+        )
+    if precision == "bf16" and cuda_available() and not torch.cuda.is_bf16_supported():
+        raise invalid("precision", "bf16", "this GPU lacks bf16: use precision=fp16 or fp32")
+    target = str(cfg.optimizer.get("_target_", ""))
+    if "Paged" in target and not cuda_available():
+        raise invalid(
+            "optimizer", target, "paged optimizers need a CUDA device: use adamw, adafactor or adam8bit"
+        )
+
+
+def _compile(cfg: DictConfig) -> None:
+    # compile.mode is an enum of the schema: composition has checked it
+    if cfg.compile.enabled:
+        import torch
+
+        if cfg.compile.backend not in torch.compiler.list_backends(exclude_tags=()):
+            usual = torch.compiler.list_backends()  # without the debugging and experimental ones
+            raise invalid("compile.backend", cfg.compile.backend, f"choose one of {', '.join(usual)}")

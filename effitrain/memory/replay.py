@@ -1,0 +1,367 @@
+"""The step peak: tensor memory by category at the highest point of one optimizer step, measured on a
+real step of a run and predicted by running the same step on fake tensors.
+
+Both use PyTorch's dispatch-level ``MemTracker``, which attributes every live tensor to parameters,
+buffers, gradients, activations, temporaries or optimizer state. It counts tensors, not processes,
+so the figure is the same on CPU and CUDA and comparable across jobs even in one process. Tensors
+that exist before the step and belong to none of the model or optimizer (the micro-batches the data
+loader already made) are not counted, in the measurement and the prediction alike.
+
+    effitrain estimate model=distilbert_base_cased optimizer=adam8bit    # predicted, nothing allocated
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+
+import torch
+
+from effitrain.config.errors import ConfigError
+from effitrain.util.compat import (
+    attention_implementation,
+    checkpointing_wrapped,
+    fake_tensor_mode,
+    mask_skipping_replaced,
+    step_peak_tracker_class,
+)
+
+# MemTracker's categories -> effitrain's (the summary's keys); buffers are model state like weights.
+CATEGORY_OF = {
+    "Parameter": "weights",
+    "Buffer": "weights",
+    "Gradient": "gradients",
+    "Optstate": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Other": "temporaries",
+}
+CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries")
+
+
+def step_tracker():
+    """A ``MemTracker`` that keeps only the whole step's peak. MemTracker also keeps every module's
+    own peak, at the cost of a pass over all modules on each operator; nothing here reads those,
+    and skipping them is what brings a tracked step near a plain one's time."""
+    return step_peak_tracker_class()()
+
+
+def breakdown(snapshot: dict) -> dict[str, int]:
+    """Bytes per category of a MemTracker snapshot (all devices together), and ``total``."""
+    totals = dict.fromkeys(CATEGORIES, 0)
+    for per_device in snapshot.values():
+        for kind, nbytes in per_device.items():
+            kind = getattr(kind, "value", kind)
+            if kind in CATEGORY_OF:
+                totals[CATEGORY_OF[kind]] += int(nbytes)
+    totals["total"] = sum(totals[c] for c in CATEGORIES)
+    return totals
+
+
+class StepMemory:
+    """Measures one optimizer step of a run (``step``, 1-based) and remembers its micro-batches'
+    shapes, so the prediction can replay exactly that step.
+
+    ``job.track_step(step)`` is this object called: a context around an optimizer step that tracks
+    only the chosen one; :meth:`saw` is called before each micro-batch's forward. A backend that
+    cannot wrap its step in a ``with`` (the Trainer) calls :meth:`begin` and :meth:`end` itself.
+    """
+
+    def __init__(self, model, optimizer, step: int, meter=None):
+        self.model, self.optimizer, self.step, self.meter = model, optimizer, step, meter
+        self.peak: dict[str, int] | None = None
+        self.batches: list[dict] = []  # {key: (shape, dtype)} of each micro-batch of the tracked step
+        self._tracker = None
+
+    @contextlib.contextmanager
+    def __call__(self, step: int):
+        if step != self.step:
+            yield
+            return
+        self.begin(step)
+        try:
+            yield
+        finally:
+            self.end()
+
+    @property
+    def active(self) -> bool:
+        return self._tracker is not None
+
+    def begin(self, step: int) -> None:
+        if step != self.step or self.peak is not None:
+            return
+        tracker = step_tracker()
+        tracker.track_external(self.model, self.optimizer)
+        # torch.compile cannot run under the tracker's dispatch mode: the tracked step runs eagerly
+        # (a compiled model falls back to eager there anyway; torchao's optimizers compile their
+        # update with fullgraph=True, which would fail instead)
+        with contextlib.ExitStack() as entered:  # both or neither: a failed enter leaves no stance behind
+            entered.enter_context(torch.compiler.set_stance("force_eager"))
+            entered.enter_context(tracker)
+            self._entered = entered.pop_all()
+        self._tracker = tracker
+        if self.meter is not None:
+            self.meter.leave_untimed()
+
+    def saw(self, batch) -> None:
+        """A micro-batch of the step starts (called before its forward)."""
+        if not self.active:
+            return
+        if self.batches:  # the model runs again in this step: MemTracker wants fresh module stats
+            self._tracker.reset_mod_stats()
+        shapes = {k: (tuple(v.shape), v.dtype) for k, v in batch.items() if torch.is_tensor(v)}
+        mask = batch.get("attention_mask")
+        # a model skips building its attention mask when nothing is padded: the replay must too
+        shapes["padded"] = bool((mask == 0).any()) if mask is not None else False
+        self.batches.append(shapes)
+
+    def end(self) -> None:
+        """Leave the tracker (also after a failed step, so no dispatch mode outlives the run)."""
+        tracker, self._tracker = self._tracker, None
+        if tracker is None:
+            return
+        self._entered.close()  # the tracker, then the stance (also when the tracker's exit raises)
+        self.peak = breakdown(tracker.get_tracker_snapshot("peak"))
+        tracker.reset_mod_stats()
+
+    def summary(self) -> dict:
+        if self.peak is None:
+            return {}
+        return {**peak_keys(self.peak), "mem/step_peak_tracked_step": self.step}
+
+
+def peak_keys(peak: dict[str, int], suffix: str = "") -> dict:
+    """``mem/step_peak_bytes<suffix>`` and ``mem/step_peak<suffix>/<category>_bytes``: the measured
+    step peak (no suffix) or the predicted one (``_predicted``)."""
+    keys = {f"mem/step_peak_bytes{suffix}": peak["total"]}
+    keys.update({f"mem/step_peak{suffix}/{c}_bytes": peak[c] for c in CATEGORIES})
+    return keys
+
+
+def predicted_keys(peak: dict[str, int], flops: int) -> dict:
+    return {**peak_keys(peak, "_predicted"), "speed/flops_per_step": flops}
+
+
+def run_peak_keys(trace: Trace) -> dict:
+    """``mem/run_peak_bytes_predicted`` (the largest phase) and ``mem/run_peak_predicted/<phase>_bytes``."""
+    keys = {"mem/run_peak_bytes_predicted": trace.run_peak["total"]}
+    keys.update(
+        {f"mem/run_peak_predicted/{phase}_bytes": peak["total"] for phase, peak in trace.phases.items()}
+    )
+    return keys
+
+
+def fake_batch(shapes: dict) -> dict:
+    """Zeros of the recorded shapes and dtypes (an attention mask of ones): made under fake mode."""
+    batch = {}
+    for key, (shape, dtype) in ((k, v) for k, v in shapes.items() if k != "padded"):
+        batch[key] = (
+            torch.ones(shape, dtype=dtype) if key == "attention_mask" else torch.zeros(shape, dtype=dtype)
+        )
+    return batch
+
+
+# The phases of a run whose peaks are predicted: the first optimizer step (its state is created in
+# it), a later step (the state exists throughout) and evaluation (a forward of eval_batch_size rows
+# with no gradients, while the weights and the optimizer state are still held).
+PHASES = ("first_step", "later_step", "eval")
+
+
+@dataclasses.dataclass
+class Trace:
+    """What one replay found: the peak by category of each phase, and the FLOPs of one step."""
+
+    phases: dict[str, dict[str, int]]
+    flops: int
+
+    def step_peak(self, warm_up: bool) -> dict[str, int]:
+        """The step a run tracks: a later one (``warm_up``), or the first when it has only one."""
+        return self.phases["later_step" if warm_up else "first_step"]
+
+    @property
+    def run_peak(self) -> dict[str, int]:
+        """The phase with the highest total."""
+        return max(self.phases.values(), key=lambda peak: peak["total"])
+
+
+def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool, device: str = "cpu",
+               eval_shapes: dict | None = None) -> tuple[dict, int]:  # fmt: skip
+    """The step peak (by category) and FLOPs of one optimizer step of ``batches``, replayed on fake
+    tensors: a later step with ``warm_up`` (the optimizer state exists), else the first."""
+    trace = trace_run(config, optimizer_cfg, cfg, batches, device, eval_shapes)
+    return trace.step_peak(warm_up), trace.flops
+
+
+def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cpu",
+              eval_shapes: dict | None = None) -> Trace:  # fmt: skip
+    """Run a run's phases on fake tensors, as the accelerate backend runs them
+    (:func:`effitrain.train.step.window_step` for a step of ``batches``, micro-batch shapes), each
+    under the step tracker; nothing is allocated and no weights are read.
+
+    ``device``: the kernels whose saved tensors and temporaries are replayed: ``cpu`` runs the CPU's
+    own (a CPU run's measurement, to the byte); ``cuda`` those a CUDA GPU runs
+    (:mod:`effitrain.memory.cuda`). ``eval_shapes``: the shapes of an eval batch (the ``eval``
+    phase); without it the eval phase is left out.
+
+    A first, untracked step counts the FLOPs, with a stateless SGD at lr 0 and before checkpointing
+    is enabled: model FLOPs (the work recomputation repeats does not count, as MFU is defined), and
+    ``FlopCounterMode``'s module hooks would keep recomputed activations alive while it runs.
+    ``cfg.gradient_checkpointing``: the tracked steps recompute each layer in backward.
+    Optimizers fake tensors cannot run (bitsandbytes' kernels) are traced as plain SGD, whose step
+    keeps no state, and their state is added from the analytic estimate at every moment of every
+    phase (the first step's peak is then an upper bound).
+    """
+    import warnings
+
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from effitrain.config.schema import DEVICES
+    from effitrain.memory import estimate_optimizer_state
+    from effitrain.memory.cuda import autocast_like, cuda_kernels, foreach_by_default
+    from effitrain.train.modeling import enable_activation_checkpointing
+    from effitrain.train.optim import build_optimizer
+    from effitrain.train.step import StepMeter, StepOps, window_step
+    from effitrain.train.tasks import build_task
+
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r}: expected one of {', '.join(DEVICES)}")
+    cuda = device == "cuda"
+    task = build_task(cfg)
+    auto = getattr(transformers, task.auto_class)
+    config = copy.deepcopy(config)  # checkpointing switches its use_cache off: not the caller's
+
+    warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
+    analytic_state = 0
+    if not _runs_on_fake(optimizer_cfg):
+        with torch.device("meta"):
+            shapes_only = auto.from_config(config)
+        state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
+        if state is None:  # neither replayed nor counted: a prediction without it would be too low
+            raise ConfigError(
+                f"optimizer._target_={str(optimizer_cfg.get('_target_'))!r} is invalid: with these settings "
+                "its state can be neither replayed on fake tensors nor counted by effitrain's estimate"
+            )
+        analytic_state = state.bytes
+    phases = {}
+    with fake_tensor_mode():
+        with torch.device("cpu"):
+            model = auto.from_config(config)
+        attention = attention_implementation(model.config)
+        if cuda and attention not in ("sdpa", "eager"):
+            raise ConfigError(
+                f"the CUDA replay models the sdpa and eager attention of transformers, not {attention!r}: "
+                "its kernel's saved tensors are not predicted"
+            )
+        model.train()
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision.mixed_precision)
+        if dtype is not None:  # as accelerate prepares a model for mixed precision
+            from types import MethodType
+
+            from accelerate.utils import convert_outputs_to_fp32
+
+            autocast = autocast_like(device, dtype)
+            model.forward = MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
+
+        if _runs_on_fake(optimizer_cfg):
+            optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
+        else:
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        if cuda:
+            foreach_by_default(optimizer)
+        meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
+        max_norm = cfg.max_grad_norm or math.inf
+        window = [fake_batch(shapes) for shapes in batches]
+        evaluation = fake_batch(eval_shapes) if eval_shapes is not None else None
+        items = sum(len(b["labels"]) for b in window)
+        unpadded = {
+            id(b["attention_mask"])
+            for b, s in [*zip(window, batches), (evaluation, eval_shapes)]
+            if b is not None and "attention_mask" in b and not s.get("padded", True)
+        }
+
+        ops = StepOps(
+            backward=lambda loss: loss.backward(),
+            no_sync=contextlib.nullcontext,
+            clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=cuda or None),
+        )
+
+        def step(optimizer, before_forward=None):
+            return window_step(task, model, optimizer, window, items, meter, ops, before_forward)
+
+        def tracked(phase, run):
+            tracker = step_tracker()
+            tracker.track_external(model, optimizer)
+            with tracker:
+                run(tracker)
+            phases[phase] = breakdown(tracker.get_tracker_snapshot("peak"))
+
+        def evaluate(tracker):
+            model.eval()
+            with torch.no_grad():
+                task.loss_sum(model, evaluation)
+            model.train()
+
+        kernels = cuda_kernels() if cuda else contextlib.nullcontext()
+        with _mask_skipping_as_recorded(model, unpadded), kernels:
+            with FlopCounterMode(display=False) as flops:
+                step(torch.optim.SGD(model.parameters(), lr=0.0))
+            if cfg.get("gradient_checkpointing"):
+                enable_activation_checkpointing(model)
+                # checkpointing recomputes a layer under the autocast its forward ran in (it saves and
+                # restores autocast state); the emulated CUDA autocast is a mode, not that state, so it
+                # is opened around the checkpointed function itself, in forward and recomputation alike
+                if (
+                    cuda
+                    and dtype is not None
+                    and not checkpointing_wrapped(model, autocast_like(device, dtype))
+                ):
+                    raise ConfigError(
+                        "the CUDA replay cannot recompute this model's layers under CUDA's autocast "
+                        "(no transformers _gradient_checkpointing_func): gradient checkpointing with "
+                        f"precision={cfg.precision.mixed_precision} is not modeled"
+                    )
+            for phase in ("first_step", "later_step"):  # reset_mod_stats per micro-batch, as StepMemory.saw
+                tracked(phase, lambda tracker: step(optimizer, lambda batch: tracker.reset_mod_stats()))
+            if evaluation is not None:
+                tracked("eval", evaluate)
+    for peak in phases.values():
+        peak["optimizer_state"] += analytic_state
+        peak["total"] += analytic_state
+    return Trace(phases, flops.get_total_flops())
+
+
+@contextlib.contextmanager
+def _mask_skipping_as_recorded(model, unpadded: set[int]):
+    """transformers skips building an attention mask for a batch without padding, a decision it
+    cannot take on fake tensors (it assumes padding). Take it as the recorded micro-batch did: a
+    hook on the model's forward notes which micro-batch is running."""
+    current = {"unpadded": False}
+
+    def note(module, args, kwargs):
+        current["unpadded"] = id(kwargs.get("attention_mask")) in unpadded
+
+    def follow(original):
+        def decide(*args, **kwargs):
+            return True if current["unpadded"] else original(*args, **kwargs)
+
+        return decide
+
+    hook = model.register_forward_pre_hook(note, with_kwargs=True)
+    try:
+        with mask_skipping_replaced(follow):
+            yield
+    finally:
+        hook.remove()
+
+
+# Optimizers whose step fake tensors cannot run: bitsandbytes' kernels; torchao's torch.compile'd
+# update; APOLLO's norm-growth limiter (Python's max() over a tensor needs its value).
+NOT_ON_FAKE = ("bitsandbytes.", "torchao.", "effitrain.train.apollo.")
+
+
+def _runs_on_fake(optimizer_cfg) -> bool:
+    return not str(optimizer_cfg.get("_target_", "")).startswith(NOT_ON_FAKE)

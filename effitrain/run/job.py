@@ -1,0 +1,80 @@
+"""The run's job: everything a backend needs, built once in shared code (:func:`build_job`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from effitrain.memory.replay import StepMemory
+from effitrain.memory.track import TrainingMemory
+from effitrain.train import checkpoint
+from effitrain.train.data import build_dataloaders, tokenize_cached
+from effitrain.train.distributed import world_size
+from effitrain.train.job import Job
+from effitrain.train.modeling import build_tokenizer, enable_activation_checkpointing
+from effitrain.train.optim import build_optimizer, build_scheduler, num_optimizer_steps
+from effitrain.train.step import StepMeter
+from effitrain.train.tasks import build_task
+
+
+def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,
+              resume: checkpoint.ResumePoint | None = None) -> Job:  # fmt: skip
+    """Build data, model, optimizer, scheduler, meter and checkpointer for ``cfg`` (validated already)."""
+    from datasets.utils import logging as datasets_logging
+    from transformers import set_seed
+
+    # the data library's bars (reading, tokenizing, saving the cache) follow progress_bar too
+    (datasets_logging.enable_progress_bar if cfg.progress_bar else datasets_logging.disable_progress_bar)()
+    set_seed(cfg.seed)
+    task = build_task(cfg)
+    raw = task.load(cfg.data)
+    tokenizer = build_tokenizer(cfg.model)
+    source_key = OmegaConf.to_container(cfg.data, resolve=True)
+    tokenized = tokenize_cached(raw, tokenizer, cfg.max_length, cfg.get("cache_dir"), source_key, task)
+    train_loader, eval_loader, _ = build_dataloaders(
+        tokenized, task.collator(tokenizer), cfg.micro_batch_size, cfg.eval_batch_size, cfg.seed
+    )
+
+    set_seed(cfg.seed)  # the head's initialization does not depend on how much data was read
+    model = task.build_model(cfg.model, raw, tokenizer)
+    if cfg.get("gradient_checkpointing"):
+        enable_activation_checkpointing(model)
+    optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
+
+    # accelerate shards batches over processes: each process sees ceil(batches / world) of them.
+    batches_per_process = math.ceil(len(train_loader) / world_size())
+    num_steps = num_optimizer_steps(
+        batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
+    )
+    scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
+    memory = TrainingMemory(model, optimizer, device)
+    meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main, task, memory.peak.read_current)
+    data_keys = task.data_summary(tokenized)
+    checkpoints = checkpoint.Checkpointer(
+        cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume
+    )
+    # one representative step: the second of this process (the optimizer state exists by then and
+    # the first step's one-off costs are behind), or the last when there are fewer
+    first = resume.step + 1 if resume is not None else 1
+    step_memory = StepMemory(model, optimizer, min(first + 1, num_steps), meter)
+    return Job(
+        cfg=cfg,
+        task=task,
+        model=model,
+        tokenizer=tokenizer,
+        train_loader=train_loader,
+        eval_loader=eval_loader,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        num_steps=num_steps,
+        meter=meter,
+        output_dir=output_dir,
+        checkpoints=checkpoints,
+        step_memory=step_memory,
+        data_keys=data_keys,
+        memory=memory,
+        resume=resume,
+    )

@@ -1,0 +1,33 @@
+"""The job side of a multirun: what each job's process does before its run (under effitrain's
+launcher and under ``submitit_slurm`` alike), called by the Hydra task (:mod:`effitrain.commands.train`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from effitrain.run import results
+
+# Inductor's compile cache, shared by a sweep's jobs: a dot-folder of the sweep.
+INDUCTOR_CACHE = ".cache/inductor"
+
+
+def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
+    """Prepare one job of a multirun; return its earlier ok summary when it is to be skipped."""
+    # Inductor's cache defaults to /tmp of each machine; under the sweep folder it is shared by all
+    # jobs of the sweep, on one box or across cluster nodes, so later compile=on jobs start faster.
+    cache = Path(hydra_cfg.sweep.dir).resolve() / INDUCTOR_CACHE
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    if not cfg.get("skip_ok_jobs", True):
+        return None
+    previous = results.read_summary(Path(hydra_cfg.runtime.output_dir))
+    if previous is None or previous.get("status") != "ok":
+        return None
+    if results.config_change(previous, cfg) is not None:  # another config: the run refuses the folder
+        return None
+    print(
+        f"effitrain: skip: {hydra_cfg.runtime.output_dir} already holds an ok summary.json (skip_ok_jobs=true)"
+    )
+    return previous

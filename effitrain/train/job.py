@@ -1,0 +1,120 @@
+"""What a backend receives (:class:`Job`), what it gives back for evaluation (:class:`Evaluation`),
+and the shared evaluation.
+
+Everything a backend needs is built once, by :func:`effitrain.run.job.build_job`; the backend owns only its
+loop (:class:`effitrain.backends.Backend`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from omegaconf import DictConfig
+
+from effitrain.train import checkpoint
+from effitrain.train.step import StepMeter, epoch_batches
+from effitrain.train.tasks import Task
+
+if TYPE_CHECKING:  # built by the run (effitrain.run.job), above this layer
+    from effitrain.memory.replay import StepMemory
+    from effitrain.memory.track import TrainingMemory
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What the shared evaluation runs on, as the backend prepared it: the model (wrapped or compiled
+    by the backend, or the plain module), the eval loader (sharded over processes) and the
+    accelerator that gathers the metrics over processes."""
+
+    model: torch.nn.Module
+    loader: torch.utils.data.DataLoader
+    accelerator: object
+
+
+@dataclass
+class Job:
+    """What a backend receives: the objects the shared code built, the config they came from, and the
+    run's shared steps.
+
+    A backend owns only its loop; the run's lifecycle around it is shared. Before the loop the shared
+    code restores the resume point (``start``); each optimizer step of the loop runs inside
+    ``with job.track_step(step):`` (all its micro-batches, clipping and the optimizer step) and is
+    followed by ``job.end_step(...)``; the backend's micro-batches of an epoch come from
+    :meth:`epoch_batches` (a resumed epoch skips what was consumed).
+
+    ``model`` stays the plain module: backends wrap it (DDP, torch.compile) without copying its
+    parameters, so after training it holds the trained weights, and saving it gives keys without
+    an ``_orig_mod.`` prefix. Backends fill in nothing: what evaluation runs on, they return
+    (:class:`Evaluation`) or hand to :meth:`end_step`.
+    """
+
+    cfg: DictConfig
+    task: Task  # loss, items, evaluation: the hooks backends call (job.task.loss_sum, ...)
+    model: torch.nn.Module
+    tokenizer: object
+    train_loader: torch.utils.data.DataLoader
+    eval_loader: torch.utils.data.DataLoader
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    num_steps: int
+    meter: StepMeter
+    output_dir: Path
+    checkpoints: checkpoint.Checkpointer
+    # the memory tracker: measures one chosen optimizer step inside track_step; None: no tracking
+    step_memory: StepMemory | None
+    data_keys: dict  # summary keys describing the tokenized data (the task's)
+    memory: TrainingMemory  # everything mem/* of the run, read around the measured region
+    resume: checkpoint.ResumePoint | None = None  # the checkpoint this run continues from
+    # where the loop starts: set by the shared restore before the backend's fit
+    start: checkpoint.Position = field(default_factory=lambda: checkpoint.Position(0, 0, 0))
+
+    best_eval: tuple[float, int] | None = None  # (eval/loss, step) of the best evaluation so far
+    # (position, generators) a backend that restores weights through the job resumes its data from
+    _data_resume: tuple[checkpoint.Position, dict] | None = None
+
+    @contextlib.contextmanager
+    def track_step(self, step: int):
+        """The context of optimizer step ``step`` (1-based): the meter's clock starts as the first
+        step begins (so a backend's set-up is nobody's step time), and the memory tracker measures
+        the step it chose."""
+        if not self.meter.started:
+            self.meter.start()
+        with self.step_memory(step) if self.step_memory is not None else contextlib.nullcontext():
+            yield
+
+    def end_step(self, step: int, lr: float, grad_norm, evaluation: Evaluation, trainer_state=None) -> None:
+        """The shared end of optimizer step ``step``, in this order: the meter's line (which raises
+        on a diverged loss), an evaluation on ``evaluation`` when ``eval_every`` says so (its time
+        left out of the next step's), then the checkpoint, so a diverged state is never saved.
+        ``trainer_state``: the Trainer's own state, saved with the checkpoint for its resume."""
+        self.meter.end_step(step, lr, grad_norm)
+        every = self.cfg.get("eval_every")
+        if every and step % every == 0 and step < self.num_steps:  # the last step: the final evaluation
+            started = time.perf_counter()
+            self.log_evaluation(step, evaluate_job(self, evaluation))
+            self.meter.exclude(time.perf_counter() - started)
+        self.checkpoints.after_step(step, trainer_state=trainer_state)
+
+    def epoch_batches(self, loader, epoch: int):
+        """``epoch``'s micro-batches; in the epoch being resumed, the consumed ones are skipped and the
+        generators then restored (:func:`effitrain.train.step.epoch_batches`)."""
+        pending, self._data_resume = self._data_resume, None
+        if pending is None or pending[0].epoch != epoch:
+            return epoch_batches(loader, epoch)
+        at, rng = pending
+        return epoch_batches(loader, epoch, at.batches, rng)
+
+    def log_evaluation(self, step: int, metrics: dict) -> None:
+        self.meter.log({"step": step, **metrics}, step)
+        if self.best_eval is None or metrics["eval/loss"] < self.best_eval[0]:
+            self.best_eval = (metrics["eval/loss"], step)
+
+
+def evaluate_job(job: Job, evaluation: Evaluation) -> dict:
+    """The shared evaluation of ``job``'s task, on what the backend prepared."""
+    return job.task.evaluate(evaluation.model, evaluation.loader, evaluation.accelerator)

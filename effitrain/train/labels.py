@@ -1,0 +1,51 @@
+"""The label columns of a classification dataset, checked before anything is tokenized: one kind of
+label, at least two classes in training, every eval label among them. Each problem is one line
+naming ``data.label_column``, its value and the offending labels."""
+
+from __future__ import annotations
+
+from effitrain.config.errors import invalid
+
+
+def _shown(values) -> str:
+    values = sorted(values, key=str)
+    return ", ".join(repr(v) for v in values[:5]) + (", ..." if len(values) > 5 else "")
+
+
+def check_label_kinds(column: str, every: set) -> None:
+    """Labels of one kind: in a numeric column whole class ids only (1.5 would become a class of
+    its own), and no class ids mixed with names ("1" beside "x").
+
+    Raises:
+        ConfigError: naming the column and the offending values.
+    """
+    key = "data.label_column"
+    numeric = [v for v in every if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    fractional = [v for v in numeric if isinstance(v, float) and not float(v).is_integer()]
+    if fractional:
+        raise invalid(
+            key, column, f"a numeric label column must hold whole class ids; it holds {_shown(fractional)}"
+        )
+    numbers_as_text = [v for v in every if isinstance(v, str) and v.strip().lstrip("-").isdigit()]
+    if numbers_as_text and len(numbers_as_text) < len(every):
+        others = [v for v in every if v not in numbers_as_text]
+        raise invalid(key, column, f"the column mixes class ids ({_shown(numbers_as_text)}) with other values "
+                                   f"({_shown(others)}): give ids or names, not both")  # fmt: skip
+
+
+def check_label_sets(column: str, train: list, eval_: list) -> None:
+    """At least two classes in training, and every eval label among them (a class never trained on
+    scores as a guaranteed error, and disjoint sets mean the splits were labelled differently).
+
+    Raises:
+        ConfigError: naming the column and the offending values.
+    """
+    key = "data.label_column"
+    train_values, eval_values = set(train), set(eval_)
+    if len(train_values) < 2:
+        raise invalid(key, column, f"the train split holds a single class ({_shown(train_values)}): "
+                                   "classification needs at least 2")  # fmt: skip
+    unseen = eval_values - train_values
+    if unseen:
+        raise invalid(key, column, f"the eval split holds labels the train split lacks ({_shown(unseen)}; "
+                                   f"train has {_shown(train_values)})")  # fmt: skip

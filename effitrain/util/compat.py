@@ -1,0 +1,242 @@
+"""The private APIs of torch, transformers, accelerate and datasets that effitrain uses, in one place.
+
+An underscore name is no promise: any release may rename or drop it. effitrain reaches each one
+only through this module, behind a version guard: it is used only on releases below
+``CHECKED_BELOW`` (pyproject.toml's upper bounds, the releases it was checked on) and only when it
+is there; otherwise the entry's fallback says what happens (a slower path, an unpatched mask, or an
+error that names the API). ``tests/test_compat.py`` checks every entry on the installed releases
+and fails loudly, naming the entry, when an upgrade changes one, or when pyproject.toml admits a
+release this module was not checked on.
+
+Checked on torch 2.13, transformers 5.23, accelerate 1.15, datasets 5.2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import re
+from importlib.metadata import version
+
+log = logging.getLogger(__name__)
+
+# The first release of each library not checked here: pyproject.toml's upper bound. Raising a
+# bound there means checking this library's entries below (tests/test_compat.py insists).
+CHECKED_BELOW = {"torch": "2.15", "transformers": "6", "accelerate": "2", "datasets": "6"}
+
+
+def checked(library: str) -> bool:
+    """The installed ``library`` is a release the private APIs below were checked on."""
+    return _release(_installed(library)) < _release(CHECKED_BELOW[library])
+
+
+@functools.cache
+def _installed(library: str) -> str:
+    """The installed release of ``library`` (read once: a lookup in the installed metadata costs
+    milliseconds, and memory counting asks for every tensor it meets)."""
+    return version(library)
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """``2.13.0+cpu`` -> (2, 13, 0): the release numbers, without local or pre-release parts."""
+    return tuple(int(part) for part in re.match(r"\d+(\.\d+)*", text).group().split("."))
+
+
+def private(library: str, owner, name: str):
+    """``owner.name`` when ``library`` is a checked release and has it; else None (the caller's fallback)."""
+    if not checked(library):
+        log.warning(
+            "%s %s is newer than effitrain checked: not using its %s", library, version(library), name
+        )
+        return None
+    return getattr(owner, name, None)
+
+
+def _missing(library: str, name: str) -> RuntimeError:
+    return RuntimeError(
+        f"{library} {version(library)} has no {name}, a private API effitrain needs: "
+        f"install {library}<{CHECKED_BELOW[library]} (see effitrain/util/compat.py)"
+    )
+
+
+# --- torch -------------------------------------------------------------------------------------
+
+
+def mem_tracker_class():
+    """torch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``, a private module)."""
+    from torch.distributed._tools import mem_tracker
+
+    return mem_tracker.MemTracker
+
+
+@functools.cache
+def step_peak_tracker_class():
+    """A ``MemTracker`` that keeps only the whole step's peak, by overriding its private
+    ``_update_peak_stats`` (reading ``_curr_mem_snap``, ``_peak_mem``, ``_peak_mem_snap`` and
+    ``_TOTAL_KEY``). Fallback: the full ``MemTracker``, slower, same peak."""
+    from torch.distributed._tools import mem_tracker
+
+    tracker = mem_tracker.MemTracker
+    if private("torch", tracker, "_update_peak_stats") is None or not hasattr(mem_tracker, "_TOTAL_KEY"):
+        return tracker  # another torch's internals: the full tracker, slower, same peak
+
+    class StepPeakTracker(tracker):
+        def _update_peak_stats(self, peak_state) -> None:
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot[mem_tracker._TOTAL_KEY]:
+                    self._peak_mem[device] = snapshot[mem_tracker._TOTAL_KEY]
+                    self._peak_mem_snap[device] = dict(snapshot)  # flat: {category: bytes}
+
+    return StepPeakTracker
+
+
+def fake_tensor_mode():
+    """A ``FakeTensorMode`` (``torch._subclasses.fake_tensor``): tensors with shapes and no memory.
+    No fallback: the step prediction cannot run without it."""
+    from torch._subclasses import fake_tensor
+
+    mode = private("torch", fake_tensor, "FakeTensorMode")
+    if mode is None:
+        raise _missing("torch", "torch._subclasses.fake_tensor.FakeTensorMode")
+    return mode()
+
+
+def is_traceable_wrapper_subclass(tensor) -> bool:
+    """A tensor subclass that stores plain tensors inside (``torch.utils._python_dispatch``).
+    Fallback: the protocol itself, a subclass with ``__tensor_flatten__``."""
+    import torch
+    from torch.utils import _python_dispatch
+
+    check = private("torch", _python_dispatch, "is_traceable_wrapper_subclass")
+    if check is not None:
+        return check(tensor)
+    return type(tensor) is not torch.Tensor and hasattr(tensor, "__tensor_flatten__")
+
+
+def adam_step_dtype(fused: bool | None = None):
+    """The dtype of Adam's ``step`` tensor (``torch.optim.optimizer._get_scalar_dtype``).
+    Fallback: float32, torch's choice unless the default dtype is float64."""
+    import torch
+    from torch.optim import optimizer
+
+    scalar_dtype = private("torch", optimizer, "_get_scalar_dtype")
+    if scalar_dtype is None:
+        return torch.float32
+    return scalar_dtype(is_fused=fused) if fused is not None else scalar_dtype()
+
+
+def tree_map(fn, tree):
+    """``fn`` on every leaf of nested tuples, lists and dicts (``torch.utils._pytree.tree_map``).
+    No fallback: the CUDA autocast replay casts a call's arguments with it."""
+    from torch.utils import _pytree
+
+    mapped = private("torch", _pytree, "tree_map")
+    if mapped is None:
+        raise _missing("torch", "torch.utils._pytree.tree_map")
+    return mapped(fn, tree)
+
+
+# CUDA's fused attention kernels, each its own aten op with a meta function (underscore names)
+SDPA_KERNEL_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+
+
+def sdpa_kernel_op(name: str):
+    """The aten op of one of :data:`SDPA_KERNEL_OPS`. No fallback: the CUDA replay of attention
+    runs the kernel's own op, so that autograd keeps what its backward keeps."""
+    import torch
+
+    op = private("torch", torch.ops.aten, name)
+    if op is None:
+        raise _missing("torch", f"torch.ops.aten.{name}")
+    return op
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent compiling in this process so far (dynamo's own timing,
+    ``torch._dynamo.utils.compilation_time_metrics``). Fallback: NaN (unknown), not 0."""
+    from torch._dynamo import utils
+
+    metrics = private("torch", utils, "compilation_time_metrics")
+    if metrics is None:
+        return math.nan
+    return float(sum(metrics.get("_compile.compile_inner", [])))
+
+
+# --- transformers ------------------------------------------------------------------------------
+
+# transformers decides, per batch, to build no attention mask when nothing is padded (sdpa).
+MASK_SKIPPING = ("_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa")
+
+
+@contextlib.contextmanager
+def mask_skipping_replaced(follow):
+    """Within, each of transformers' ``masking_utils`` deciders in :data:`MASK_SKIPPING` is
+    ``follow(original)``; restored on exit. Fallback: a decider that is gone is left alone (the
+    prediction then builds the mask transformers builds for padded batches)."""
+    from transformers import masking_utils
+
+    originals = {name: private("transformers", masking_utils, name) for name in MASK_SKIPPING}
+    for name, original in originals.items():
+        if original is not None:
+            setattr(masking_utils, name, follow(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            if original is not None:
+                setattr(masking_utils, name, original)
+
+
+def checkpointing_wrapped(model, wrap) -> int:
+    """Each of the model's checkpointed layers runs ``wrap(fn)`` where it ran ``fn`` under
+    ``torch.utils.checkpoint``, in the forward and in the recomputation alike: transformers'
+    ``_gradient_checkpointing_func`` (set by ``gradient_checkpointing_enable``) is wrapped. Returns
+    how many layers were; fallback: none (0), which the caller reports."""
+    from transformers import PreTrainedModel
+
+    wrapped = 0
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):  # it holds the function too, for its layers to take
+            continue
+        original = private("transformers", module, "_gradient_checkpointing_func")
+        if original is not None:
+            module._gradient_checkpointing_func = functools.partial(
+                lambda checkpoint, fn, *args, **kwargs: checkpoint(wrap(fn), *args, **kwargs), original
+            )
+            wrapped += 1
+    return wrapped
+
+
+def attention_implementation(config) -> str:
+    """The attention a transformers model runs (``PretrainedConfig._attn_implementation``).
+    Fallback: sdpa, transformers' default where torch has it."""
+    return private("transformers", config, "_attn_implementation") or "sdpa"
+
+
+# --- accelerate --------------------------------------------------------------------------------
+
+
+def reset_accelerator_state() -> None:
+    """Forget accelerate's process-wide precision and compile settings
+    (``AcceleratorState._reset_state``), keeping the process group. No fallback: without it a job
+    would inherit the previous job's settings, so a missing one is an error."""
+    from accelerate.state import AcceleratorState
+
+    reset = private("accelerate", AcceleratorState, "_reset_state")
+    if reset is None:
+        raise _missing("accelerate", "AcceleratorState._reset_state")
+    reset(reset_partial_state=False)
+
+
+# --- datasets ----------------------------------------------------------------------------------
+
+
+def dataset_fingerprint(dataset) -> str:
+    """What a ``datasets.Dataset`` holds, as datasets hashes it (``Dataset._fingerprint``). No
+    fallback: the tokenized cache's key needs it."""
+    fingerprint = private("datasets", dataset, "_fingerprint")
+    if fingerprint is None:
+        raise _missing("datasets", "Dataset._fingerprint")
+    return fingerprint
