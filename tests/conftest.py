@@ -1,28 +1,18 @@
-"""Shared test helpers: compose the real config (shrunk to a tiny model on generated data) and run it."""
+"""Fixtures every test gets: offline, private caches, fresh compile caches. Helpers live in tests/helpers/."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 
-# Small and fast: a 2-layer BERT with 32 hidden units on 256 generated samples.
-TINY = [
-    "model=tiny",
-    "data=synthetic",
-    "epochs=1",
-    "micro_batch_size=8",
-    "eval_batch_size=32",
-    "progress_bar=false",
-    "logger=none",
-]
+def pytest_configure(config):
+    """Workers of one thread each: on tiny models two single-thread workers beat one two-thread
+    process, and subprocesses (train.py, torchrun) inherit the setting."""
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -37,7 +27,7 @@ def _offline_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def csv_files(tmp_path_factory) -> Path:
-    """The CSV files the bad-input table (tests/bad_inputs.py) names as {CSV}/<name>."""
+    """The CSV files the bad-input table (tests/helpers/bad_inputs.py) names as {CSV}/<name>."""
     folder = tmp_path_factory.mktemp("csv")
     (folder / "train.csv").write_text("text,label\ngood,1\nbad,0\nfine,1\nawful,0\n")
     (folder / "test.csv").write_text("text,label\nokay,1\nworse,0\n")
@@ -75,103 +65,3 @@ def _no_validation_carried_over():
 
     yield
     effitrain.config.load._VALIDATED.clear()
-
-
-def compose(*overrides: str, tiny: bool = True):
-    """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""
-    from effitrain.config.compose import compose
-
-    return compose((TINY if tiny else []) + list(overrides))
-
-
-def run_job(tmp_path: Path, *overrides: str, tiny: bool = True) -> dict:
-    """One run in this process; returns its summary (also written to tmp_path/summary.json)."""
-    from effitrain.run.recipe import run
-
-    return run(compose(*overrides, tiny=tiny), tmp_path)
-
-
-def read_metrics(folder: Path, kind: str = "train") -> list[dict]:
-    """metrics.jsonl's lines: the optimizer steps' (``train``), the evaluations' (``eval``) or ``all``."""
-    lines = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
-    if kind == "all":
-        return lines
-    return [line for line in lines if ("train/loss" in line) == (kind == "train")]
-
-
-def wait_for_lines(process: subprocess.Popen, text: str, count: int, timeout: float = 300) -> list[str]:
-    """stdout lines of ``process`` up to the ``count``-th holding ``text`` (it must still run)."""
-    lines, deadline = [], time.time() + timeout
-    while sum(text in line for line in lines) < count:
-        assert time.time() < deadline and process.poll() is None, "".join(lines)
-        lines.append(process.stdout.readline())
-    return lines
-
-
-def train_py(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600):
-    """``python train.py ARGS`` in a subprocess, as a user types it."""
-    full_env = dict(os.environ, **(env or {}))
-    return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args],
-        cwd=cwd or REPO,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-class ParamSnapshots:
-    """A metric logger that also copies the model's parameters at every optimizer step."""
-
-    def __init__(self):
-        self.model = None
-        self.lines: list[dict] = []
-        self.params: list[dict] = []
-
-    def log_dict(self, payload: dict, step: int) -> None:
-        self.lines.append(dict(payload))
-        self.params.append({n: p.detach().clone() for n, p in self.model.named_parameters()})
-
-    def close(self) -> None:
-        pass
-
-
-def fit(job) -> dict:
-    """Train (the backend's loop), then evaluate, as a run does between them: the train and eval metrics."""
-    from effitrain.run.recipe import evaluate_job, train
-
-    metrics, evaluation = train(job)
-    metrics.update(evaluate_job(job, evaluation))
-    return metrics
-
-
-def fit_with_snapshots(tmp_path: Path, *overrides: str):
-    """Build a job as ``run`` does and fit it, recording parameters after each optimizer step.
-
-    Returns (snapshots, metrics from fit, the job).
-    """
-    from effitrain.config.validate import validate
-    from effitrain.run.job import build_job
-    from effitrain.train.distributed import process_state
-
-    cfg = compose(*overrides)
-    validate(cfg)
-    state = process_state()
-    snapshots = ParamSnapshots()
-    job = build_job(cfg, Path(tmp_path), [snapshots], state.device, True)
-    snapshots.model = job.model
-    metrics = fit(job)
-    return snapshots, metrics, job
-
-
-def optimizer_option(name: str):
-    """An option of conf/optimizer as a test parameter, skipped where its optional package (an
-    extra such as torchao) is not installed."""
-    from omegaconf import OmegaConf
-
-    from effitrain.config.registry import CONF_DIR, install_hint, missing_module
-
-    missing = missing_module(OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml"))
-    reason = f"{missing} is not installed ({install_hint(missing)})" if missing else ""
-    return pytest.param(name, marks=pytest.mark.skipif(missing is not None, reason=reason))

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.helpers.run import REPO
 
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"  # import-linter, a dev dependency
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.run import REPO
 
 pytestmark = pytest.mark.slow  # a copy of the package and three runs, each in its own process
 

@@ -11,7 +11,7 @@ import venv
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.run import REPO
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_an_installed_wheel_trains_estimates_and_sweeps_outside_the_checkout(ins
     assert estimate.returncode == 0, estimate.stderr[-3000:]
     rows = json.loads(estimate.stdout)["optimizers"]
     from effitrain.commands.estimate import estimate_memory
-    from tests.conftest import compose
+    from tests.helpers.run import compose
 
     here = estimate_memory(compose("model=tiny", "data=synthetic"))["chosen"]  # the checkout's own figure
     assert rows["adamw"]["optimizer_state_bytes"] == here["optimizer_state_bytes"] > 2 * here["weights_bytes"]

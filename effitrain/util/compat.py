@@ -4,7 +4,7 @@ An underscore name is no promise: any release may rename or drop it. effitrain r
 only through this module, behind a version guard: it is used only on releases below
 ``CHECKED_BELOW`` (pyproject.toml's upper bounds, the releases it was checked on) and only when it
 is there; otherwise the entry's fallback says what happens (a slower path, an unpatched mask, or an
-error that names the API). ``tests/test_compat.py`` checks every entry on the installed releases
+error that names the API). ``tests/util/test_compat.py`` checks every entry on the installed releases
 and fails loudly, naming the entry, when an upgrade changes one, or when pyproject.toml admits a
 release this module was not checked on.
 
@@ -23,7 +23,7 @@ from importlib.metadata import version
 log = logging.getLogger(__name__)
 
 # The first release of each library not checked here: pyproject.toml's upper bound. Raising a
-# bound there means checking this library's entries below (tests/test_compat.py insists).
+# bound there means checking this library's entries below (tests/util/test_compat.py insists).
 CHECKED_BELOW = {"torch": "2.15", "transformers": "6", "accelerate": "2", "datasets": "6"}
 
 

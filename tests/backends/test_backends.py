@@ -1,0 +1,86 @@
+"""The backend contract: each backend of the config group keeps it, and one step's operations
+reach ``window_step`` as one ``StepOps``."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from effitrain.backends.base import Backend, backend_of
+from effitrain.config.errors import ConfigError
+from effitrain.config.registry import group_options
+from effitrain.train.step import StepOps, window_step
+from tests.helpers.run import compose
+
+
+@pytest.mark.parametrize("option", group_options("backend"))
+def test_every_backend_keeps_the_contract(option):
+    node = compose(f"backend={option}").backend
+    fit = instantiate(node)
+    backend = backend_of(node)
+    assert isinstance(backend, Backend)
+    assert backend.__name__ == f"effitrain.backends.{option}" and backend.fit is fit.func
+    # only the Trainer loads its own checkpoint (its resume_from_checkpoint)
+    assert backend.loads_checkpoint is (option == "trainer")
+
+
+@pytest.mark.parametrize("target", ["effitrain.train.step.step_loss", "effitrain.nowhere.fit"])
+def test_a_target_that_is_no_backend_is_named(target):
+    with pytest.raises(
+        ConfigError, match=rf"^backend\._target_='{target}' is invalid: a backend is a module"
+    ):
+        backend_of(OmegaConf.create({"_target_": target, "_partial_": True}))
+
+
+class _SquaredSum:
+    """A task whose loss is the summed square of a linear model's output."""
+
+    def loss_sum(self, model, batch):
+        return (model(batch["x"]) ** 2).sum()
+
+
+class _Meter:
+    def __init__(self):
+        self.losses = []
+
+    def add(self, loss, batch):
+        self.losses.append(loss.item())
+
+
+def test_window_step_uses_the_step_ops_in_order():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1, bias=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the gradient stays readable
+    window = [{"x": torch.randn(2, 3)}, {"x": torch.randn(3, 3)}]
+    events, backward_losses = [], []
+
+    @contextlib.contextmanager
+    def no_sync():
+        events.append("no_sync")
+        yield
+
+    def backward(loss):
+        events.append("backward")
+        backward_losses.append(loss.item())
+        loss.backward()
+
+    def clip():
+        events.append("clip")
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+
+    expected_grad = (
+        sum(torch.autograd.grad((model(b["x"]) ** 2).sum(), model.weight)[0] for b in window) * 2 / 5
+    )
+    meter = _Meter()
+    optimizer.zero_grad = lambda set_to_none=True: events.append("zero_grad")  # keep .grad to read it
+    norm = window_step(_SquaredSum(), model, optimizer, window, 5, meter, StepOps(backward, no_sync, clip, 2))
+    # no_sync around every micro-batch but the last; clip once, after all backward passes
+    assert events == ["no_sync", "backward", "backward", "clip", "zero_grad"]
+    # each micro-batch's summed loss x processes / the step's items
+    assert backward_losses == pytest.approx([loss * 2 / 5 for loss in meter.losses], rel=1e-6)
+    torch.testing.assert_close(model.weight.grad, expected_grad)
+    assert norm.item() == pytest.approx(expected_grad.norm().item(), rel=1e-6)

@@ -1,0 +1,229 @@
+"""``effitrain plan`` and MFU: the plan picks what its own predictions say fits; MFU is the FLOPs of a
+step (equal to a hand count) over the step time and the device peak."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from effitrain.commands.estimate import estimate_memory
+from effitrain.commands.plan import parse_bytes, plan, probe
+from effitrain.config.errors import ConfigError
+from tests.helpers.run import REPO, compose, run_job
+
+# long enough for activations to set the peak; evaluation's rows few, so training's phases set the run's peak
+BASE = ["model=tiny", "data=synthetic", "max_length=256", "eval_batch_size=4"]
+
+
+def predicted(micro: int, effective: int = 16, checkpointing: bool = False, base=BASE) -> int:
+    cfg = compose(*base, "optimizer=adafactor", f"gradient_accumulation_steps={effective // micro}",
+                  f"gradient_checkpointing={checkpointing}", tiny=False)  # fmt: skip
+    cfg.micro_batch_size = micro
+    [row] = estimate_memory(cfg, {"adafactor": cfg.optimizer}).values()
+    return row["run_peak_bytes"]
+
+
+@pytest.mark.slow
+def test_a_budget_between_two_peaks_picks_the_larger_micro_batch_that_fits():
+    whole, half = predicted(16), predicted(8)
+    assert whole > half  # activations grow with the micro batch
+    rows = plan(BASE, (whole + half) // 2, effective=16, optimizers=["adafactor"], precisions=["fp32"],
+                checkpointing=[False], margin=0.0)  # fmt: skip
+    best = rows[0]
+    assert (best["micro_batch_size"], best["gradient_accumulation_steps"], best["fits"]) == (8, 2, True)
+    assert best["run_peak_bytes_predicted"] == half
+    # 16 is over: the smallest (1) is traced next, to know that some micro batch fits; then 8 fits
+    assert [(r["micro_batch_size"], r["fits"]) for r in rows] == [(8, True), (1, True), (16, False)]
+    assert best["command"].endswith(
+        "optimizer=adafactor precision=fp32 effective_batch_size=16 gradient_accumulation_steps=2"
+    )
+
+
+@pytest.mark.slow
+def test_gradient_checkpointing_is_planned_where_it_saves_accumulation_steps():
+    base = [*BASE, "model.architecture.num_hidden_layers=4"]  # recomputation pays with more layers
+    plain, checkpointed = predicted(16, base=base), predicted(16, checkpointing=True, base=base)
+    half = predicted(8, base=base)
+    assert checkpointed < half < plain  # recomputation keeps one layer's activations, not all of them
+    rows = plan(base, (half + checkpointed) // 2, effective=16, optimizers=["adafactor"], precisions=["fp32"],
+                margin=0.0)  # fmt: skip
+    best = rows[0]
+    assert (best["micro_batch_size"], best["gradient_checkpointing"], best["fits"]) == (16, True, True)
+    assert best["run_peak_bytes_predicted"] == checkpointed
+    assert best["command"].endswith("gradient_accumulation_steps=1 gradient_checkpointing=true")
+    # without checkpointing micro batch 4 fits (1 too: traced when 16 did not fit, to know that one
+    # does); with it, micro batches under 16 are not tried
+    assert [(r["micro_batch_size"], r["gradient_checkpointing"], r["fits"]) for r in rows[1:]] == [
+        (4, False, True), (1, False, True), (16, False, False), (8, False, False)
+    ]  # fmt: skip
+    # the real checkpointed step stays under the plan's worst case (shorter texts: less)
+    [probed] = [r for r in probe(rows, base, steps=4) if r["gradient_checkpointing"]]
+    assert 0 < probed["step_peak_bytes_measured"] <= probed["step_peak_bytes_predicted"]
+    assert probed["step_s_measured"] > 0
+
+
+@pytest.mark.slow
+def test_probe_steps_rank_by_measured_step_time_and_measure_the_predicted_peak():
+    # every text longer than max_length: each micro-batch is the worst case the plan predicts
+    base = ["model=tiny", "data=synthetic", "max_length=64", "data.words_per_text=100"]
+    rows = plan(base, 2**40, effective=8, optimizers=["adafactor", "adamw"], precisions=["fp32"],
+                checkpointing=[False])  # fmt: skip
+    assert [(r["optimizer"], r["micro_batch_size"], r["fits"]) for r in rows] == [
+        ("adafactor", 8, True), ("adamw", 8, True)
+    ]  # fmt: skip
+    probed = probe(rows, base, steps=4)
+    times = [r["step_s_measured"] for r in probed]
+    assert all(t > 0 for t in times) and times == sorted(times)
+    for row in probed:  # the plan's worst case bounds the real step, which is that case here
+        assert 0.99 * row["step_peak_bytes_predicted"] <= row["step_peak_bytes_measured"], row["optimizer"]
+        assert row["step_peak_bytes_measured"] <= row["step_peak_bytes_predicted"], row["optimizer"]
+
+
+@pytest.mark.slow
+def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
+    done = subprocess.run(
+        [sys.executable, "-m", "effitrain.cli", "plan", "--memory-budget", "1MiB", "--effective-batch-size", "2",
+         "--optimizers", "adafactor", *BASE],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2
+    # the progress lines (one per traced candidate), then the one error line
+    *progress, line = done.stderr.strip().splitlines()
+    assert progress and all(" traced: adafactor " in p for p in progress)
+    assert line.startswith(
+        "effitrain: error: --memory-budget='1MiB': nothing fits; the smallest predicted run peak is"
+    )
+
+
+@pytest.mark.slow
+def test_a_budget_nothing_fits_traces_the_largest_and_the_smallest_micro_batch_only(capsys):
+    rows = plan(BASE, 1, effective=16, optimizers=["adafactor", "adamw"], precisions=["fp32"],
+                checkpointing=[False])  # fmt: skip
+    # memory grows with the micro batch: with 1 and 16 over budget, 8, 4 and 2 cannot fit either
+    assert [(r["optimizer"], r["micro_batch_size"], r["fits"]) for r in rows] == [
+        ("adafactor", 16, False),
+        ("adamw", 16, False),
+        ("adafactor", 1, False),
+        ("adamw", 1, False),
+    ]  # fmt: skip (ranked: fewer accumulation steps first)
+    progress = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(":")[1].strip() for line in progress] == [f"{i} traced" for i in range(1, 5)]
+    assert progress[0].startswith("effitrain plan: 1 traced: adafactor fp32 micro 16 x 1: ")
+    assert progress[0].endswith(f"{rows[0]['run_peak_bytes_predicted'] / 2**20:.1f} MiB, over")
+
+
+@pytest.mark.parametrize(
+    "margin, expected, traced",
+    [  # peak = 1000 + 100 x micro (a quarter of that with checkpointing); budget 1500
+        (0.0, [(8, True, True), (4, False, True), (1, False, True), (8, False, False)],
+         ["micro 8 x 1", "micro 1 x 8", "micro 4 x 2", "micro 8 x 1 recompute"]),
+        # 10% kept free: 1350 is the limit, so 4 (1400) is over and 2 (1200) the best plain fit
+        (0.1, [(8, True, True), (2, False, True), (1, False, True), (8, False, False), (4, False, False)],
+         ["micro 8 x 1", "micro 1 x 8", "micro 4 x 2", "micro 2 x 4", "micro 8 x 1 recompute"]),
+    ],
+)  # fmt: skip
+def test_the_search_traces_and_ranks_candidates_by_their_predicted_peaks(monkeypatch, capsys, margin, expected,
+                                                                         traced):  # fmt: skip
+    """plan's search against peaks known in advance (the slow tests above run the real traces):
+    from the largest micro batch down, the smallest traced when the largest is over, checkpointing
+    tried only where it saves accumulation steps, fits ranked by fewer steps first."""
+    import effitrain.commands.estimate
+
+    def known_peaks(cfg, optimizers, device):
+        assert list(optimizers) == ["adamw"] and device == "cpu" and cfg.effective_batch_size == 8
+        assert cfg.micro_batch_size * cfg.gradient_accumulation_steps == 8  # derived as a run does
+        peak = 1000 + 100 * cfg.micro_batch_size // (4 if cfg.gradient_checkpointing else 1)
+        return {"adamw": {"step_peak_bytes": peak, "run_peak_bytes": peak, "run_peak": "later_step"}}
+
+    monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
+    rows = plan(BASE, 1500, effective=8, optimizers=["adamw"], precisions=["fp32"], margin=margin)
+    assert [(r["micro_batch_size"], r["gradient_checkpointing"], r["fits"]) for r in rows] == expected
+    peaks = [1000 + 100 * r["micro_batch_size"] // (4 if r["gradient_checkpointing"] else 1) for r in rows]
+    assert [r["run_peak_bytes_predicted"] for r in rows] == peaks
+    assert rows[0]["command"].endswith(
+        "fp32 effective_batch_size=8 gradient_accumulation_steps=1 gradient_checkpointing=true"
+    )
+    progress = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(" traced: adamw fp32 ")[1].split(":")[0] for line in progress] == traced
+
+
+def test_too_few_probe_steps_are_refused_before_any_trace(capsys):
+    from effitrain.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--memory-budget", "1GiB", "--probe-steps", "2", *BASE])
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("effitrain: error: --probe-steps=2 is invalid: give 0 (no probe) or at least 4")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--margin", "-0.5"], "--margin=-0.5 is invalid: give the share of the budget kept free, in [0, 1)"),
+        (["--margin", "1"], "--margin=1.0 is invalid: give the share of the budget kept free, in [0, 1)"),
+        (["--optimizers", "adamw,nonsense"], "--optimizers='nonsense' is invalid: choose from adafactor, adam8bit"),
+    ],
+)
+def test_plan_s_bad_flags_are_one_line_before_any_trace(capsys, flags, message):
+    # a negative margin would call candidates above the budget "fits"
+    from effitrain.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--memory-budget", "1GiB", *flags, *BASE])
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"effitrain: error: {message}")
+
+
+def test_plan_names_an_optimizer_whose_package_is_missing_in_one_line(capsys, monkeypatch):
+    import importlib.util
+
+    from effitrain.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lion_pytorch" else real(name, *a))
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--memory-budget", "1GiB", "--optimizers", "adamw,lion", *BASE])
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("effitrain: error: --optimizers='lion' is invalid: lion_pytorch is not installed")
+
+
+def test_budget_sizes_parse_and_bad_ones_are_refused():
+    assert [parse_bytes(t) for t in ("8GiB", "500MiB", "24GB", "1024")] == [
+        8 * 2**30,
+        500 * 2**20,
+        24 * 10**9,
+        1024,
+    ]
+    with pytest.raises(ConfigError, match="--memory-budget='lots' is invalid"):
+        parse_bytes("lots")
+
+
+def test_flops_per_step_match_a_hand_count_and_mfu_is_their_rate_over_the_peak(tmp_path):
+    """The tiny BERT (2 layers, hidden 32, 2 heads, intermediate 64, 3 labels) on rows all truncated to
+    8 tokens, 8 rows a step: every matrix product counted here, 2 FLOPs per multiply-add, and the
+    backward pass twice the forward (the input's and the weight's gradient of every product)."""
+    from effitrain.memory.flops import device_peak
+
+    summary = run_job(tmp_path, "max_steps=4", "max_length=8", "micro_batch_size=8")
+    assert summary["status"] == "ok", summary["error"]
+    assert summary["train/tokens"] == 4 * 8 * 8  # every row really is 8 tokens long
+    rows, seq, hidden, heads, inner, layers, labels = 8, 8, 32, 2, 64, 2, 3
+    tokens = rows * seq
+    per_layer = (
+        4 * 2 * tokens * hidden * hidden  # query, key, value, output projections
+        + 2 * 2 * tokens * hidden * inner  # feed-forward in and out
+        + 2 * 2 * rows * heads * seq * seq * (hidden // heads)  # scores and the weighted sum
+    )
+    forward = layers * per_layer + 2 * rows * hidden * hidden + 2 * rows * hidden * labels  # pooler, head
+    assert summary["speed/flops_per_step"] == 3 * forward == 6_738_432
+    peak, source = device_peak(torch.device("cpu"), "no")
+    assert summary["speed/mfu_note"] == source == "this CPU's float32 matmul, measured"
+    achieved = 3 * forward / summary["speed/step_s_median"]
+    assert summary["speed/achieved_flops_per_s"] == pytest.approx(achieved, rel=1e-12)
+    assert summary["speed/mfu"] == pytest.approx(achieved / peak, rel=1e-12)

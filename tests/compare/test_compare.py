@@ -1,0 +1,466 @@
+"""``effitrain compare`` on what real sweeps wrote: the table holds the summaries' values, the plots
+have content, the HTML embeds them, and no folder makes it end in a traceback."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from effitrain.cli import main
+from effitrain.compare import CSV_KEYS, pareto_front
+from tests.helpers.run import REPO, train_py
+
+SWEEP = ["model=tiny", "data=synthetic", "max_steps=3", "micro_batch_size=8", "progress_bar=false"]
+
+
+def sweep(folder, *overrides):
+    """A real multirun (one process per job), as a user starts it; returns its folder."""
+    done = train_py("-m", *SWEEP, *overrides, f"hydra.sweep.dir={folder}")
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return folder, done
+
+
+def swept_and_compared(folder, capsys, *overrides):
+    """A real sweep that finished, then ``effitrain compare`` of it: the folder and what compare printed."""
+    folder, done = sweep(folder, *overrides)
+    assert done.returncode == 0, done.stderr[-3000:]
+    capsys.readouterr()
+    main(["compare", str(folder)])
+    return folder, capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def wandb_sweep(tmp_path_factory):
+    """Two optimizers, logged to W&B offline: the sweep that made compare crash before."""
+    folder, done = sweep(tmp_path_factory.mktemp("wandb") / "sweep", "optimizer=adamw,adafactor",
+                         "logger=wandb", "logger.mode=offline", "logger.project=effitrain-tests")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+@pytest.fixture(scope="module")
+def failing_sweep(tmp_path_factory):
+    """One job trains, one diverges (an absurd learning rate), without W&B."""
+    folder, done = sweep(tmp_path_factory.mktemp("fail") / "sweep", "logger=none", "optimizer.lr=1e-3,1e30", *FAILING)  # fmt: skip
+    assert done.returncode == 1 and "1 of 2 jobs failed" in done.stdout, done.stdout + done.stderr[-2000:]
+    return folder
+
+
+def job(*overrides):
+    """A job's folder name: its result-changing overrides, sorted (progress_bar and logger are not)."""
+    return ",".join(sorted([o for o in SWEEP if not o.startswith("progress_bar")] + list(overrides)))
+
+
+FAILING = ["max_grad_norm=0", "warmup_ratio=0"]
+
+
+def summaries(folder):
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(folder.rglob("summary.json"))}
+
+
+@pytest.mark.slow
+def test_compare_of_a_real_wandb_sweep_holds_the_summaries_values(wandb_sweep, capsys):
+    main(["compare", str(wandb_sweep), "--wandb-mode", "disabled"])
+    jobs = summaries(wandb_sweep)
+    assert sorted(jobs) == [job("optimizer=adafactor"), job("optimizer=adamw")]
+    rows = {row["job"]: row for row in csv.DictReader(open(wandb_sweep / "comparison.csv"))}
+    assert sorted(rows) == sorted(jobs)
+    for name, summary in jobs.items():
+        assert summary["status"] == "ok" and rows[name]["optimizer"] == name.rpartition("=")[2]
+        for key in CSV_KEYS:
+            value = summary.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                assert float(rows[name][key]) == pytest.approx(value, rel=1e-12), key
+            else:
+                assert rows[name][key] == ("" if value is None else str(value)), key
+    assert "logger" not in rows[name]  # run-invariant: never a column
+    assert rows[name]["sweep"] == str(wandb_sweep)
+    terminal = capsys.readouterr().out
+    assert "adafactor" in terminal and "effitrain: compare: 2 jobs" in terminal
+
+
+def _finished_records(run_file, seconds: int = 120) -> list[dict]:
+    """The records of an offline W&B log once its ``exit`` record is there: wandb's service process
+    writes the log, and may still be writing it when ``finish()`` has returned."""
+    import time
+
+    from tests.train.test_loggers import inspect_records
+
+    for _ in range(seconds):
+        records = inspect_records(run_file)
+        if any(r["type"] == "exit" for r in records):
+            return records
+        time.sleep(1)
+    raise AssertionError(f"{run_file} has no exit record after {seconds} s: {[r['type'] for r in records]}")
+
+
+@pytest.mark.slow
+def test_the_wandb_comparison_is_one_run_per_sweep_in_the_jobs_project_and_short_group(wandb_sweep):
+    from effitrain.compare.wandb import comparison_run_id
+    from tests.train.test_loggers import inspect_summary, wandb_files
+
+    jobs = list(summaries(wandb_sweep).values())
+    assert {job["wandb/project"] for job in jobs} == {"effitrain-tests"}
+    # the study and its start time: the sweep folder's last two parts, not its absolute path
+    assert {job["wandb/group"] for job in jobs} == {f"{wandb_sweep.parent.name}/sweep"}
+    before = set(wandb_files(wandb_sweep / "wandb"))
+    for _ in range(2):  # twice, as a user would: the same run, not a second (each its own process,
+        # which ends once wandb's service has written the offline log)
+        done = subprocess.run(
+            [sys.executable, "-m", "effitrain.cli", "compare", str(wandb_sweep), "--wandb-mode", "offline"],
+            cwd=REPO, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0 and "warning: W&B" not in done.stderr, done.stderr[-3000:]
+    [run_file] = set(wandb_files(wandb_sweep / "wandb")) - before
+    records = _finished_records(run_file)
+    run = next(r for r in records if r["type"] == "run")["run"]
+    assert (run["project"], run["run_group"], run["job_type"], run["run_id"]) == (
+        "effitrain-tests",
+        jobs[0]["wandb/group"],
+        "compare",
+        comparison_run_id(wandb_sweep),
+    )
+    summary = inspect_summary(run_file)["summary"]
+    assert summary["jobs"] == 2 and summary["verdict/baseline"] == "AdamW"
+    assert summary["verdict"].splitlines()[0] in (wandb_sweep / "comparison.md").read_text()
+    adamw = summaries(wandb_sweep)[job("optimizer=adamw")]
+    adafactor = summaries(wandb_sweep)[job("optimizer=adafactor")]
+    [key] = [k for k in summary if "adafactor" in k and k.endswith("/memory_x_base")]
+    assert summary[key] == pytest.approx(
+        adafactor["mem/step_peak_bytes"] / adamw["mem/step_peak_bytes"], rel=1e-12
+    )
+    tables = {
+        p.name.rsplit("_", 2)[0]: json.loads(p.read_text())
+        for p in (run_file.parent / "files").rglob("*.table.json")
+    }
+    values = tables["comparison_values"]
+    rows = {row[values["columns"].index("job")]: dict(zip(values["columns"], row)) for row in values["data"]}
+    assert rows[job("optimizer=adamw")]["mem/optimizer_state_bytes"] == adamw["mem/optimizer_state_bytes"]
+    page = tables["comparison"]  # the page's columns, numbers as numbers
+    assert page["columns"][:2] == ["#", "optimizer"] and "step peak MiB x AdamW" in page["columns"]
+    first = dict(zip(page["columns"], page["data"][0]))
+    assert first["#"] == 1 and first["step peak MiB"] == float(
+        f"{jobs_by_number(wandb_sweep)[0]['mem/step_peak_bytes'] / 2**20:.1f}"
+    )
+
+
+def jobs_by_number(folder):
+    """The summaries in the order compare numbers the jobs (folder order)."""
+    from effitrain.sweep.report import job_folders
+
+    return [json.loads((f / "summary.json").read_text()) for f in job_folders(folder)]
+
+
+@pytest.mark.slow
+def test_failed_missing_and_unreadable_jobs_are_reported_not_raised(failing_sweep, tmp_path, capsys):
+    copy = tmp_path / "sweep"
+    shutil.copytree(failing_sweep, copy, ignore=shutil.ignore_patterns(".cache"))
+    broken = copy / "broken"
+    (broken / ".hydra").mkdir(parents=True)
+    (broken / ".hydra" / "overrides.yaml").write_text("- optimizer.lr=3\n")
+    (broken / "summary.json").write_text('{"status": "ok", "train')  # torn
+    main(["compare", str(copy)])
+    rows = {row["job"]: row for row in csv.DictReader(open(copy / "comparison.csv"))}
+    assert rows[job(*FAILING, "optimizer.lr=0.001")]["status"] == "ok"
+    assert rows[job(*FAILING, "optimizer.lr=1e+30")]["status"] == "diverged"
+    assert rows["broken"]["status"] == "missing"
+    markdown = (copy / "comparison.md").read_text()
+    assert "lr=1e+30: diverged: train/loss is nan at optimizer step" in markdown
+    out = capsys.readouterr().out
+    assert "not ok: broken: missing" in out
+
+
+@pytest.mark.slow
+def test_each_sweep_s_wandb_comparison_holds_its_own_jobs_only(wandb_sweep, tmp_path, monkeypatch):
+    # compared together, two W&B sweeps share the page, but each sweep's run describes that sweep
+    from effitrain.compare import load_jobs, log_to_wandb
+    from effitrain.compare import wandb as wandb_table
+
+    other = tmp_path / "other"
+    shutil.copytree(wandb_sweep, other)
+    logged = []
+    monkeypatch.setattr(wandb_table, "log_comparison_table", lambda rows, **kw: logged.append((rows, kw)))
+    jobs = load_jobs([wandb_sweep, other])
+    assert len(jobs) == 4
+    log_to_wandb(jobs, [wandb_sweep, other], "offline")
+    assert [kw["wandb_dir"] for _, kw in logged] == [wandb_sweep, other]
+    for rows, kw in logged:
+        assert len(rows) == 2 and len(kw["page"][1]) == 2
+        assert [row[0] for row in kw["page"][1]] == [1, 2]  # numbered within the sweep
+        assert kw["summary"]["verdict/baseline"] == "AdamW"
+
+
+@pytest.mark.slow
+def test_several_sweep_folders_make_one_table(wandb_sweep, failing_sweep, tmp_path):
+    main(["compare", str(wandb_sweep), str(failing_sweep), "--output", str(tmp_path / "report"),
+          "--wandb-mode", "disabled"])  # fmt: skip
+    rows = list(csv.DictReader(open(tmp_path / "report" / "comparison.csv")))
+    assert sorted(row["sweep"] for row in rows) == sorted([str(wandb_sweep)] * 2 + [str(failing_sweep)] * 2)
+    assert "logger" not in rows[0]  # wandb in one sweep, none in the other: run-invariant, no column
+    assert (tmp_path / "report" / "comparison.html").exists()
+
+
+@pytest.mark.slow
+def test_plots_have_content_and_the_html_embeds_them(wandb_sweep):
+    import matplotlib.image
+
+    main(["compare", str(wandb_sweep), "--wandb-mode", "disabled"])
+    page = (wandb_sweep / "comparison.html").read_text()
+    pngs = sorted(wandb_sweep.glob("*.png"))
+    assert {p.name for p in pngs} == {"memory.png", "loss.png", "pareto.png", "lr_grad_norm.png"}
+    for path in pngs:
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        pixels = matplotlib.image.imread(path)
+        assert pixels.shape[0] > 300 and pixels.shape[1] > 600
+        # a blank or single-colour image has no variance; drawn bars, lines and text do
+        assert float(np.std(pixels[..., :3])) > 0.05, path.name
+        assert len(np.unique(pixels[..., :3].reshape(-1, 3), axis=0)) > 50, path.name
+        assert f"data:image/png;base64,{base64.b64encode(data).decode()}" in page
+    all_jobs = page[page.index("<h2>All jobs</h2>") :]
+    assert all_jobs[: all_jobs.index("</table>")].count("<tr") == 3  # the header and two jobs
+    assert 'src="memory.png"' not in page  # self-contained: nothing to fetch
+
+
+@pytest.mark.slow
+def test_missing_folder_and_read_only_output_are_one_line(wandb_sweep, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", str(tmp_path / "nowhere")])
+    assert exit_.value.code == 2
+    assert "is not a folder" in capsys.readouterr().err
+    blocker = tmp_path / "a-file"  # a folder that cannot be made, also for root
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", str(wandb_sweep), "--output", str(blocker / "report"), "--wandb-mode", "disabled"])
+    assert exit_.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        f"effitrain: error: --output={str(blocker / 'report')!r} is invalid: cannot be written"
+    )
+
+
+def test_pareto_front_keeps_points_nothing_beats_on_both_axes():
+    points = [(300, 0.72), (250, 0.75), (400, 0.70), (350, 0.80), (250, 0.76)]
+    assert pareto_front(points) == [1, 0, 2]
+
+
+@pytest.mark.slow
+def test_a_sweep_without_wandb_logs_no_table(failing_sweep):
+    main(["compare", str(failing_sweep), "--wandb-mode", "offline"])
+    assert not (failing_sweep / "wandb").exists()
+
+
+@pytest.mark.slow
+def test_repeated_seeds_are_compared_as_mean_and_spread(tmp_path):
+    import statistics
+
+    folder, done = sweep(tmp_path / "seeds", "logger=none", "optimizer=adamw,adafactor", "seed=1,2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    main(["compare", str(folder)])
+    jobs = summaries(folder)
+    rows = {row["combination"]: row for row in csv.DictReader(open(folder / "comparison_seeds.csv"))}
+    # each optimizer's own default lr differs too, so it names the combination as well
+    assert sorted(rows) == ["adafactor | lr=0.0003", "adamw | lr=0.0002"]
+    for optimizer, lr in (("adamw", "0.0002"), ("adafactor", "0.0003")):
+        losses = [s["eval/loss"] for name, s in jobs.items() if name.endswith(f"optimizer={optimizer},seed=1")
+                  or name.endswith(f"optimizer={optimizer},seed=2")]  # fmt: skip
+        assert len(losses) == 2 and losses[0] != losses[1]  # the seeds differ
+        row = rows[f"{optimizer} | lr={lr}"]
+        assert int(row["seeds"]) == 2
+        assert float(row["eval/loss/mean"]) == pytest.approx(statistics.fmean(losses), rel=1e-12)
+        assert float(row["eval/loss/std"]) == pytest.approx(statistics.stdev(losses), rel=1e-9)
+    markdown = (folder / "comparison.md").read_text()
+    assert "Repeated seeds (mean +- standard deviation):" in markdown and "![seeds](seeds.png)" in markdown
+    assert "Repeated seeds" in (folder / "comparison.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_sweep_over_seeds_only_is_one_combination_in_the_verdict_and_the_seeds_table(tmp_path, capsys):
+    # the verdict groups as the seeds table does: the seeds are repeats, not combinations to choose from
+    folder, out = swept_and_compared(tmp_path / "seeds", capsys, "logger=none", "seed=1,2")
+    assert "One combination (1=2. defaults): nothing to choose between." in out
+    assert "one seed per combination" not in out
+    rows = list(csv.DictReader(open(folder / "comparison_seeds.csv")))
+    assert [(row["combination"], row["seeds"]) for row in rows] == [("defaults", "2")]
+
+
+# --- the verdict, on what real sweeps wrote ------------------------------------------------------
+
+
+def _rates(folder):
+    """Samples per second of each steady optimizer step, read here from metrics.jsonl on its own."""
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "train/loss" in line]
+    return [
+        (b["train/samples"] - a["train/samples"]) / b["speed/step_s"]
+        for i, (a, b) in enumerate(zip(steps, steps[1:]), 1)
+        if i >= 2  # the first two steps (warm-up) are not steady
+    ]
+
+
+@pytest.fixture(scope="module")
+def verdict_sweep(tmp_path_factory):
+    """Two optimizers, eight steps each: enough steady steps for a speed spread."""
+    folder, done = sweep(tmp_path_factory.mktemp("verdict") / "sweep", "logger=none", "optimizer=adamw,adafactor",
+                         "max_steps=8", "optimizer.lr=3e-3", "warmup_ratio=0")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+@pytest.mark.slow
+def test_the_verdict_gives_each_combination_its_ratios_against_adamw_with_their_noise(verdict_sweep, capsys):
+    import statistics
+
+    main(["compare", str(verdict_sweep)])
+    terminal = capsys.readouterr().out
+    by_optimizer = {
+        s["cfg/optimizer"]: (s, verdict_sweep / name) for name, s in summaries(verdict_sweep).items()
+    }
+    adamw, adamw_dir = by_optimizer["adamw"]
+    adafactor, adafactor_dir = by_optimizer["adafactor"]
+    numbers = {row["optimizer"]: row["#"] for row in _markdown_rows(verdict_sweep, "# | optimizer")}
+    from effitrain.compare.load import load_jobs
+    from effitrain.compare.verdict import verdict
+
+    decided = verdict(load_jobs([verdict_sweep]))
+    combos = {c.label.split(" | ")[0]: c for c in decided.combos}
+    memory = adafactor["mem/step_peak_bytes"] / adamw["mem/step_peak_bytes"]
+    quality = adafactor["eval/loss"] / adamw["eval/loss"]
+    assert combos["adafactor"].ratios["memory"].value == pytest.approx(memory, rel=1e-12)
+    assert combos["adafactor"].ratios["memory"].std == 0.0  # bytes of tensors: exact
+    assert combos["adafactor"].ratios["quality"].value == pytest.approx(quality, rel=1e-12)
+    # one seed: the eval split's sampling error of each eval loss, combined
+    sem = quality * ((adafactor["eval/loss_sem"] / adafactor["eval/loss"]) ** 2
+                     + (adamw["eval/loss_sem"] / adamw["eval/loss"]) ** 2) ** 0.5  # fmt: skip
+    assert combos["adafactor"].ratios["quality"].std == pytest.approx(sem, rel=1e-9)
+    rates = {name: _rates(folder) for name, folder in (("adamw", adamw_dir), ("adafactor", adafactor_dir))}
+    assert len(rates["adamw"]) == 6
+    speed = statistics.median(rates["adafactor"]) / statistics.median(rates["adamw"])
+    assert combos["adafactor"].ratios["speed"].value == pytest.approx(speed, rel=1e-9)
+    assert combos["adafactor"].ratios["speed"].std > 0
+    # the ratio cells, in the terminal and in comparison.md, as the verdict table gives them
+    rows = {
+        row["combination"].split(" \\| ")[0]: row for row in _markdown_rows(verdict_sweep, "# | combination")
+    }
+    assert rows["adafactor"]["#"] == numbers["adafactor"]
+    assert rows["adafactor"]["step peak x AdamW"] == f"{memory:.3f}"
+    assert rows["adafactor"]["eval loss x AdamW"].startswith(f"{quality:.2f} ± {sem:.2f}")
+    assert rows["adafactor"]["samples/s x AdamW"].startswith(f"{speed:.2f} ± ")
+    assert rows["adamw"]["step peak x AdamW"] == "1 (base)"
+    assert f"{memory:.3f}" in terminal and terminal.index("Verdict") < terminal.index("opt state MiB")
+    assert "one seed per combination: quality differences below the eval split's sampling error" in terminal
+    # Adafactor needs less memory than AdamW, so nothing beats it; AdamW stays on the front only
+    # where it is better beyond noise (two standard deviations) on quality or speed
+    speed_std = combos["adafactor"].ratios["speed"].std
+    adamw_better = quality - 2 * sem > 1 or speed + 2 * speed_std < 1
+    front = [c.label.split(" | ")[0] for c in decided.front]
+    assert memory < 1 and front == (["adafactor", "adamw"] if adamw_better else ["adafactor"])
+    if not adamw_better:
+        assert decided.lines[0].startswith(f"Use {numbers['adafactor']}. adafactor (against AdamW: ")
+        assert f"{(1 - memory) * 100:.0f}% less memory" in decided.lines[0]
+    page = (verdict_sweep / "comparison.html").read_text()
+    assert page.index('class="verdict"') < page.index("All jobs") < page.index("<img")
+    import html
+
+    assert html.escape(decided.lines[0]) in page[: page.index("All jobs")]  # the decision, first
+
+
+def _markdown_rows(folder, first_header):
+    """The rows of the Markdown table in comparison.md whose headers start with ``first_header``."""
+    lines = (folder / "comparison.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    headers = [h.strip() for h in lines[start].strip("|").split(" | ")]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip().strip("*") for c in line.strip()[2:-2].split(" | ")]
+        rows.append(dict(zip(headers, cells)))
+    return rows
+
+
+@pytest.mark.slow
+def test_the_page_marks_each_columns_best_value_and_numbers_the_jobs(verdict_sweep):
+    main(["compare", str(verdict_sweep), "--wandb-mode", "disabled"])
+    jobs = summaries(verdict_sweep)
+    rows = _markdown_rows(verdict_sweep, "# | optimizer")
+    assert [row["#"] for row in rows] == ["1", "2"]
+    low = min(jobs.values(), key=lambda s: s["mem/step_peak_bytes"])
+    markdown = (verdict_sweep / "comparison.md").read_text()
+    assert f"**{low['mem/step_peak_bytes'] / 2**20:.1f}**" in markdown
+    page = (verdict_sweep / "comparison.html").read_text()
+    assert f'class="num best">{low["mem/step_peak_bytes"] / 2**20:.1f}</td>' in page
+    assert page.count("How to read this:") == 5  # the table and the four plots
+
+
+@pytest.mark.slow
+def test_a_sweep_that_learned_nothing_says_so_in_one_line(tmp_path, capsys):
+    folder, out = swept_and_compared(tmp_path / "flat", capsys, "logger=none", "optimizer.lr=1e-12,2e-12")
+    accuracies = {s["eval/accuracy"] for s in summaries(folder).values()}
+    assert len(accuracies) == 1
+    [line] = [line for line in out.splitlines() if line.startswith("No job learned anything measurable")]
+    assert f"accuracy {accuracies.pop():.4f}" in line and "train longer" in line
+    assert "No job learned anything measurable" in (folder / "comparison.html").read_text()
+
+
+def _crowd(source, count, tmp_path):
+    """``count`` copies of a real job folder, as a sweep of that many jobs whose step peaks and eval
+    losses crowd together (a few coincide), the way a 24-job grid's points do."""
+    crowd = tmp_path / f"crowd{count}"
+    real = next(p.parent for p in sorted(source.rglob("summary.json")))
+    base = json.loads((real / "summary.json").read_text())
+    for i in range(count):
+        job = crowd / f"optimizer.lr={i}"
+        shutil.copytree(real, job, ignore=shutil.ignore_patterns(".cache", "wandb"))
+        summary = dict(base, **{"job/overrides": [f"optimizer.lr={i}"],
+                                "mem/step_peak_bytes": base["mem/step_peak_bytes"] * (1 + (i % 5) * 0.01),
+                                "eval/loss": base["eval/loss"] * (1 + (i // 3) * 0.002)})  # fmt: skip
+        (job / "summary.json").write_text(json.dumps(summary))
+    return crowd
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("count", [2, 6, 24])
+def test_pareto_labels_never_overlap(verdict_sweep, tmp_path, count):
+    from effitrain.compare.load import load_jobs
+    from effitrain.compare.plots import _overlap, plot_pareto
+
+    jobs = load_jobs([_crowd(verdict_sweep, count, tmp_path)])
+    panels = plot_pareto(jobs, tmp_path / "pareto.png")
+    points = {
+        (round(j.summary["mem/step_peak_bytes"] / 2**20, 3), round(j.summary["eval/loss"], 5)) for j in jobs
+    }
+    assert len(panels) == 2 and len(panels[0]) == len(points)  # one label per distinct point
+    for boxes in panels:
+        for i, a in enumerate(boxes):
+            assert not any(_overlap(a, b) for b in boxes[i + 1 :]), (count, a)
+
+
+def test_a_summary_that_is_json_but_not_an_object_is_reported_not_raised(tmp_path, capsys):
+    (tmp_path / "listed").mkdir()
+    (tmp_path / "listed" / "summary.json").write_text("[1, 2]")  # valid JSON, not a summary
+    main(["compare", str(tmp_path)])
+    rows = list(csv.DictReader(open(tmp_path / "comparison.csv")))
+    assert [(row["job"], row["status"]) for row in rows] == [("listed", "missing")]
+    assert "not ok: listed: missing: summary.json cannot be read (damaged)" in capsys.readouterr().out
+
+
+def test_merged_curves_are_named_by_what_their_jobs_share_and_hold():
+    """The name of one line standing for several identical curves (loss and lr plots)."""
+    from effitrain.compare.labels import merged_label
+
+    lion = [f"lion | seed={seed} | lr=5e-05" for seed in (42, 43, 44)]
+    assert merged_label(lion) == "lion | seed=42/43/44 | lr=5e-05"
+    assert merged_label(["adamw | accelerator", "adamw | trainer"]) == "adamw | accelerator/trainer"
+    twelve = [f"{name} | seed={seed} | lr=0.0002" for name in ("adam8bit", "adamw", "adamw_fused", "apollo")
+              for seed in (42, 43, 44)]  # fmt: skip
+    assert merged_label(twelve) == "adam8bit/adamw/adamw_fused/apollo: 12 jobs"
+    assert merged_label(["a" * 30 + " | x", "b" * 30 + " | y"]) == "2 jobs (named on the right)"
+    assert merged_label(["adamw | seed=1", "trainer"]) == "adamw | seed=1 / trainer"

@@ -1,0 +1,85 @@
+"""Data parallel on CPU: ``torchrun --nproc_per_node 2`` with accumulation k equals one process with 2k."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers.run import REPO, TINY, read_metrics, train_py
+
+# 64 samples in micro-batches of 4: 16 micro-batches, shared evenly by two processes.
+DDP = [*TINY, "data.num_train=64", "data.num_eval=24", "micro_batch_size=4", "epochs=2",
+       "+model.config_overrides.hidden_dropout_prob=0.0",
+       "+model.config_overrides.attention_probs_dropout_prob=0.0"]  # fmt: skip
+
+
+def torchrun(*args: str, cwd) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [*command, str(REPO / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+def test_two_processes_with_k_equal_one_process_with_2k(tmp_path, backend):
+    # checkpoint_every=8: the only checkpoint is the final one, whose weights are compared below
+    parallel = torchrun(
+        *DDP, f"backend={backend}", "gradient_accumulation_steps=2", "checkpoint_every=8",
+        "logger=wandb", "logger.mode=offline", cwd=tmp_path,
+    )  # fmt: skip
+    assert parallel.returncode == 0, parallel.stderr[-3000:]
+    # Both ranks used one folder (Hydra names it from the clock): exactly one run folder exists,
+    # holding one summary and one metrics file written by rank 0 alone.
+    folders = [p.parent for p in (tmp_path / "outputs").glob("*/*/.hydra")]
+    assert len(folders) == 1
+    parallel_dir = folders[0]
+    summary = json.loads((parallel_dir / "summary.json").read_text())
+    assert (summary["cfg/world_size"], summary["env/rank"], summary["cfg/effective_batch_size"]) == (2, 0, 16)
+    lines = read_metrics(parallel_dir)
+    assert [line["step"] for line in lines] == list(range(1, 9))  # one line per step, not one per rank
+    assert parallel.stdout.count("effitrain: ok:") == 1
+    assert len(list(parallel_dir.glob("wandb/offline-run-*"))) == 1  # one W&B run, from rank 0
+
+    single_dir = tmp_path / "single"
+    single = train_py(
+        *DDP,
+        f"backend={backend}",
+        "gradient_accumulation_steps=4",
+        "checkpoint_every=8",
+        f"hydra.run.dir={single_dir}",
+    )
+    assert single.returncode == 0, single.stderr[-3000:]
+    reference = read_metrics(single_dir)
+    for ddp_line, one_line in zip(lines, reference, strict=True):
+        assert ddp_line["train/samples"] == one_line["train/samples"]
+        assert ddp_line["lr"] == pytest.approx(one_line["lr"], rel=1e-12)
+        assert ddp_line["train/loss"] == pytest.approx(one_line["train/loss"], rel=1e-5)
+        assert ddp_line["grad_norm"] == pytest.approx(one_line["grad_norm"], rel=1e-4)
+    single_summary = json.loads((single_dir / "summary.json").read_text())
+    for key in ("eval/loss", "eval/accuracy", "eval/f1"):
+        assert summary[key] == pytest.approx(single_summary[key], rel=1e-5)
+    assert summary["eval/samples"] == single_summary["eval/samples"] == 24
+
+    [parallel_weights] = parallel_dir.glob("checkpoints/step-*/model.safetensors")
+    [single_weights] = single_dir.glob("checkpoints/step-*/model.safetensors")
+    a, b = load_file(parallel_weights), load_file(single_weights)
+    assert a.keys() == b.keys()
+    names = [
+        n for n in a if not n.endswith("attention.self.key.bias")
+    ]  # zero-gradient noise, see test_equivalence
+    flat_a = torch.cat([a[n].flatten().double() for n in names])
+    flat_b = torch.cat([b[n].flatten().double() for n in names])
+    assert ((flat_a - flat_b).norm() / flat_a.norm()).item() < 1e-5
