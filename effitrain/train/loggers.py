@@ -96,6 +96,12 @@ class MetricsFile:
         if self._handle is not None:
             self._handle.close()
 
+    def __enter__(self) -> MetricsFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def has_credentials() -> bool:
     """An API key in the environment, or a netrc entry for the W&B host (what ``wandb login`` writes)."""
