@@ -412,3 +412,14 @@ def test_a_sweep_job_is_validated_again_when_it_starts(tmp_path, validations):
     train(["-m", *TINY, "max_steps=1", "seed=3,4", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}"])
     seeds = sorted(json.loads(path.read_text())["cfg/seed"] for path in tmp_path.glob("*/summary.json"))
     assert seeds == [3, 4] and sorted(cfg.seed for cfg in validations) == [3, 3, 4, 4]
+
+
+def test_a_non_finite_final_evaluation_is_never_an_ok_result(tmp_path):
+    """lr 1e30 from the first step: the step's own loss is finite (taken before the update), the
+    weights after it are not, and neither is the final evaluation's loss: diverged, not ok."""
+    summary = run_job(tmp_path, "max_steps=1", "optimizer.lr=1e30", "warmup_ratio=0")
+    assert math.isfinite(summary["train/loss"]) and math.isnan(summary["eval/loss"])
+    assert summary["status"] == "diverged"
+    assert summary["error"] == "eval/loss is nan: the run's result is not a number"
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert (written["status"], written["eval/loss"]) == ("diverged", None)
