@@ -147,7 +147,9 @@ def _plan(args) -> None:
             "steps and the memory-tracked one are not timed)"
         )
     if not 0 <= args.margin < 1:
-        raise ConfigError(f"--margin={args.margin} is invalid: give the share of the budget kept free, in [0, 1)")
+        raise ConfigError(
+            f"--margin={args.margin} is invalid: give the share of the budget kept free, in [0, 1)"
+        )
     optimizers = args.optimizers.split(",") if args.optimizers else None
     if optimizers:
         _check_optimizer_options(optimizers)

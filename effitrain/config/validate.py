@@ -213,7 +213,9 @@ def _seed(cfg: DictConfig) -> None:
         raise invalid("seed", seed, f"must be an integer in 0..{MAX_SEED}")
 
 
-SYNTHETIC_MAX_LABELS = 6  # the keyword classes effitrain.train.data.load_synthetic makes (a test holds them equal)
+SYNTHETIC_MAX_LABELS = (
+    6  # the keyword classes effitrain.train.data.load_synthetic makes (a test holds them equal)
+)
 
 
 def _synthetic(cfg: DictConfig) -> None:

@@ -80,7 +80,10 @@ def test_check_refuses_a_flag_it_would_not_check(capsys, flag):
     # Hydra's flags would leave the overrides unchecked: "valid" would be a claim about nothing
     code, out, err = check(capsys, *TINY, "optimizer=nonexistent", flag)
     assert (code, out) == (2, "")
-    assert err == f"effitrain: error: {flag} is invalid: effitrain check takes overrides and -m/--multirun only\n"
+    assert (
+        err
+        == f"effitrain: error: {flag} is invalid: effitrain check takes overrides and -m/--multirun only\n"
+    )
 
 
 def test_check_names_every_problem_one_per_line(capsys):

@@ -165,7 +165,10 @@ def test_too_few_probe_steps_are_refused_before_any_trace(capsys):
     [
         (["--margin", "-0.5"], "--margin=-0.5 is invalid: give the share of the budget kept free, in [0, 1)"),
         (["--margin", "1"], "--margin=1.0 is invalid: give the share of the budget kept free, in [0, 1)"),
-        (["--optimizers", "adamw,nonsense"], "--optimizers='nonsense' is invalid: choose from adafactor, adam8bit"),
+        (
+            ["--optimizers", "adamw,nonsense"],
+            "--optimizers='nonsense' is invalid: choose from adafactor, adam8bit",
+        ),
     ],
 )
 def test_plan_s_bad_flags_are_one_line_before_any_trace(capsys, flags, message):
@@ -185,7 +188,9 @@ def test_plan_names_an_optimizer_whose_package_is_missing_in_one_line(capsys, mo
     from effitrain.cli import main
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lion_pytorch" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "lion_pytorch" else real(name, *a)
+    )
     with pytest.raises(SystemExit) as exited:
         main(["plan", "--memory-budget", "1GiB", "--optimizers", "adamw,lion", *BASE])
     assert exited.value.code == 2

@@ -544,10 +544,24 @@ def test_optimizer_params_lists_each_parameter_once_in_group_order():
         (["optimizer=adamw", "+optimizer.fused=true"], torch.float32),  # the fused kernel's step counters
         (["optimizer=adafactor"], torch.bfloat16),  # low-precision weights
         (["optimizer=apollo", "optimizer.rank=4"], torch.float32),  # square and both orientations
-        (["optimizer=apollo", "optimizer.rank=4", "optimizer.scale_type=tensor", "+optimizer.proj_type=reverse_std"],
-         torch.float32),  # fmt: skip
-        (["optimizer=apollo", "optimizer.rank=4", "optimizer.scale_type=tensor", "+optimizer.proj_type=left"],
-         torch.float32),  # fmt: skip
+        (
+            [
+                "optimizer=apollo",
+                "optimizer.rank=4",
+                "optimizer.scale_type=tensor",
+                "+optimizer.proj_type=reverse_std",
+            ],
+            torch.float32,
+        ),  # fmt: skip
+        (
+            [
+                "optimizer=apollo",
+                "optimizer.rank=4",
+                "optimizer.scale_type=tensor",
+                "+optimizer.proj_type=left",
+            ],
+            torch.float32,
+        ),  # fmt: skip
     ],
 )
 def test_state_variants_are_counted_exactly(overrides, dtype):
