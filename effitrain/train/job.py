@@ -99,7 +99,7 @@ class Job:
         the step it chose."""
         if not self.meter.started:
             self.meter.start()
-        with self.step_memory(step) if self.step_memory is not None else contextlib.nullcontext():
+        with self.step_memory.track(step) if self.step_memory is not None else contextlib.nullcontext():
             yield
 
     def end_step(self, step: int, lr: float, grad_norm, evaluation: Evaluation, trainer_state=None) -> None:
