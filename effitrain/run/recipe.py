@@ -3,7 +3,7 @@
 The run derives its micro batch first, before any key of its summary exists; the W&B run starts
 before validation, so a rejected config shows there too; :func:`prepare` validates the config
 (unless ``train.py``'s front door just did and said so) and decides resume, once; everything a
-backend needs is then built once (:func:`effitrain.run.job.build_job`); the backend owns only its
+backend needs is then built once (:func:`effitrain.run.build.build_job`); the backend owns only its
 loop and returns what evaluation runs on (:class:`effitrain.backends.base.Backend`).
 ``summary.json`` is written at the end whatever happens, ``status`` saying how the run ended
 (:class:`effitrain.run.summary.Summary`), and the W&B run is finished last, with that summary.
@@ -23,7 +23,7 @@ from effitrain.config.validate import check_output_dir, validate
 from effitrain.memory.flops import mfu_keys
 from effitrain.memory.replay import predicted_keys, run_peak_keys, trace_run
 from effitrain.run import results
-from effitrain.run.job import build_job
+from effitrain.run.build import build_job
 from effitrain.run.outcome import interrupts_raise, one_line
 from effitrain.run.summary import Summary
 from effitrain.run.summary_keys import summary_config_keys

@@ -147,7 +147,7 @@ def set_rng_state(state: dict) -> None:
             torch.cuda.random.set_rng_state(state["cuda"])
 
 
-def inspect(folder: Path) -> tuple[dict | None, str | None]:
+def examine(folder: Path) -> tuple[dict | None, str | None]:
     """``(metadata, None)`` for a whole checkpoint; ``(None, why)`` when it cannot be resumed from
     (incomplete, or a file whose bytes differ from the checksum stored when it was saved)."""
     meta = read_meta(folder)
@@ -161,7 +161,7 @@ def inspect(folder: Path) -> tuple[dict | None, str | None]:
 
 def damage(folder: Path) -> str | None:
     """Why the checkpoint in ``folder`` cannot be resumed from, or None when it is whole."""
-    return inspect(folder)[1]
+    return examine(folder)[1]
 
 
 def read_meta(folder: Path) -> dict | None:
@@ -209,7 +209,7 @@ class ResumePoint:
 
 def _newest_whole(run_dir: Path) -> ResumePoint | None:
     for _, folder in reversed(list_checkpoints(run_dir)):
-        meta, why = inspect(folder)
+        meta, why = examine(folder)
         if meta is not None:
             return ResumePoint(folder, meta)
         log.warning("skipping checkpoint %s: %s", folder, why)
@@ -245,7 +245,7 @@ def find_resume(cfg: DictConfig, output_dir: Path) -> ResumePoint | None:
     else:
         path = Path(str(resume)).expanduser()
         if read_meta(path) is not None:  # a checkpoint folder, not a run folder
-            meta, why = inspect(path)
+            meta, why = examine(path)
             if why is not None:
                 raise invalid("resume", str(resume), f"the checkpoint is {why}")
             point = ResumePoint(path, meta)

@@ -1,7 +1,7 @@
 """What a backend receives (:class:`Job`), what it gives back for evaluation (:class:`Evaluation`),
 and the shared evaluation.
 
-Everything a backend needs is built once, by :func:`effitrain.run.job.build_job`; the backend owns only its
+Everything a backend needs is built once, by :func:`effitrain.run.build.build_job`; the backend owns only its
 loop (:class:`effitrain.backends.Backend`).
 """
 
@@ -20,7 +20,7 @@ from effitrain.train import checkpoint
 from effitrain.train.step import StepMeter, epoch_batches
 from effitrain.train.tasks import Task
 
-if TYPE_CHECKING:  # built by the run (effitrain.run.job), above this layer
+if TYPE_CHECKING:  # built by the run (effitrain.run.build), above this layer
     from effitrain.memory.replay import StepMemory
     from effitrain.memory.track import TrainingMemory
 

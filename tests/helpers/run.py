@@ -100,7 +100,7 @@ def fit_with_snapshots(tmp_path: Path, *overrides: str):
     Returns (snapshots, metrics from fit, the job).
     """
     from effitrain.config.validate import validate
-    from effitrain.run.job import build_job
+    from effitrain.run.build import build_job
     from effitrain.train.distributed import process_state
 
     cfg = compose(*overrides)

@@ -55,7 +55,7 @@ def first_step(tmp_path, task: str, backend: str):
     Returns (reference loss, reference gradients, parameters before, the step's gradients as the
     optimizer saw them, the parameters after it, the step's metrics line, the job)."""
     from effitrain.config.validate import validate
-    from effitrain.run.job import build_job
+    from effitrain.run.build import build_job
 
     cfg = compose(*TASKS[task], f"backend={backend}", *ONE_STEP, tiny=False)
     validate(cfg)

@@ -275,7 +275,7 @@ def test_an_eval_line_equals_evaluating_the_weights_saved_at_its_step(tmp_path):
     from accelerate import Accelerator
     from safetensors.torch import load_model
 
-    from effitrain.run.job import build_job
+    from effitrain.run.build import build_job
 
     steps = ["max_steps=4", "eval_every=2", "checkpoint_every=2", "optimizer.lr=3e-3", "warmup_ratio=0"]
     summary = run_job(tmp_path / "run", *steps)
@@ -348,7 +348,7 @@ def test_a_run_that_logs_keeps_its_train_log(tmp_path):
 def test_the_logged_lr_is_the_step_s_own_with_an_lr_held_in_a_tensor(tmp_path, monkeypatch, backend):
     """torchao's optimizers keep ``lr`` as a tensor, which the scheduler updates in place: a reference
     read before the step would be logged with the next step's value. Warm-up starts from 0."""
-    import effitrain.run.job
+    import effitrain.run.build
     from effitrain.train.optim import build_optimizer
 
     def tensor_lr(optimizer_cfg, model, weight_decay):
@@ -357,7 +357,7 @@ def test_the_logged_lr_is_the_step_s_own_with_an_lr_held_in_a_tensor(tmp_path, m
             group["lr"] = torch.tensor(group["lr"], dtype=torch.float64)  # float64: the same values
         return optimizer
 
-    monkeypatch.setattr(effitrain.run.job, "build_optimizer", tensor_lr)
+    monkeypatch.setattr(effitrain.run.build, "build_optimizer", tensor_lr)
     assert run_job(tmp_path, "max_steps=4", "warmup_ratio=0.5", f"backend={backend}")["status"] == "ok"
     lr = compose().optimizer.lr  # linear warm-up over 2 steps from 0, then linear decay to 0 at step 4
     assert [line["lr"] for line in read_metrics(tmp_path)] == [0.0, lr / 2, lr, lr / 2]

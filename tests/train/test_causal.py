@@ -41,7 +41,7 @@ def causal(*overrides: str):
 
 def fit(tmp_path, *overrides: str):
     from effitrain.config.validate import validate
-    from effitrain.run.job import build_job
+    from effitrain.run.build import build_job
     from effitrain.train.distributed import process_state
     from tests.helpers.run import ParamSnapshots
     from tests.helpers.run import fit as fit_job
@@ -144,7 +144,7 @@ def test_a_causal_lm_from_a_local_folder_loads_its_weights(tmp_path):
     """model.name_or_path= any causal LM folder (saved here, as the hub would give it)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from effitrain.run.job import build_job
+    from effitrain.run.build import build_job
     from effitrain.train.distributed import process_state
     from effitrain.train.modeling import build_tokenizer
 
@@ -326,7 +326,7 @@ def test_causal_lm_accepts_encoders_only_built_causal():
     change when a later token changes. BERT (model=tiny, model=minilm) is built with is_decoder=True;
     the same BERT built as the encoder it is would see later tokens, as the check says."""
     from effitrain.config.causality import sees_later_tokens
-    from effitrain.run.job import build_job
+    from effitrain.run.build import build_job
     from effitrain.train.distributed import process_state
     from effitrain.train.modeling import build_config
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from effitrain.run.job import plan_line
+from effitrain.run.build import plan_line
 from tests.helpers.run import compose
 
 
