@@ -74,8 +74,11 @@ class Summary:
         except Exception as error:
             self.error = one_line(error)
             if self.is_main and self.folder.is_dir():
-                with contextlib.suppress(OSError):  # a full disk: the summary's line says what failed
-                    (self.folder / "traceback.txt").write_text(traceback.format_exc())
+                written = self.folder / "traceback.txt"
+                try:
+                    written.write_text(traceback.format_exc())
+                except OSError:  # a full disk: the summary's line says what failed; no empty file
+                    written.unlink(missing_ok=True)
         except (KeyboardInterrupt, Interrupted) as error:  # Ctrl-C or SIGTERM: W&B ends it as crashed
             signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
             self.status, self.signal = "interrupted", int(signum)

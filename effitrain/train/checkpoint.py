@@ -271,6 +271,10 @@ def find_resume(cfg: DictConfig, output_dir: Path) -> ResumePoint | None:
     return point
 
 
+class CheckpointNotWritten(RuntimeError):
+    """A checkpoint could not be written (a full disk); nothing of it is left behind."""
+
+
 class Checkpointer:
     """Saves a run's training state on schedule and restores it on resume.
 
@@ -303,8 +307,6 @@ class Checkpointer:
         return self.save(step, trainer_state)
 
     def save(self, step: int, trainer_state=None) -> Path:
-        from safetensors.torch import save_model
-
         target = self.root / f"step-{step:08d}"
         tmp = self.root / f".partial-step-{step:08d}"
         is_main = rank() == 0
@@ -312,45 +314,63 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         barrier()
-        torch.save(rng_state(), tmp / rng_file_name())
-        barrier()
-        if is_main:
-            save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            # safetensors writes 0600: the weights follow the umask as every other result file
-            os.chmod(tmp / "model.safetensors", 0o666 & ~_umask())
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-            if trainer_state is not None:
-                trainer_state.save_to_json(str(tmp / "trainer_state.json"))
-            at = position(step, self.batches_per_epoch, self.cfg.gradient_accumulation_steps)
-            meta = {
-                "format": FORMAT,
-                "step": step,
-                "epoch": at.epoch,
-                "batches_in_epoch": at.batches,
-                "num_steps": self.num_steps,
-                "world_size": world_size(),
-                "meter": {
-                    "samples": self.meter.samples,
-                    "tokens": self.meter.tokens,
-                    "last_loss": self.meter.last_loss,
-                    "loss_total": self.meter.loss_total,
-                    "best_eval": self.meter.best_eval,
-                },
-                "config": trajectory_config(self.cfg),
-                "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())},
-                # verified before resuming: a flipped byte must not resume silently
-                "sha256": {p.name: sha256(p) for p in sorted(tmp.iterdir())},
-            }
-            with open(tmp / META, "w") as handle:
-                json.dump(meta, handle, indent=2, sort_keys=True, default=str)
-                handle.flush()
-                os.fsync(handle.fileno())
-            # a checkpoint of the same step from an earlier attempt is replaced
-            publish(tmp, target, replace_folder=True)
-            self.prune()
+        try:
+            torch.save(rng_state(), tmp / rng_file_name())
+            barrier()
+            if is_main:
+                self._write(step, tmp, target, trainer_state)
+        except (OSError, RuntimeError) as error:
+            # a full disk: the partial files would keep it full, and torch's own message is a
+            # C++ assertion ("enforce fail at inline_container.cc")
+            if not isinstance(error, OSError) and "inline_container" not in str(error):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else "a write failed"
+            free = shutil.disk_usage(self.root).free
+            raise CheckpointNotWritten(
+                f"the checkpoint of step {step} could not be written in {self.root} ({reason}; "
+                f"{free} bytes free): its partial files were removed"
+            ) from error
         barrier()
         return target
+
+    def _write(self, step: int, tmp: Path, target: Path, trainer_state) -> None:
+        from safetensors.torch import save_model
+
+        save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        # safetensors writes 0600: the weights follow the umask as every other result file
+        os.chmod(tmp / "model.safetensors", 0o666 & ~_umask())
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+        if trainer_state is not None:
+            trainer_state.save_to_json(str(tmp / "trainer_state.json"))
+        at = position(step, self.batches_per_epoch, self.cfg.gradient_accumulation_steps)
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "epoch": at.epoch,
+            "batches_in_epoch": at.batches,
+            "num_steps": self.num_steps,
+            "world_size": world_size(),
+            "meter": {
+                "samples": self.meter.samples,
+                "tokens": self.meter.tokens,
+                "last_loss": self.meter.last_loss,
+                "loss_total": self.meter.loss_total,
+                "best_eval": self.meter.best_eval,
+            },
+            "config": trajectory_config(self.cfg),
+            "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())},
+            # verified before resuming: a flipped byte must not resume silently
+            "sha256": {p.name: sha256(p) for p in sorted(tmp.iterdir())},
+        }
+        with open(tmp / META, "w") as handle:
+            json.dump(meta, handle, indent=2, sort_keys=True, default=str)
+            handle.flush()
+            os.fsync(handle.fileno())
+        # a checkpoint of the same step from an earlier attempt is replaced
+        publish(tmp, target, replace_folder=True)
+        self.prune()
 
     def prune(self) -> None:
         """Keep the newest ``checkpoint_keep`` checkpoints; remove leftovers of interrupted writes."""

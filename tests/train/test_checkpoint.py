@@ -357,3 +357,38 @@ def test_a_resumed_run_remembers_its_best_evaluation_before_the_resume(tmp_path)
     assert resumed["status"] == "ok", resumed["error"]
     assert resumed["train/resumed_from_step"] == 9 and best["step"] < 9  # the best came before the resume
     assert (resumed["eval/best_loss"], resumed["eval/best_step"]) == (best["eval/loss"], best["step"])
+
+
+def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_leaves_no_partial_files(tmp_path, monkeypatch):
+    """torch.save on a full disk raises a C++ assertion; the run says in one line which checkpoint
+    could not be written, removes its partial folder (which would keep the disk full) and leaves
+    no empty traceback.txt when that cannot be written either."""
+    import errno
+    from pathlib import Path
+
+    real_save, real_write_text = torch.save, Path.write_text
+
+    def save(obj, path, *args, **kwargs):
+        if Path(path).name == "optimizer.pt":
+            Path(path).write_bytes(b"\0" * 100)  # part of it got out before the disk was full
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")
+        return real_save(obj, path, *args, **kwargs)
+
+    def write_text(self, data, *args, **kwargs):
+        if self.name == "traceback.txt":
+            self.touch()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_text(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(Path, "write_text", write_text)
+    summary = run_job(tmp_path, "max_steps=2", "checkpoint_every=1")
+    assert summary["status"] == "failed"
+    assert summary["error"].startswith(
+        f"CheckpointNotWritten: the checkpoint of step 1 could not be written in {tmp_path / 'checkpoints'} "
+        "(a write failed; "
+    )
+    assert summary["error"].endswith(" bytes free): its partial files were removed")
+    assert "enforce fail" not in summary["error"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == []
+    assert not (tmp_path / "traceback.txt").exists()
