@@ -23,10 +23,10 @@ from omegaconf import DictConfig
 
 from effitrain.backends.base import backend_of
 from effitrain.config.load import apply_effective_batch_size, validate_once
-from effitrain.config.validate import check_output_dir
 from effitrain.memory.flops import mfu_keys
 from effitrain.memory.replay import predicted_keys, run_peak_keys, trace_run
-from effitrain.run import results
+from effitrain.run import folders, results
+from effitrain.run.folders import check_output_dir
 from effitrain.run.job import build_job
 from effitrain.run.outcome import interrupts_raise, one_line, recorded
 from effitrain.run.summary_keys import summary_config_keys
@@ -45,7 +45,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     The run folder is locked for the run's duration: a second process aiming at the same folder
     (two sweeps started into one ``hydra.sweep.dir``) is refused and writes nothing there.
     """
-    with interrupts_raise(), results.folder_lock(Path(output_dir)) as owner:
+    with interrupts_raise(), folders.folder_lock(Path(output_dir)) as owner:
         if owner is not None:
             error = f"hydra.run.dir={str(output_dir)!r} is invalid: in use by another run (pid {owner})"
             return {"status": "failed", "error": error, "error_type": "config"}
@@ -105,7 +105,7 @@ def _run(cfg: DictConfig, output_dir: str | Path) -> dict:
                 tracker = build_tracker(cfg, output_dir, keys)
                 summary.update(tracker.identity_keys() if tracker is not None else {})
             spec = prepare(cfg, output_dir, state.num_processes)
-            summary[results.CONFIG_KEY] = results.config_record(cfg)  # what a rerun is compared with
+            summary[folders.CONFIG_KEY] = folders.config_record(cfg)  # what a rerun is compared with
             loggers = []
             if state.is_main_process:  # the same records to every logger: metrics.jsonl, W&B
                 metrics = MetricsFile(
@@ -124,10 +124,7 @@ def finished_and_kept(cfg: DictConfig, output_dir: Path) -> str | None:
     is (None: there is a run to do). A changed config is still refused, naming the key."""
     if cfg.get("resume") != "auto":
         return None
-    kept = results.finished_run(cfg, output_dir)
-    if kept is not None:
-        checkpoint.find_resume(cfg, output_dir)  # raises for a config that changed
-    return kept
+    return folders.finished_run(cfg, output_dir)  # checks the checkpoints' config too
 
 
 @dataclass(frozen=True)
@@ -146,7 +143,7 @@ def prepare(cfg: DictConfig, output_dir: Path, num_processes: int) -> RunSpec:
         ConfigError: a bad config, a finished run in the folder, or a checkpoint it cannot resume.
     """
     validate_once(cfg, num_processes)
-    results.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
+    folders.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
     return RunSpec(checkpoint.find_resume(cfg, output_dir))
 
 

@@ -11,7 +11,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from effitrain.run import results
+from effitrain.run import folders as results
 from effitrain.sweep.launcher import LAUNCHER_DIR, LAUNCHES, LocalSweep
 from effitrain.sweep.outcome import LaunchedJob
 from tests.helpers.run import compose
