@@ -50,7 +50,7 @@ def check_overrides_or_exit(argv: list[str]) -> tuple[contextlib.ExitStack, list
             )
         else:
             decision = held.enter_context(folders.claimed(Path(folder), cfg))
-            held.enter_context(_locked_for_this_process(Path(folder)))
+            held.enter_context(folders.held_here(Path(folder)))
             if not _given(argv, "hydra.run.dir") and "'" not in folder and "\\" not in folder:
                 argv = [*argv, f"hydra.run.dir='{folder}'"]  # a folder named by the clock: the one locked
         if decision.action == "busy":
@@ -67,23 +67,6 @@ def check_overrides_or_exit(argv: list[str]) -> tuple[contextlib.ExitStack, list
         held.close()
         fail(str(error))
     return held, argv
-
-
-@contextlib.contextmanager
-def _locked_for_this_process(folder: Path):
-    """Tell the run Hydra starts in this process that its folder is held for it (as effitrain's
-    launcher tells a job's process)."""
-    from effitrain.run.folders import LOCKED_ENV
-
-    before = os.environ.get(LOCKED_ENV)
-    os.environ[LOCKED_ENV] = str(folder.resolve())
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(LOCKED_ENV, None)
-        else:
-            os.environ[LOCKED_ENV] = before
 
 
 def _given(argv: list[str], key: str) -> bool:

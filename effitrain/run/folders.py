@@ -20,7 +20,6 @@ from omegaconf import DictConfig
 
 from effitrain.config.errors import ConfigError, invalid
 from effitrain.run.results import read_summary
-from effitrain.train import checkpoint
 from effitrain.train.loggers import without_secret
 from effitrain.util.atomic import probe_write
 
@@ -62,7 +61,9 @@ def decide(folder: Path, cfg: DictConfig, job_of_sweep: bool = False) -> Decisio
         return Decision("skip", f"effitrain: skip: {folder} already holds an ok summary.json (skip_ok_jobs=true)",
                         previous)  # fmt: skip
     if not ok:
-        saved = checkpoint.list_checkpoints(folder)
+        from effitrain.train.checkpoint import list_checkpoints  # torch: not in a sweep's process
+
+        saved = list_checkpoints(folder)
         if saved and cfg.get("resume") is None:  # a fresh start would rotate them away
             return Decision("refuse", f"hydra.run.dir={str(folder)!r} is invalid: it holds an unfinished run's "
                             f"checkpoints (newest: step {saved[-1][0]}); add resume=auto to continue it, or give "
@@ -86,8 +87,10 @@ def decide(folder: Path, cfg: DictConfig, job_of_sweep: bool = False) -> Decisio
 def _resumable(folder: Path, cfg: DictConfig, previous: dict | None) -> Decision:
     """``run``, or ``refuse`` when the checkpoint ``resume`` names could not be resumed (another
     config): said before anything is written, so an interrupted run's folder stays as it was."""
+    from effitrain.train.checkpoint import find_resume  # imports torch: only when needed
+
     try:
-        checkpoint.find_resume(_derived(cfg), folder)
+        find_resume(_derived(cfg), folder)
     except ConfigError as error:
         return Decision("refuse", str(error), previous)
     return Decision("run", previous=previous)
@@ -127,7 +130,11 @@ def config_record(cfg: DictConfig) -> dict:
     """The result-changing configuration of a run, as ``summary.json`` records it under ``job/config``:
     the resolved config without ``run_invariant_keys`` (:func:`effitrain.train.checkpoint.trajectory_config`),
     ``micro_batch_size`` derived from ``effective_batch_size``, as JSON values."""
-    record = json.loads(json.dumps(checkpoint.trajectory_config(_derived(cfg)), default=str))
+    from effitrain.train.checkpoint import (
+        trajectory_config,
+    )  # imports torch: only when needed
+
+    record = json.loads(json.dumps(trajectory_config(_derived(cfg)), default=str))
     secret = os.environ.get("WANDB_API_KEY")  # a key pulled in by interpolation is never written
     return without_secret(record, secret)
 
@@ -139,9 +146,11 @@ def config_change(previous: dict, cfg: DictConfig) -> tuple[str, object, object]
     A summary without the full record (an older version's, or edited) is compared on the ``cfg/*``
     keys it holds; one that holds neither has nothing to compare and is taken as it is.
     """
+    from effitrain.train.checkpoint import first_difference  # imports torch: only when needed
+
     recorded = previous.get(CONFIG_KEY)
     if isinstance(recorded, dict):
-        return checkpoint.first_difference(config_record(cfg), recorded)
+        return first_difference(config_record(cfg), recorded)
     said = {key: value for key, value in previous.items() if key.startswith("cfg/")}
     if not said:
         return None
@@ -149,7 +158,7 @@ def config_change(previous: dict, cfg: DictConfig) -> tuple[str, object, object]
 
     derived = _derived(cfg)
     now = summary_config_keys(derived, Path("."), int(os.environ.get("WORLD_SIZE", "1")))
-    change = checkpoint.first_difference({key: now.get(key) for key in said}, said)
+    change = first_difference({key: now.get(key) for key in said}, said)
     if change is None:
         return None
     key, now_value, was = change
@@ -180,12 +189,27 @@ def check_output_dir(path: Path) -> None:
         ) from None
 
 
+_HELD_HERE: set[str] = set()  # folders this process holds for a run it starts itself (:func:`held_here`)
+
+
+@contextlib.contextmanager
+def held_here(folder: Path):
+    """Tell a run started in this process (by Hydra, after ``train.py``'s preflight took the lock)
+    that its folder is held for it; child processes are not told (they hold nothing)."""
+    key = str(Path(folder).resolve())
+    _HELD_HERE.add(key)
+    try:
+        yield
+    finally:
+        _HELD_HERE.discard(key)
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path):
     """Hold an exclusive lock on ``folder`` (``filelock``'s flock on a file in it); yields None when
     this process has it, else the pid the holder wrote there ("unknown" before it wrote one).
     Released when the process dies, however it dies. A folder held for this process (``LOCKED_ENV``:
-    by effitrain's launcher, or by ``train.py``'s preflight across Hydra's run) is not locked again.
+    by effitrain's launcher; :func:`held_here`: by ``train.py``'s preflight) is not locked again.
     Ranks of one data-parallel job share their folder: only rank 0 locks it.
 
     The file is removed while still held, as the lock is let go, so a finished run leaves none
@@ -194,7 +218,7 @@ def folder_lock(folder: Path):
     from filelock import FileLock, Timeout
 
     folder = Path(folder)
-    locked_for_us = os.environ.get(LOCKED_ENV) == str(folder.resolve())
+    locked_for_us = str(folder.resolve()) in (os.environ.get(LOCKED_ENV), *_HELD_HERE)
     if int(os.environ.get("RANK", "0")) != 0 or locked_for_us:
         yield None
         return

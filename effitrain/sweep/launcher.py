@@ -14,6 +14,7 @@ closing report reads (:mod:`effitrain.sweep.report`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -25,7 +26,6 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import ExitStack
 from pathlib import Path
 
 from effitrain.config.errors import ConfigError, fail
@@ -69,6 +69,7 @@ class LocalSweep:
             self.cpu_slots.put(cpus)
         self.running: list[LaunchedJob] = []
         self.stop_signal: int | None = None
+        self.kill_at = 0.0
 
     def _prepare(self, overrides: list, idx: int) -> LaunchedJob:
         from hydra.core.hydra_config import HydraConfig
@@ -96,7 +97,7 @@ class LocalSweep:
             )
             job.outcome = JobOutcome(job.folder, "failed", False, error)
             return True
-        job.lock = ExitStack()
+        job.lock = contextlib.ExitStack()
         decision = job.lock.enter_context(folders.claimed(job.folder, job.config, job_of_sweep=True))
         if decision.action == "run":
             return False
@@ -126,32 +127,43 @@ class LocalSweep:
         with self.lock:
             job.gpus = self.gpu_groups.pop(0) if self.gpu_groups else None
         try:
-            with job.lock:  # released only after the killed record is written under it
+            with job.lock:  # let go only after a killed job's summary is written under it
                 self._start(job, specs)
-                code = job.process.wait()
-                job.outcome = job_outcome(job, code, _read_result(specs / f"job-{job.idx}.json"),
-                                          self.settings["timeout_min"])  # fmt: skip
+                try:
+                    code = job.process.wait(timeout=self.settings["timeout_min"] * 60)
+                except subprocess.TimeoutExpired:
+                    job.timed_out = True
+                    code = self._send(job, signal.SIGTERM, wait=True)
+                result = _read_result(specs / f"job-{job.idx}.json")
+                job.outcome = job_outcome(job, code, result, self.settings["timeout_min"])
         finally:
             with self.lock:
                 self.running = [other for other in self.running if other is not job]
-                if job.gpus is not None:
-                    self.gpu_groups.append(job.gpus)
+                self.gpu_groups += (
+                    [job.gpus] if job.gpus is not None else []
+                )  # to the back: every GPU gets used
             self.cpu_slots.put(job.cpus)
+        job.value = result.get("return_value") if result is not None and result.get("completed") else None
         ended = time.time()
-        self._record(job, status=job.outcome.status, pid=job.process.pid, returncode=code, ended=ended,
-                     error=job.outcome.error)  # fmt: skip
-        line = f"effitrain: job {job.idx} {job.outcome.status}: {job.name} ({ended - job.started:.1f} s)"
-        print(line if job.outcome.status == "ok" else f"{line}: {job.outcome.error}", flush=True)
+        outcome = job.outcome
+        self._record(
+            job, status=outcome.status, pid=job.process.pid, returncode=code, ended=ended, error=outcome.error
+        )
+        line = f"effitrain: job {job.idx} {outcome.status}: {job.name} ({ended - job.started:.1f} s)"
+        print(line if outcome.status == "ok" else f"{line}: {outcome.error}", flush=True)
 
     def _start(self, job: LaunchedJob, specs: Path) -> None:
         import cloudpickle
         from hydra.core.singleton import Singleton
 
         spec = specs / f"job-{job.idx}.pkl"
+        launcher = self.launcher
         with open(spec, "wb") as handle:
-            cloudpickle.dump({"task_function": self.launcher.task_function, "config": job.config,
-                              "hydra_context": self.launcher.hydra_context, "singletons": Singleton.get_state(),
-                              "result": str(specs / f"job-{job.idx}.json")}, handle)  # fmt: skip
+            cloudpickle.dump(
+                {"task_function": launcher.task_function, "hydra_context": launcher.hydra_context,
+                 "config": job.config, "singletons": Singleton.get_state(), "result": str(specs / f"job-{job.idx}.json")},
+                handle,
+            )  # fmt: skip
         env = dict(
             os.environ, **{folders.LOCKED_ENV: str(job.folder.resolve()), PARENT_ENV: str(os.getpid())}
         )
@@ -167,8 +179,8 @@ class LocalSweep:
             job.started = time.time()
             # its own session: a Ctrl-C at the terminal reaches the sweep only, which forwards it
             # once to every job (a job hit twice could be stopped while writing its summary)
-            job.process = subprocess.Popen([sys.executable, "-m", "effitrain.sweep.worker", str(spec)],
-                                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            command = [sys.executable, "-m", "effitrain.sweep.worker", str(spec)]
+            job.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                            env=env, start_new_session=True)  # fmt: skip
             self.running.append(job)
         where = [f"pid {job.process.pid}"]
@@ -176,41 +188,36 @@ class LocalSweep:
         where += [f"cpus {','.join(map(str, job.cpus))}"] if job.cpus is not None else []
         print(f"effitrain: job {job.idx} started ({', '.join(where)}): {job.name}", flush=True)
 
-    def _send(self, job: LaunchedJob, signum: int, grace: bool) -> None:
-        if job.process.poll() is not None:
-            return
-        job.stop_signal = job.stop_signal or signum
-        try:  # SIGKILL to its whole process group: nothing it started outlives it
-            os.killpg(job.process.pid, signum) if signum == signal.SIGKILL else job.process.send_signal(
-                signum
-            )
-        except ProcessLookupError:
-            return
-        if grace:
-            job.kill_at = time.time() + self.settings["kill_grace_s"]
+    def _send(self, job: LaunchedJob, signum: int, wait: bool = False) -> int | None:
+        """``signum`` to a running job (SIGKILL to its whole process group: nothing it started
+        outlives it); ``wait``: until it ends, with SIGKILL once ``kill_grace_s`` has run out."""
+        if job.process.poll() is None:
+            job.stop_signal = job.stop_signal or signum
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.process.pid, signum) if signum == signal.SIGKILL else job.process.send_signal(
+                    signum
+                )
+        if not wait:
+            return None
+        try:
+            return job.process.wait(timeout=self.settings["kill_grace_s"])
+        except subprocess.TimeoutExpired:
+            return self._send(job, signal.SIGKILL) or job.process.wait()
 
-    def _watch(self, pending: list[int]) -> None:
-        """In the sweep's thread: signals received, timeouts, and stopped jobs past their grace."""
+    def _forward(self, signum: int | None) -> None:
+        """In the sweep's thread: the first signal to every running job; a second one, or the first
+        one's ``kill_grace_s`` run out, as SIGKILL."""
         with self.lock:
             running = list(self.running)
-        while pending:
-            signum = pending.pop(0)
-            first = self.stop_signal is None
-            self.stop_signal = self.stop_signal or signum
-            if first:
-                print(f"\neffitrain: {signal_name(signum)}: stopping {len(running)} running job(s), which "
-                      "record status interrupted; no new job starts (again to kill them at once)",
-                      file=sys.stderr, flush=True)  # fmt: skip
+        if signum is not None and self.stop_signal is None:
+            self.stop_signal, self.kill_at = signum, time.time() + self.settings["kill_grace_s"]
+            print(f"\neffitrain: {signal_name(signum)}: stopping {len(running)} running job(s), which record "
+                  "status interrupted; no new job starts (again to kill them at once)", file=sys.stderr, flush=True)  # fmt: skip
             for job in running:
-                self._send(job, signum if first else signal.SIGKILL, grace=first)
-        now = time.time()
-        for job in running:
-            if not job.timed_out and now - job.started > self.settings["timeout_min"] * 60:
-                job.timed_out = True
-                self._send(job, signal.SIGTERM, grace=True)
-            elif job.kill_at is not None and now > job.kill_at:
-                job.kill_at = None
-                self._send(job, signal.SIGKILL, grace=False)
+                self._send(job, signum)
+        elif signum is not None or (self.stop_signal is not None and time.time() > self.kill_at):
+            for job in running:
+                self._send(job, signal.SIGKILL)
 
     def run(self) -> list:
         pending: list[int] = []  # signals, acted on in the loop below, not inside the handler
@@ -218,22 +225,25 @@ class LocalSweep:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 handlers[signum] = signal.signal(signum, lambda signum, frame: pending.append(signum))
-        # the jobs' specs (code, unpickled by the job's process): a folder only this user may write
+        # the jobs' specs (code, unpickled by the job's process): a folder only this user may enter
         specs = Path(tempfile.mkdtemp(prefix="specs-", dir=self.sweep_dir / LAUNCHER_DIR))
+        pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="effitrain-job")
+        futures = [pool.submit(self._run_job, job, specs) for job in self.jobs]
         try:
-            with ThreadPoolExecutor(self.parallel, thread_name_prefix="effitrain-job") as pool:
-                futures = [pool.submit(self._run_job, job, specs) for job in self.jobs]
-                while wait(futures, timeout=0.05).not_done:
-                    self._watch(pending)
-            for future in futures:
-                future.result()  # a launcher error, not a job's: raised here
+            while wait(futures, timeout=0.05).not_done:
+                self._forward(pending.pop(0) if pending else None)
         finally:
-            with self.lock:
-                for job in self.running:  # only when the launcher itself fails: leave no job behind
-                    self._send(job, signal.SIGKILL, grace=False)
+            if not all(
+                future.done() for future in futures
+            ):  # the launcher itself failed: leave no job behind
+                self.stop_signal = signal.SIGKILL
+                self._forward(signal.SIGKILL)
+            pool.shutdown()
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
             shutil.rmtree(specs, ignore_errors=True)
+        for future in futures:
+            future.result()  # the launcher's own error, not a job's
         RECORD.launched = True
         RECORD.jobs += [job.outcome for job in self.jobs]
         RECORD.signal = self.stop_signal if self.stop_signal is not None else RECORD.signal
