@@ -92,20 +92,27 @@ def _split_flags(argv: list[str]) -> tuple[list[str], dict, list[str]] | None:
 
 
 def _compose_with(config: dict, overrides: list[str]) -> tuple[DictConfig, list[str]]:
-    """What Hydra composes with ``--config-dir``/``--config-name``: the named primary config, found
-    in the given folder before effitrain's conf/ (as Hydra's flags do); errors in one line."""
-    from hydra import compose, initialize_config_module
+    """What Hydra composes with ``--config-dir``/``--config-name``: the named primary config, from
+    effitrain's conf/ or else the given folder, which is searched after conf/ (as Hydra's flags
+    do; a group option in both folders is taken from the given one here); errors in one line."""
+    from hydra import compose, initialize_config_dir, initialize_config_module
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException
 
     from effitrain.config.compose import plain_open_overrides
-    from effitrain.config.registry import CONF_MODULE
+    from effitrain.config.registry import CONF_DIR, CONF_MODULE
 
-    extra = [f"hydra.searchpath=[file://{Path(config['dir']).absolute()}]"] if "dir" in config else []
+    name = config.get("name", "config")
+    folder = Path(config.get("dir", CONF_DIR)).absolute()
+    if (CONF_DIR / f"{name}.yaml").exists() or not (folder / f"{name}.yaml").exists():
+        search = [f"hydra.searchpath=[file://{folder}]"] if "dir" in config else []
+        start = initialize_config_module(CONF_MODULE, version_base="1.3", job_name="effitrain")
+    else:  # Hydra's search path can only be extended once the primary config is found
+        search = [f"hydra.searchpath=[pkg://{CONF_MODULE}]"]
+        start = initialize_config_dir(str(folder), version_base="1.3", job_name="effitrain")
     try:
-        with initialize_config_module(CONF_MODULE, version_base="1.3", job_name="effitrain"):
-            cfg = compose(config.get("name", "config"), plain_open_overrides(overrides) + extra,
-                          return_hydra_config=True)  # fmt: skip
+        with start:
+            cfg = compose(name, plain_open_overrides(overrides) + search, return_hydra_config=True)
             HydraConfig.instance().set_config(cfg)
     except HydraException as error:
         raise ConfigError(" ".join(str(error).split())[:500]) from None
