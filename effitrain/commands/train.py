@@ -72,7 +72,7 @@ def check_overrides_or_exit(argv: list[str]) -> tuple[contextlib.ExitStack, list
 def _given(argv: list[str], key: str) -> bool:
     from effitrain.config.overrides import parse
 
-    return any(o.key_or_group == key for o in parse(a for a in argv if not a.startswith("-")))
+    return any(o.key_or_group == key for o in parse(_split_flags(argv)[2]))
 
 
 def _split_flags(argv: list[str]) -> tuple[list[str], dict, list[str]] | None:
