@@ -194,9 +194,10 @@ class LocalSweep:
         if job.process.poll() is None:
             job.stop_signal = job.stop_signal or signum
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(job.process.pid, signum) if signum == signal.SIGKILL else job.process.send_signal(
-                    signum
-                )
+                if signum == signal.SIGKILL:
+                    os.killpg(job.process.pid, signum)
+                else:
+                    job.process.send_signal(signum)
         if not wait:
             return None
         try:
@@ -211,8 +212,9 @@ class LocalSweep:
             running = list(self.running)
         if signum is not None and self.stop_signal is None:
             self.stop_signal, self.kill_at = signum, time.time() + self.settings["kill_grace_s"]
-            print(f"\neffitrain: {signal_name(signum)}: stopping {len(running)} running job(s), which record "
-                  "status interrupted; no new job starts (again to kill them at once)", file=sys.stderr, flush=True)  # fmt: skip
+            stopping = f"stopping {len(running)} running job(s), which record status interrupted"
+            print(f"\neffitrain: {signal_name(signum)}: {stopping}; no new job starts (again to kill them at once)",
+                  file=sys.stderr, flush=True)  # fmt: skip
             for job in running:
                 self._send(job, signum)
         elif signum is not None or (self.stop_signal is not None and time.time() > self.kill_at):
@@ -233,11 +235,8 @@ class LocalSweep:
             while wait(futures, timeout=0.05).not_done:
                 self._forward(pending.pop(0) if pending else None)
         finally:
-            if not all(
-                future.done() for future in futures
-            ):  # the launcher itself failed: leave no job behind
-                self.stop_signal = signal.SIGKILL
-                self._forward(signal.SIGKILL)
+            for job in list(self.running):  # only when the launcher itself fails: leave no job behind
+                self._send(job, signal.SIGKILL)
             pool.shutdown()
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
