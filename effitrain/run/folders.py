@@ -47,12 +47,15 @@ def decide(folder: Path, cfg: DictConfig, job_of_sweep: bool = False) -> Decisio
     """The folder policy for ``cfg`` run into ``folder``; nothing is written.
 
     ``job_of_sweep``: the sweep's question, asked before any process starts: may this job be skipped
-    (``skip_ok_jobs``) as done? A job that is not skipped asks again as a run when it starts.
+    (``skip_ok_jobs``) as done, or is it refused (another config than the ok run's, or than the
+    checkpoint ``resume`` names)? A job that is not settled asks again as a run when it starts.
     """
     folder = Path(folder)
     previous = read_summary(folder)
     ok = previous is not None and previous.get("status") == "ok"
     if job_of_sweep:
+        if not ok and cfg.get("resume") is not None:  # a checkpoint it could not resume: refused now
+            return _resumable(folder, cfg, previous)
         if not ok or not cfg.get("skip_ok_jobs", True):
             return Decision("run", previous=previous)
         refusal = skip_refusal(folder, previous, cfg)
