@@ -61,30 +61,34 @@ def decide(folder: Path, cfg: DictConfig, job_of_sweep: bool = False) -> Decisio
         refusal = skip_refusal(folder, previous, cfg)
         if refusal is not None:  # not done: it ran another config, which a run would not overwrite
             return Decision("refuse", refusal, previous)
-        return Decision("skip", f"effitrain: skip: {folder} already holds an ok summary.json (skip_ok_jobs=true)",
-                        previous)  # fmt: skip
+        done = f"effitrain: skip: {folder} already holds an ok summary.json (skip_ok_jobs=true)"
+        return Decision("skip", done, previous)
+    where = f"hydra.run.dir={str(folder)!r} is invalid"
     if not ok:
         from effitrain.train.checkpoint import list_checkpoints  # torch: not in a sweep's process
 
         saved = list_checkpoints(folder)
         if saved and cfg.get("resume") is None:  # a fresh start would rotate them away
-            return Decision("refuse", f"hydra.run.dir={str(folder)!r} is invalid: it holds an unfinished run's "
-                            f"checkpoints (newest: step {saved[-1][0]}); add resume=auto to continue it, or give "
-                            "another folder", previous)  # fmt: skip
+            why = f"it holds an unfinished run's checkpoints (newest: step {saved[-1][0]})"
+            return Decision(
+                "refuse", f"{where}: {why}; add resume=auto to continue it, or give another folder", previous
+            )
         return _resumable(folder, cfg, previous)
     if cfg.get("resume") != "auto":  # resume=<path> starts this folder's run anew from elsewhere
-        return Decision("refuse", f"hydra.run.dir={str(folder)!r} is invalid: it holds a finished ok run "
-                        "(summary.json); give another folder, or add resume=auto to keep it as it is", previous)  # fmt: skip
+        why = "give another folder, or add resume=auto to keep it as it is"
+        return Decision("refuse", f"{where}: it holds a finished ok run (summary.json); {why}", previous)
     change = config_change(previous, cfg)
     if change is not None:
         key, now, was = change
-        return Decision("refuse", f"{key}={now!r} is invalid: the finished ok run in {folder} ran with {was!r}, "
-                        "and resume=auto keeps it as it is: give another folder for this config", previous)  # fmt: skip
+        why = f"the finished ok run in {folder} ran with {was!r}, and resume=auto keeps it as it is"
+        return Decision(
+            "refuse", f"{key}={now!r} is invalid: {why}: give another folder for this config", previous
+        )
     decision = _resumable(folder, cfg, previous)
     if decision.action == "refuse":
         return decision
-    return Decision("keep", f"effitrain: {folder} already holds a finished ok run (resume=auto): left as it is",
-                    previous)  # fmt: skip
+    kept = f"effitrain: {folder} already holds a finished ok run (resume=auto): left as it is"
+    return Decision("keep", kept, previous)
 
 
 def _resumable(folder: Path, cfg: DictConfig, previous: dict | None) -> Decision:

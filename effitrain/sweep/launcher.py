@@ -158,12 +158,12 @@ class LocalSweep:
 
         spec = specs / f"job-{job.idx}.pkl"
         launcher = self.launcher
+        state = {"task_function": launcher.task_function, "hydra_context": launcher.hydra_context}
+        state.update(
+            config=job.config, singletons=Singleton.get_state(), result=str(specs / f"job-{job.idx}.json")
+        )
         with open(spec, "wb") as handle:
-            cloudpickle.dump(
-                {"task_function": launcher.task_function, "hydra_context": launcher.hydra_context,
-                 "config": job.config, "singletons": Singleton.get_state(), "result": str(specs / f"job-{job.idx}.json")},
-                handle,
-            )  # fmt: skip
+            cloudpickle.dump(state, handle)
         env = dict(
             os.environ, **{folders.LOCKED_ENV: str(job.folder.resolve()), PARENT_ENV: str(os.getpid())}
         )
@@ -180,8 +180,14 @@ class LocalSweep:
             # its own session: a Ctrl-C at the terminal reaches the sweep only, which forwards it
             # once to every job (a job hit twice could be stopped while writing its summary)
             command = [sys.executable, "-m", "effitrain.sweep.worker", str(spec)]
-            job.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                           env=env, start_new_session=True)  # fmt: skip
+            job.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
             self.running.append(job)
         where = [f"pid {job.process.pid}"]
         where += [f"CUDA_VISIBLE_DEVICES={','.join(job.gpus)}"] if job.gpus is not None else []
@@ -213,8 +219,8 @@ class LocalSweep:
         if signum is not None and self.stop_signal is None:
             self.stop_signal, self.kill_at = signum, time.time() + self.settings["kill_grace_s"]
             stopping = f"stopping {len(running)} running job(s), which record status interrupted"
-            print(f"\neffitrain: {signal_name(signum)}: {stopping}; no new job starts (again to kill them at once)",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            stopping += "; no new job starts (again to kill them at once)"
+            print(f"\neffitrain: {signal_name(signum)}: {stopping}", file=sys.stderr, flush=True)
             for job in running:
                 self._send(job, signum)
         elif signum is not None or (self.stop_signal is not None and time.time() > self.kill_at):
@@ -263,8 +269,10 @@ class LocalSweep:
 
         # COMPLETED also for a failed or killed job: the sweep reports it and goes on; Hydra's
         # sweeper would stop the whole multirun at the first FAILED with a traceback
-        ret = JobReturn(overrides=job.overrides, cfg=job.config, working_dir=os.getcwd(),
-                        task_name=str(job.config.hydra.job.name), status=JobStatus.COMPLETED)  # fmt: skip
+        ret = JobReturn(
+            job.overrides, job.config, working_dir=os.getcwd(), task_name=str(job.config.hydra.job.name)
+        )
+        ret.status = JobStatus.COMPLETED
         ret.return_value = job.value
         return ret
 

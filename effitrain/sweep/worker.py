@@ -65,8 +65,8 @@ def main(spec_path: str) -> int:
     Singleton.set_state(spec["singletons"])
     setup_globals()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the run records Ctrl-C as interrupted
-    job = run_job(hydra_context=spec["hydra_context"], task_function=spec["task_function"], config=spec["config"],
-                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")  # fmt: skip
+    task, config, context = spec["task_function"], spec["config"], spec["hydra_context"]
+    job = run_job(task, config, "hydra.sweep.dir", "hydra.sweep.subdir", hydra_context=context)
     result = {"completed": job.status == JobStatus.COMPLETED}
     if result["completed"]:  # a value JSON cannot hold crosses as its text
         result["return_value"] = json.loads(json.dumps(job._return_value, default=repr))
