@@ -36,23 +36,22 @@ def check_overrides_or_exit(argv: list[str]) -> tuple[contextlib.ExitStack, list
     from effitrain.run import folders
 
     held = contextlib.ExitStack()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        cfg = preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))
+        cfg = preflight(argv, world)
         if cfg is None:
             return held, argv
         folder = str(cfg.hydra.run.dir)
-        if (
-            int(os.environ.get("WORLD_SIZE", "1")) > 1
-        ):  # ranks agree on their folder later: rank 0 locks it in the run
+        # several ranks agree on their folder after this (share_run_dir_across_ranks): the run locks it
+        if world > 1:
             owner = folders.folder_in_use(Path(folder))
-            decision = (
-                folders.decide(Path(folder), cfg) if owner is None else folders.Decision("busy", owner=owner)
-            )
+            decision = folders.Decision("busy", owner=owner) if owner else folders.decide(Path(folder), cfg)
         else:
             decision = held.enter_context(folders.claimed(Path(folder), cfg))
             held.enter_context(folders.held_here(Path(folder)))
+            # a folder named by the clock: given to Hydra, so that its run goes where the lock is
             if not _given(argv, "hydra.run.dir") and "'" not in folder and "\\" not in folder:
-                argv = [*argv, f"hydra.run.dir='{folder}'"]  # a folder named by the clock: the one locked
+                argv = [*argv, f"hydra.run.dir='{folder}'"]
         if decision.action == "busy":
             raise ConfigError(
                 f"hydra.run.dir={folder!r} is invalid: in use by another run (pid {decision.owner})"
