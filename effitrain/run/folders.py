@@ -232,7 +232,9 @@ def folder_lock(folder: Path):
     path = folder.resolve() / LOCK
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(path, timeout=0.2, on_acquired=_write_pid)
+        # no soft fallback: a marker file would outlive a killed holder (without flock nothing is locked);
+        # a short wait: a holder letting go as we try is not reported as in use
+        lock = FileLock(path, timeout=0.2, fallback_to_soft=False, on_acquired=_write_pid)
         lock.acquire()
     except Timeout:
         yield _owner(path)
@@ -271,7 +273,7 @@ def folder_in_use(folder: Path) -> str | None:
     if int(os.environ.get("RANK", "0")) != 0 or not path.exists():
         return None
     try:
-        with FileLock(path, timeout=0):
+        with FileLock(path, timeout=0, fallback_to_soft=False):
             return None
     except Timeout:
         return _owner(path)
