@@ -119,7 +119,15 @@ def finished_run(cfg: DictConfig, folder: Path) -> str | None:
 @contextlib.contextmanager
 def claimed(folder: Path, cfg: DictConfig, job_of_sweep: bool = False):
     """Lock ``folder``, then :func:`decide`, as one step: yields the decision (``busy`` when another
-    process holds the folder), the lock held until the block ends."""
+    process holds the folder), the lock held until the block ends when it is ``run``.
+
+    A folder no one holds whose decision is not ``run`` (refuse, skip, keep) is settled without
+    taking the lock, so nothing there is written, not even a dead holder's lock file replaced."""
+    if folder_in_use(folder) is None:
+        decision = decide(folder, cfg, job_of_sweep)
+        if decision.action != "run":
+            yield decision
+            return
     with folder_lock(folder) as owner:
         yield Decision("busy", owner=owner) if owner is not None else decide(folder, cfg, job_of_sweep)
 

@@ -334,3 +334,15 @@ def test_a_refused_resume_into_an_interrupted_run_leaves_its_folder_as_it_was(tm
         ).action
         == "run"
     )
+
+
+def test_a_settled_folder_is_left_as_it_was_even_a_dead_holders_lock_file(tmp_path, cfg):
+    """kill -9 leaves the lock file: a run refused there (or a job skipped) does not replace it."""
+    folder = tmp_path / "ok"
+    _ok_summary(folder, cfg)
+    (folder / results.LOCK).write_text("4242")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for job_of_sweep, action in ((False, "refuse"), (True, "skip")):
+        with results.claimed(folder, cfg, job_of_sweep) as decision:
+            assert decision.action == action
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
