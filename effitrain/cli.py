@@ -23,7 +23,7 @@ def default_device() -> str:
 
 def _check(args) -> None:
     for flag in (a for a in args.overrides if a.startswith("-") and a not in MULTIRUN_FLAGS):
-        # preflight leaves other flags (--cfg, --config-dir, ...) to Hydra and checks nothing then
+        # preflight leaves other flags (--cfg, --info, ...) to Hydra and checks nothing then
         raise ConfigError(f"{flag} is invalid: effitrain check takes overrides and -m/--multirun only")
     checked: list[int] = []
     preflight(args.overrides, jobs_checked=checked)

@@ -4,6 +4,7 @@ call (:func:`train_job`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -14,34 +15,108 @@ from effitrain.config.errors import ConfigError, fail, raise_problems
 from effitrain.config.registry import check_group_overrides
 from effitrain.config.validate import check_output_folder, check_output_overrides
 
-# Hydra's command-line flags that are not overrides; any other flag (--cfg, --info, --help...) is
-# left to Hydra with the overrides unchecked.
+# Hydra's command-line flags that are not overrides: -m, and the config's folder and name (the
+# preflight composes what Hydra will); any other flag (--cfg, --info, --help...) is left to Hydra
+# with the overrides unchecked.
 MULTIRUN_FLAGS = ("-m", "--multirun")
+CONFIG_FLAGS = {"--config-dir": "dir", "-cd": "dir", "--config-name": "name", "-cn": "name"}
 MAX_JOBS_CHECKED = 64  # a sweep's first jobs validated before any starts; the rest when they start
 
 
-def check_overrides_or_exit(argv: list[str]) -> DictConfig | None:
-    """Reject bad overrides before Hydra starts, so a mistake leaves the run folder as it was
-    (Hydra rewrites ``.hydra/`` there before the task runs): a single run is composed and
-    validated here, and so is every job of a sweep (up to ``MAX_JOBS_CHECKED``). Returns the single
-    run's validated config (None: a sweep, or flags left to Hydra)."""
-    try:
-        cfg = preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))
-        if cfg is not None:
-            from effitrain.run.results import finished_run, folder_in_use
+def check_overrides_or_exit(argv: list[str]) -> tuple[contextlib.ExitStack, list[str], DictConfig | None]:
+    """Reject bad overrides and a folder that may not be used before Hydra starts, so a mistake
+    leaves the run folder as it was (Hydra rewrites ``.hydra/`` there before the task runs): a
+    single run is composed and validated here, and so is every job of a sweep (up to
+    ``MAX_JOBS_CHECKED``).
 
-            owner = folder_in_use(Path(cfg.hydra.run.dir))  # refused before Hydra rewrites its .hydra/
-            if owner is not None:
-                raise ConfigError(
-                    f"hydra.run.dir={str(cfg.hydra.run.dir)!r} is invalid: in use by another run (pid {owner})"
-                )
-            finished = finished_run(cfg, Path(cfg.hydra.run.dir))
-            if finished is not None:
-                print(finished)
-                sys.exit(0)
-        return cfg
+    A single run's folder is locked and decided on in one step (:func:`effitrain.run.folders.claimed`)
+    and stays locked for the returned stack's life, Hydra's run included: a second run started at
+    the same moment is refused here, before it could rewrite the winner's ``.hydra/``. Returns the
+    stack, the command line to hand Hydra (with the folder the lock was taken on) and the single
+    run's validated config (None: a sweep, or flags left to Hydra)."""
+    from effitrain.run import folders
+
+    held = contextlib.ExitStack()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        cfg = preflight(argv, world)
+        if cfg is None:
+            return held, argv, None
+        folder = str(cfg.hydra.run.dir)
+        # several ranks agree on their folder after this (share_run_dir_across_ranks): the run locks it
+        if world > 1:
+            owner = folders.folder_in_use(Path(folder))
+            decision = folders.Decision("busy", owner=owner) if owner else folders.decide(Path(folder), cfg)
+        else:
+            decision = held.enter_context(folders.claimed(Path(folder), cfg))
+            held.enter_context(folders.held_here(Path(folder)))
+            # a folder named by the clock: given to Hydra, so that its run goes where the lock is
+            if not _given(argv, "hydra.run.dir") and "'" not in folder and "\\" not in folder:
+                argv = [*argv, f"hydra.run.dir='{folder}'"]
+        if decision.action == "busy":
+            raise ConfigError(
+                f"hydra.run.dir={folder!r} is invalid: in use by another run (pid {decision.owner})"
+            )
+        if decision.action == "refuse":
+            raise ConfigError(decision.reason)
+        if decision.action == "keep":
+            print(decision.reason)
+            held.close()
+            sys.exit(0)
     except ConfigError as error:
+        held.close()
         fail(str(error))
+    return held, argv, cfg
+
+
+def _given(argv: list[str], key: str) -> bool:
+    from effitrain.config.overrides import parse
+
+    return any(o.key_or_group == key for o in parse(_split_flags(argv)[2]))
+
+
+def _split_flags(argv: list[str]) -> tuple[list[str], dict, list[str]] | None:
+    """``(flags, {"dir": ..., "name": ...}, overrides)``, or None for a flag left to Hydra."""
+    flags, config, overrides, args = [], {}, [], iter(argv)
+    for arg in args:
+        name, _, value = arg.partition("=")
+        if name in CONFIG_FLAGS:
+            config[CONFIG_FLAGS[name]] = value or next(args, "")
+        elif arg in MULTIRUN_FLAGS:
+            flags.append(arg)
+        elif arg.startswith("-"):
+            return None
+        else:
+            overrides.append(arg)
+    return flags, config, overrides
+
+
+def _compose_with(config: dict, overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """What Hydra composes with ``--config-dir``/``--config-name``: the named primary config, from
+    effitrain's conf/ or else the given folder, which is searched after conf/ (as Hydra's flags
+    do; a group option in both folders is taken from the given one here); errors in one line."""
+    from hydra import compose, initialize_config_dir, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+
+    from effitrain.config.compose import plain_open_overrides
+    from effitrain.config.registry import CONF_DIR, CONF_MODULE
+
+    name = config.get("name", "config")
+    folder = Path(config.get("dir", CONF_DIR)).absolute()
+    if (CONF_DIR / f"{name}.yaml").exists() or not (folder / f"{name}.yaml").exists():
+        search = [f"hydra.searchpath=[file://{folder}]"] if "dir" in config else []
+        start = initialize_config_module(CONF_MODULE, version_base="1.3", job_name="effitrain")
+    else:  # Hydra's search path can only be extended once the primary config is found
+        search = [f"hydra.searchpath=[pkg://{CONF_MODULE}]"]
+        start = initialize_config_dir(str(folder), version_base="1.3", job_name="effitrain")
+    try:
+        with start:
+            cfg = compose(name, plain_open_overrides(overrides) + search, return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)
+    except HydraException as error:
+        raise ConfigError(" ".join(str(error).split())[:500]) from None
+    return cfg, []
 
 
 def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = None) -> DictConfig | None:
@@ -55,17 +130,18 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     from effitrain.config.compose import compose_checked
     from effitrain.config.load import checked, load
     from effitrain.config.overrides import parse
+    from effitrain.run import folders
 
-    flags = [a for a in argv if a.startswith("-")]
-    if any(flag not in MULTIRUN_FLAGS for flag in flags):
+    split = _split_flags(argv)
+    if split is None:
         return None
-    overrides = [a for a in argv if not a.startswith("-")]
+    flags, config, overrides = split
     parsed = parse(overrides)
     check_group_overrides(overrides)
     check_output_overrides(overrides)
     sweeps = [o for o in parsed if o.is_sweep_override()]
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    cfg, problems = compose_checked(fixed)
+    cfg, problems = _compose_with(config, fixed) if config else compose_checked(fixed)
     multirun = bool(flags) or str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     if sweeps and not multirun:
         raise ConfigError(
@@ -85,33 +161,21 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     jobs = sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]
     for job in jobs:
         try:
-            skipped_as_done(load(fixed + job, world_size))  # each job validates again when it starts
+            job_cfg = _compose_with(config, fixed + job)[0] if config else load(fixed + job, world_size)
+            if config:
+                checked(job_cfg, [], world_size)
+            folder = Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
+            decision = folders.decide(
+                folder, job_cfg, job_of_sweep=True
+            )  # each job decides again when it starts
+            if decision.action == "refuse":
+                raise ConfigError(decision.reason)
         except ConfigError as error:
             label = " ".join(job) or "the defaults"
             raise ConfigError(f"the sweep's job {label}:\n{error}") from None
     if jobs_checked is not None:
         jobs_checked.append(len(jobs))
     return None
-
-
-def skipped_as_done(cfg: DictConfig) -> None:
-    """A sweep job whose folder holds an ok run is skipped on a rerun (``skip_ok_jobs``) only when
-    that run had the same result-changing configuration.
-
-    Raises:
-        ConfigError: the folder's ok run ran with another value of a key, named.
-    """
-    from effitrain.run.results import read_summary, skip_refusal
-
-    if not cfg.get("skip_ok_jobs", True):
-        return
-    folder = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-    previous = read_summary(folder)
-    if previous is None or previous.get("status") != "ok":
-        return
-    refusal = skip_refusal(folder, previous, cfg)
-    if refusal is not None:
-        raise ConfigError(refusal)
 
 
 def sweep_jobs(fixed: list[str], sweeps, cfg) -> list[list[str]]:
@@ -169,10 +233,9 @@ def train(argv: list[str]) -> None:
 
     from effitrain.config.registry import CONF_SOURCE
 
-    validated = check_overrides_or_exit(argv)
+    held, argv, validated = check_overrides_or_exit(argv)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     from effitrain.config.compose import plain_open_overrides
-    from effitrain.config.load import identity
 
     argv = share_run_dir_across_ranks(plain_open_overrides(argv))
     from effitrain.sweep.launcher import expose_launcher_plugin
@@ -183,12 +246,15 @@ def train(argv: list[str]) -> None:
     sys.argv = [sys.argv[0], *argv]
     # what the front door validated is handed to the task: the run Hydra starts with that very
     # config does not validate it again (a sweep's jobs validate when they start, maybe hours later)
+    from effitrain.config.load import identity
+
     handed = identity(validated, world_size) if validated is not None else None
 
     def task(cfg: DictConfig) -> float | None:
         return train_job(cfg, handed)
 
-    hydra.main(version_base="1.3", config_path=CONF_SOURCE, config_name="config")(task)()
+    with held:  # the run folder's lock, taken by the preflight, until Hydra's run is over
+        hydra.main(version_base="1.3", config_path=CONF_SOURCE, config_name="config")(task)()
 
 
 def train_job(cfg: DictConfig, validated: str | None = None) -> float | None:

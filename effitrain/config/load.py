@@ -54,7 +54,9 @@ def identity(cfg: DictConfig, world_size: int = 1) -> str:
     apply_effective_batch_size(derived, world_size)
     plain = OmegaConf.to_container(derived, resolve=False)
     hydra = plain.pop("hydra", None) or {}
-    read = [hydra.get("overrides", {}).get("task"), hydra.get("runtime", {}).get("choices")]
+    # the front door hands Hydra the run folder it locked: a key validation does not read
+    task = [o for o in hydra.get("overrides", {}).get("task") or [] if not o.startswith("hydra.run.dir=")]
+    read = [task, hydra.get("runtime", {}).get("choices")]
     return repr([plain, read, world_size])
 
 

@@ -76,17 +76,6 @@ def check_output_folder(key: str, value: str) -> None:
         raise invalid(key, value, f"{existing} cannot be written ({error.strerror})") from None
 
 
-def check_output_dir(path: Path) -> None:
-    """Raises ConfigError when results could not be written to ``path``."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe_write(path)  # a file of its own: ranks of one job probe one folder at one moment
-    except OSError as error:
-        raise invalid(
-            "hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})"
-        ) from None
-
-
 def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
     value = cfg.get(key)
     if value is None and allow_null:

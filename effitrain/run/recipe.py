@@ -19,11 +19,12 @@ from omegaconf import DictConfig
 
 from effitrain.backends.base import backend_of
 from effitrain.config.load import apply_effective_batch_size
-from effitrain.config.validate import check_output_dir, validate
+from effitrain.config.validate import validate
 from effitrain.memory.flops import mfu_keys
 from effitrain.memory.replay import predicted_keys, run_peak_keys, trace_run
-from effitrain.run import results
+from effitrain.run import folders, results
 from effitrain.run.build import build_job
+from effitrain.run.folders import check_output_dir
 from effitrain.run.outcome import interrupts_raise, one_line
 from effitrain.run.summary import Summary
 from effitrain.run.summary_keys import summary_config_keys
@@ -48,7 +49,7 @@ def run(cfg: DictConfig, output_dir: str | Path, *, validated: bool = False) -> 
     (two sweeps started into one ``hydra.sweep.dir``) is refused and writes nothing there.
     """
     output_dir = Path(output_dir)
-    with interrupts_raise(), results.folder_lock(output_dir) as owner:
+    with interrupts_raise(), folders.folder_lock(output_dir) as owner:
         if owner is not None:
             error = f"hydra.run.dir={str(output_dir)!r} is invalid: in use by another run (pid {owner})"
             return {"status": "failed", "error": error, "error_type": "config"}
@@ -72,7 +73,7 @@ def run(cfg: DictConfig, output_dir: str | Path, *, validated: bool = False) -> 
                     summary.update(tracker.identity_keys() if tracker is not None else {})
                 resume = prepare(cfg, output_dir, state.num_processes, validated)
                 # what a rerun is compared with
-                summary.update({results.CONFIG_KEY: results.config_record(cfg)})
+                summary.update({folders.CONFIG_KEY: folders.config_record(cfg)})
                 metrics = MetricsFile(output_dir / results.METRICS, resume.step if resume else 0)
                 loggers = [metrics, tracker] if tracker is not None else [metrics]
                 with metrics, build_job(
@@ -104,10 +105,7 @@ def finished_and_kept(cfg: DictConfig, output_dir: Path) -> str | None:
     is (None: there is a run to do). A changed config is still refused, naming the key."""
     if cfg.get("resume") != "auto":
         return None
-    kept = results.finished_run(cfg, output_dir)
-    if kept is not None:
-        checkpoint.find_resume(cfg, output_dir)  # raises for a config that changed
-    return kept
+    return folders.finished_run(cfg, output_dir)  # checks the checkpoints' config too
 
 
 def prepare(
@@ -122,7 +120,7 @@ def prepare(
     """
     if not validated:
         validate(cfg, num_processes)
-    results.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
+    folders.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
     return checkpoint.find_resume(cfg, output_dir)
 
 

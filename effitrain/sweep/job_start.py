@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from effitrain.run import results
+from effitrain.run import folders
 
 # Inductor's compile cache, shared by a sweep's jobs: a dot-folder of the sweep.
 INDUCTOR_CACHE = ".cache/inductor"
@@ -20,14 +20,8 @@ def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
     # jobs of the sweep, on one box or across cluster nodes, so later compile=on jobs start faster.
     cache = Path(hydra_cfg.sweep.dir).resolve() / INDUCTOR_CACHE
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
-    if not cfg.get("skip_ok_jobs", True):
+    decision = folders.decide(Path(hydra_cfg.runtime.output_dir), cfg, job_of_sweep=True)
+    if decision.action != "skip":  # a refused one runs: the run itself refuses the folder, in its summary
         return None
-    previous = results.read_summary(Path(hydra_cfg.runtime.output_dir))
-    if previous is None or previous.get("status") != "ok":
-        return None
-    if results.config_change(previous, cfg) is not None:  # another config: the run refuses the folder
-        return None
-    print(
-        f"effitrain: skip: {hydra_cfg.runtime.output_dir} already holds an ok summary.json (skip_ok_jobs=true)"
-    )
-    return previous
+    print(decision.reason)
+    return decision.previous

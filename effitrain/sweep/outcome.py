@@ -1,6 +1,6 @@
 """How a job of a local sweep ended, decided by the launcher from its process's exit and what it
 wrote (:func:`job_outcome`); a job stopped from outside (killed, timed out, stopped before it could
-say so) gets its summary.json written here (:func:`write_stopped`)."""
+say so) gets its summary.json written here."""
 
 from __future__ import annotations
 
@@ -21,11 +21,10 @@ JOB_LOG = "job.log"  # a job's stdout and stderr, in its own folder
 
 def file_id(path: Path):
     """What tells a file rewritten by the job (an atomic write makes a new inode) from the old one."""
-    try:
+    with contextlib.suppress(OSError):
         stat = path.stat()
-    except OSError:
-        return None
-    return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        return stat.st_ino, stat.st_mtime_ns, stat.st_size
+    return None
 
 
 @dataclass
@@ -37,16 +36,14 @@ class LaunchedJob:
     config: DictConfig
     folder: Path
     name: str  # the folder relative to the sweep's
-    lock: contextlib.ExitStack | None = None
+    lock: contextlib.ExitStack | None = None  # the folder's, held while the job runs
     process: subprocess.Popen | None = None
-    slot: int | None = None
     gpus: list | None = None
     cpus: list | None = None
     started: float = 0.0
     summary_before: tuple | None = None
     metrics_before: tuple | None = None
     stop_signal: int | None = None  # what the launcher sent it (a timeout or the sweep's stop)
-    kill_at: float | None = None
     timed_out: bool = False
     outcome: JobOutcome | None = None
     value: object = None
@@ -56,23 +53,20 @@ def job_outcome(job: LaunchedJob, code: int, result: dict | None, timeout_min) -
     """How the job ended, from its exit and what it wrote; a job that could not write its own
     summary (killed outright, timed out) gets one written here."""
     log = job.folder / JOB_LOG
-    summary_path = job.folder / results.SUMMARY
-    written = file_id(summary_path) != job.summary_before  # by this attempt
-    summary = results.read_summary(job.folder) if summary_path.exists() else None
+    written = file_id(job.folder / results.SUMMARY) != job.summary_before  # by this attempt
+    summary = results.read_summary(job.folder)
     if written and summary is not None and summary.get("status") == "ok":
         return JobOutcome(job.folder, "ok", False, None, log)
     signum = -code if code < 0 else None
+    stopped = None
     if job.timed_out:
-        how = signal_name(signum or job.stop_signal)
-        error = f"ran longer than hydra.launcher.timeout_min={timeout_min}: stopped by {how}"
-        write_stopped(job, "timeout", signum or job.stop_signal, error, summary if written else None)
-        return JobOutcome(job.folder, "timeout", False, error, log)
-    if job.stop_signal is not None and signum != signal.SIGKILL and not written:
+        error = f"ran longer than hydra.launcher.timeout_min={timeout_min}: stopped by "
+        stopped = ("timeout", signum or job.stop_signal, error + signal_name(signum or job.stop_signal))
+    elif job.stop_signal is not None and signum != signal.SIGKILL and not written:
         # the sweep stopped it (Ctrl-C, SIGTERM) before it could say so itself (still starting)
         error = f"interrupted by {signal_name(job.stop_signal)} (the sweep was stopped)"
-        write_stopped(job, "interrupted", job.stop_signal, error, None)
-        return JobOutcome(job.folder, "interrupted", False, error, log)
-    if signum is not None and not (
+        stopped = ("interrupted", job.stop_signal, error)
+    elif signum is not None and not (
         written and summary is not None and summary.get("status") == "interrupted"
     ):
         error = f"killed by {signal_name(signum)}"
@@ -82,8 +76,10 @@ def job_outcome(job: LaunchedJob, code: int, result: dict | None, timeout_min) -
             error += (
                 f" after {signal_name(job.stop_signal)}: it did not stop within hydra.launcher.kill_grace_s"
             )
-        write_stopped(job, "killed", signum, error, summary if written else None)
-        return JobOutcome(job.folder, "killed", False, error, log)
+        stopped = ("killed", signum, error)
+    if stopped is not None:
+        _write_stopped(job, *stopped, summary if written else None)
+        return JobOutcome(job.folder, stopped[0], False, stopped[2], log)
     if written and summary is not None:
         return JobOutcome(job.folder, summary.get("status", "failed"), False, summary.get("error"), log)
     if result is not None and not result.get("completed"):
@@ -96,17 +92,15 @@ def job_outcome(job: LaunchedJob, code: int, result: dict | None, timeout_min) -
     return JobOutcome(job.folder, "failed", False, error, log)
 
 
-def write_stopped(job: LaunchedJob, status: str, signum: int, error: str, summary: dict | None) -> None:
+def _write_stopped(job: LaunchedJob, status: str, signum: int, error: str, summary: dict | None) -> None:
     """The summary of a job stopped from outside: what it wrote itself, if anything (an
     interrupted run's measurements), else its config keys and the steps its metrics show."""
     if summary is None:
         summary = {}
-        try:
+        with contextlib.suppress(Exception):  # the keys are context; the status is written regardless
             from effitrain.run.summary_keys import summary_config_keys
 
             summary.update(summary_config_keys(job.config, job.folder, 1))
-        except Exception:  # the keys are context; the status must be written regardless
-            pass
         if file_id(job.folder / results.METRICS) != job.metrics_before:
             steps = [r["step"] for r in read_metrics(job.folder / results.METRICS) if "train/loss" in r]
             summary["train/steps"] = max(steps, default=0)

@@ -1,36 +1,35 @@
 """One job of effitrain's launcher, in its own process: ``python -m effitrain.sweep.worker <spec>``.
 
 The sweep's process (:mod:`effitrain.sweep.launcher`) pickles Hydra's task function, the job's config and
-Hydra's state into ``<spec>``; this process pins itself to its cores, runs the job as Hydra's own
-launchers do (``run_job``: the job folder, ``.hydra/``, logging, callbacks) and leaves a result file
-for the sweep. Its stdout and stderr are the job's ``job.log``.
+Hydra's state into ``<spec>``, in a folder only its user may write (read from nowhere else: unpickling
+runs code); this process pins itself to its cores, runs the job as Hydra's own launchers do
+(``run_job``: the job folder, ``.hydra/``, logging, callbacks) and leaves its result as JSON.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from pathlib import Path
 
 
-def _pin_to_cores() -> None:
-    """The cores the launcher gave this job (torch's thread count follows OMP_NUM_THREADS)."""
-    cpus = os.environ.get("EFFITRAIN_CPUS")
-    if cpus:
-        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+def private(path: Path) -> bool:
+    """Whether ``path`` is this user's, in a folder of this user's that no one else may enter."""
+    folder, file = os.stat(path.parent), os.stat(path)
+    return folder.st_uid == file.st_uid == os.getuid() and not folder.st_mode & 0o077
 
 
 def _end_with_the_sweep() -> None:
     """SIGTERM this process when the sweep's process dies, however it dies (SIGKILL included):
     a job never runs on as an orphan. Linux only; elsewhere the sweep's own forwarding remains."""
     import ctypes
-    import signal
 
     parent = os.environ.get("EFFITRAIN_LAUNCHER_PID")
     if parent is None or not sys.platform.startswith("linux"):
         return
-    PR_SET_PDEATHSIG = 1
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
     if os.getppid() != int(parent):  # it died before the line above
@@ -38,14 +37,20 @@ def _end_with_the_sweep() -> None:
 
 
 def main(spec_path: str) -> int:
-    import signal
-
     # Until the task runs, Ctrl-C forwarded by the sweep ends this process outright, as SIGTERM
     # does: a KeyboardInterrupt raised in this start-up (imports, unpickling) could be caught on
     # its way out and the job would sleep on until the sweep's kill_grace_s ran out.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    _pin_to_cores()
+    if os.environ.get("EFFITRAIN_CPUS"):  # torch's thread count follows OMP_NUM_THREADS
+        os.sched_setaffinity(0, {int(c) for c in os.environ["EFFITRAIN_CPUS"].split(",")})
     _end_with_the_sweep()
+    if not private(Path(spec_path)):
+        print(
+            f"effitrain: error: {spec_path} is not in a folder only this user may write: not read",
+            file=sys.stderr,
+        )
+        return 2
+    import json
     import pickle
     import traceback
 
@@ -53,32 +58,23 @@ def main(spec_path: str) -> int:
     from hydra.core.singleton import Singleton
     from hydra.core.utils import JobStatus, run_job, setup_globals
 
+    from effitrain.util.atomic import write_atomic
+
     with open(spec_path, "rb") as handle:
         spec = pickle.load(handle)
     Singleton.set_state(spec["singletons"])
     setup_globals()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the run records Ctrl-C as interrupted
-    job = run_job(
-        hydra_context=spec["hydra_context"],
-        task_function=spec["task_function"],
-        config=spec["config"],
-        job_dir_key="hydra.sweep.dir",
-        job_subdir_key="hydra.sweep.subdir",
-    )
-    completed = job.status == JobStatus.COMPLETED
-    result = {"completed": completed, "return_value": job._return_value if completed else None}
-    if not completed:  # the task raised: its traceback in job.log, its one line for the report
+    task, config, context = spec["task_function"], spec["config"], spec["hydra_context"]
+    job = run_job(task, config, "hydra.sweep.dir", "hydra.sweep.subdir", hydra_context=context)
+    result = {"completed": job.status == JobStatus.COMPLETED}
+    if result["completed"]:  # a value JSON cannot hold crosses as its text
+        result["return_value"] = json.loads(json.dumps(job._return_value, default=repr))
+    else:  # the task raised: its traceback in job.log, its one line for the report
         error = job._return_value
         traceback.print_exception(type(error), error, error.__traceback__)
         result["error"] = f"{type(error).__name__}: {' '.join(str(error).split())}"[:2000]
-    try:
-        payload = pickle.dumps(result)
-    except Exception:  # a return value that cannot cross processes: the sweep gets its text
-        result["return_value"] = repr(result["return_value"])
-        payload = pickle.dumps(result)
-    from effitrain.util.atomic import write_atomic
-
-    write_atomic(spec["result"], payload)
+    write_atomic(spec["result"], json.dumps(result))
     sys.stdout.flush()
     return 0
 

@@ -11,7 +11,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from effitrain.run import results
+from effitrain.run import folders as results
 from effitrain.sweep.launcher import LAUNCHER_DIR, LAUNCHES, LocalSweep
 from effitrain.sweep.outcome import LaunchedJob
 from tests.helpers.run import compose
@@ -169,3 +169,180 @@ def test_start_job_runs_an_ok_folder_of_another_config_again(tmp_path, cfg, caps
     capsys.readouterr()
     assert start_job(_with(cfg, seed=43), hydra_cfg) is None  # the run itself then refuses the folder
     assert capsys.readouterr().out == ""
+
+
+# -- the one folder policy (folders.decide), as each caller asks it ---------------------------------
+
+
+def test_decide_answers_the_run_and_the_sweep_for_each_folder(tmp_path, cfg):
+    empty, ok = tmp_path / "empty", tmp_path / "ok"
+    _ok_summary(ok, cfg)
+    assert results.decide(empty, cfg).action == "run" and not empty.exists()  # nothing written
+    assert results.decide(empty, cfg, job_of_sweep=True).action == "run"
+    refused = results.decide(ok, cfg)  # a new run never overwrites an ok one
+    assert (refused.action, refused.reason) == ("refuse", (
+        f"hydra.run.dir={str(ok)!r} is invalid: it holds a finished ok run (summary.json); give another folder, "
+        "or add resume=auto to keep it as it is"))  # fmt: skip
+    kept = results.decide(ok, _with(cfg, resume="auto"))
+    assert (kept.action, kept.previous["eval/loss"]) == ("keep", 0.5)
+    assert kept.reason == f"effitrain: {ok} already holds a finished ok run (resume=auto): left as it is"
+    changed = results.decide(ok, _with(cfg, resume="auto", seed=7))
+    assert (changed.action, changed.reason) == ("refuse", (
+        f"seed=7 is invalid: the finished ok run in {ok} ran with 42, and resume=auto keeps it as it is: "
+        "give another folder for this config"))  # fmt: skip
+    skipped = results.decide(ok, cfg, job_of_sweep=True)
+    assert (skipped.action, skipped.previous["eval/loss"]) == ("skip", 0.5)
+    assert skipped.reason == f"effitrain: skip: {ok} already holds an ok summary.json (skip_ok_jobs=true)"
+    other = results.decide(ok, _with(cfg, seed=7), job_of_sweep=True)
+    assert (other.action, other.reason) == (
+        "refuse",
+        results.skip_refusal(ok, other.previous, _with(cfg, seed=7)),
+    )
+    assert results.decide(ok, _with(cfg, skip_ok_jobs=False), job_of_sweep=True).action == "run"
+
+
+def test_an_ok_summary_without_its_config_record_is_compared_on_its_cfg_keys(tmp_path, cfg):
+    """An older version's summary (no job/config): its own cfg/* keys decide, read by hand here."""
+    folder = tmp_path / "old"
+    folder.mkdir()
+    said = {
+        "status": "ok",
+        "eval/loss": 0.5,
+        "cfg/seed": 42,
+        "cfg/optimizer": "adamw",
+        "cfg/lr": cfg.optimizer.lr,
+    }
+    (folder / "summary.json").write_text(json.dumps(said))
+    assert results.decide(folder, cfg, job_of_sweep=True).action == "skip"
+    seed = results.decide(folder, _with(cfg, seed=43), job_of_sweep=True)
+    assert seed.action == "refuse" and seed.reason.startswith(
+        f"seed=43 is invalid: {folder} holds an ok run with seed=42"
+    )
+    lr = results.decide(folder, _with(cfg, **{"optimizer.lr": 0.5}), job_of_sweep=True)
+    assert lr.action == "refuse" and lr.reason.startswith("optimizer.lr=0.5 is invalid")
+    (folder / "summary.json").write_text(json.dumps(dict(said, **{"cfg/optimizer": "lion"})))
+    lion = results.decide(folder, _with(cfg, resume="auto"))  # resume=auto no longer leaves it "as it is"
+    assert lion.action == "refuse" and lion.reason.startswith(
+        f"optimizer='adamw' is invalid: the finished ok run in {folder} ran with 'lion'"
+    )
+
+
+def test_claimed_locks_then_decides(tmp_path, cfg):
+    folder = tmp_path / "j"
+    with results.folder_lock(folder) as owner:  # another holder
+        assert owner is None
+        with results.claimed(folder, cfg) as decision:
+            assert (decision.action, decision.owner) == ("busy", str(os.getpid()))
+    with results.claimed(folder, cfg) as decision:
+        assert decision.action == "run" and (folder / results.LOCK).read_text() == str(os.getpid())
+    assert os.listdir(folder) == []
+
+
+# -- train.py's preflight: the folder decided and locked before Hydra writes .hydra/ ----------------
+
+
+def _planted_ok_run(folder):
+    """An ok run's folder as train.py leaves it, with a Hydra record that must stay as it is."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text("optimizer: planted\n")
+    (folder / "summary.json").write_text(json.dumps({"status": "ok", "eval/loss": 0.5}))
+
+
+@pytest.mark.slow
+def test_a_run_locked_by_a_preflight_refuses_the_second_before_hydra_writes(tmp_path):
+    """Two runs started at the same moment into one folder: the first's preflight holds the folder
+    (as it does across its Hydra run), so the second is refused before its Hydra writes .hydra/."""
+    from effitrain.commands.train import check_overrides_or_exit
+    from tests.helpers.run import TINY, train_py
+
+    folder = tmp_path / "run"
+    held, argv = check_overrides_or_exit([*TINY, f"hydra.run.dir={folder}"])
+    with held:
+        assert argv == [*TINY, f"hydra.run.dir={folder}"]
+        done = train_py(*TINY, "seed=7", f"hydra.run.dir={folder}")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"effitrain: error: hydra.run.dir={str(folder)!r} is invalid: in use by another run (pid {os.getpid()})"
+    )
+    assert os.listdir(folder) == []  # no .hydra/ of the refused run, and the lock let go
+
+
+@pytest.mark.slow
+def test_config_dir_and_config_name_go_through_the_preflight(tmp_path):
+    from tests.helpers.run import TINY, train_py
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "exp.yaml").write_text("defaults:\n  - config\n  - _self_\n\nseed: 7\n")
+    folder = tmp_path / "ok"
+    _planted_ok_run(folder)
+    flags = ["--config-dir", str(conf), "--config-name", "exp"]
+    done = train_py(*flags, *TINY, f"hydra.run.dir={folder}")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"effitrain: error: hydra.run.dir={str(folder)!r} is invalid: it holds a finished ok run (summary.json); "
+        "give another folder, or add resume=auto to keep it as it is"
+    )
+    assert (folder / ".hydra" / "config.yaml").read_text() == "optimizer: planted\n"  # not rewritten
+    bad = train_py(*flags, *TINY, "eval_batch_size=0", f"hydra.run.dir={tmp_path / 'new'}")
+    assert bad.returncode == 2 and not (tmp_path / "new").exists()
+    assert bad.stderr.strip().splitlines() == [
+        "effitrain: error: eval_batch_size=0 is invalid: must be an integer >= 1"
+    ]
+
+
+@pytest.mark.slow
+def test_a_refused_resume_into_an_interrupted_run_leaves_its_folder_as_it_was(tmp_path):
+    """resume=auto with another seed than the checkpoints': refused before Hydra writes, and the
+    interrupted run's summary stays interrupted (not failed)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.run import REPO, TINY, train_py
+
+    args = [*TINY, "checkpoint_every=1", "max_steps=200", f"hydra.run.dir={tmp_path}"]
+    process = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob("checkpoints/step-*/")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=300)
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    done = train_py(*args, "resume=auto", "seed=7")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith("effitrain: error: seed=7 is invalid: differs from the checkpoint")
+    )
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+    # a sweep's job into that folder is refused as well, before any process starts
+    from tests.helpers.run import compose
+
+    job = compose("checkpoint_every=1", "max_steps=200", "resume=auto", "seed=7")
+    refused = results.decide(tmp_path, job, job_of_sweep=True)
+    assert refused.action == "refuse" and refused.reason.startswith(
+        "seed=7 is invalid: differs from the checkpoint"
+    )
+    assert (
+        results.decide(
+            tmp_path, compose("checkpoint_every=1", "max_steps=200", "resume=auto"), job_of_sweep=True
+        ).action
+        == "run"
+    )
+
+
+def test_a_settled_folder_is_left_as_it_was_even_a_dead_holders_lock_file(tmp_path, cfg):
+    """kill -9 leaves the lock file: a run refused there (or a job skipped) does not replace it."""
+    folder = tmp_path / "ok"
+    _ok_summary(folder, cfg)
+    (folder / results.LOCK).write_text("4242")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for job_of_sweep, action in ((False, "refuse"), (True, "skip")):
+        with results.claimed(folder, cfg, job_of_sweep) as decision:
+            assert decision.action == action
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

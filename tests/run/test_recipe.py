@@ -207,7 +207,7 @@ def read_lines(folder):
 def test_a_folder_in_use_by_another_run_is_refused_and_left_alone(tmp_path):
     import fcntl
 
-    from effitrain.run.results import LOCK
+    from effitrain.run.folders import LOCK
 
     tmp_path.mkdir(exist_ok=True)
     with open(tmp_path / LOCK, "a+") as held:  # another process's run, as the lock sees it

@@ -390,3 +390,43 @@ def test_bad_launcher_settings_stop_train_py_before_anything_runs(tmp_path):
         == "effitrain: error: hydra.launcher.max_parallel=0 is invalid: a whole number >= 1"
     )
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+class Planted:
+    """A pickle payload: unpickling it makes the file ``marker`` (code run from a file)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_a_job_spec_outside_a_private_folder_is_not_unpickled(tmp_path, capsys):
+    import pickle
+
+    from effitrain.sweep.worker import main
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)  # as a sweep folder colleagues may enter
+    spec = shared / "job-0.pkl"
+    spec.write_bytes(pickle.dumps(Planted(tmp_path / "ran")))
+    assert main(str(spec)) == 2
+    assert not (tmp_path / "ran").exists()
+    assert capsys.readouterr().err == (
+        f"effitrain: error: {spec} is not in a folder only this user may write: not read\n"
+    )
+
+
+def test_a_job_result_crosses_as_json_never_as_a_pickle(tmp_path):
+    import pickle
+
+    from effitrain.sweep.launcher import _read_result
+
+    result = tmp_path / "job-0.json"
+    result.write_bytes(pickle.dumps(Planted(tmp_path / "ran")))  # planted while the job ran
+    assert _read_result(result) is None and not (tmp_path / "ran").exists()
+    result.write_text(json.dumps({"completed": True, "return_value": 0.5}))
+    assert _read_result(result) == {"completed": True, "return_value": 0.5}
+    assert _read_result(tmp_path / "none.json") is None

@@ -351,8 +351,10 @@ def test_a_rerun_skips_a_job_only_when_it_ran_the_same_config(tmp_path):
 
 @pytest.mark.slow
 def test_a_job_whose_folder_holds_another_config_s_ok_run_is_failed_never_reported_ok(tmp_path):
-    """Past preflight (here: a Hydra flag it leaves to Hydra), the launcher itself compares the
-    recorded config; and a job whose run refuses its ok folder is failed, not read back as ok."""
+    """Past preflight (here: a job after the first MAX_JOBS_CHECKED, which it leaves to the launcher;
+    --config-dir/--config-name go through the preflight, which refuses it up front), the launcher
+    itself compares the recorded config; and a job whose run refuses its ok folder is failed, not
+    read back as ok."""
     alt = tmp_path / "conf"
     alt.mkdir()
     (alt / "alt.yaml").write_text("defaults:\n  - config\n  - _self_\nweight_decay: 0.123\n")
@@ -361,7 +363,12 @@ def test_a_job_whose_folder_holds_another_config_s_ok_run_is_failed_never_report
     first = train_py(*common)
     assert first.returncode == 0, first.stderr[-2000:]
     [(name, before)] = _summaries(sweep).items()
-    changed = train_py(*common, "--config-dir", str(alt), "--config-name", "alt")
+    flags = ["--config-dir", str(alt), "--config-name", "alt"]
+    refused = train_py(*common, *flags)
+    assert refused.returncode == 2 and _summaries(sweep) == {name: before}, refused.stderr[-2000:]
+    code = "import sys, effitrain.commands.train as c\nc.MAX_JOBS_CHECKED = 0\nc.train(sys.argv[1:])"
+    command = [sys.executable, "-c", code, *common, *flags]
+    changed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert changed.returncode == 1, changed.stdout[-2000:] + changed.stderr[-2000:]
     assert "effitrain: 1 of 1 jobs failed (0 skipped: ok before)" in changed.stdout
     assert (
