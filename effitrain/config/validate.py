@@ -1,13 +1,16 @@
 """Validation: every check of a composed run config, in one place, before anything heavy is
 loaded (:func:`validate`), and the checks of output folders made before Hydra writes one.
 
-Every error a user can cause is a :class:`ConfigError` whose message is one line naming the key,
-the bad value and what is allowed; :func:`validate` reports every problem of a config at once.
+Each key's type and range is the schema's (:mod:`effitrain.config.schema`); what stays here are the
+checks across keys and objects: the effective batch against accumulation, the precision and compile
+backend against this machine, the model against the task and its positions, every target against
+its group's allow-list and its signature, the optimizer and the model config built from the values,
+local files. Every error a user can cause is a :class:`ConfigError` whose message is one line naming
+the key, the bad value and what is allowed; :func:`validate` reports every problem of a config at once.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from omegaconf import DictConfig
 
 from effitrain.config.compose import command_line_overrides
 from effitrain.config.errors import ConfigError, ConfigErrors, invalid, raise_problems
+from effitrain.config.schema import SyntheticData, group_settings, range_problems
 from effitrain.config.targets import (
     check_config_overrides,
     check_data_files,
@@ -87,30 +91,6 @@ def check_output_dir(path: Path) -> None:
         ) from None
 
 
-def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
-    value = cfg.get(key)
-    if value is None and allow_null:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        suffix = " (or null)" if allow_null else ""
-        raise invalid(key, value, f"must be an integer >= {minimum}{suffix}")
-
-
-def _boolean(cfg: DictConfig, key: str) -> None:
-    if not isinstance(cfg.get(key, False), bool):
-        raise invalid(key, cfg.get(key), "must be true or false")
-
-
-def _finite(key: str, value, condition: str, ok) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not ok(value)
-    ):
-        raise invalid(key, value, condition)
-
-
 def cuda_available() -> bool:
     import torch
 
@@ -142,34 +122,15 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
     problems = _collect(
         [
             lambda: _missing_values(cfg),
-            lambda: _seed(cfg),
-            lambda: _synthetic(cfg),
-            lambda: _at_least(cfg, "gradient_accumulation_steps", 1),
-            lambda: _at_least(cfg, "micro_batch_size", 1),
-            lambda: _at_least(cfg, "epochs", 1),
-            lambda: _at_least(cfg, "eval_batch_size", 1),
-            lambda: _at_least(cfg, "max_steps", 1, allow_null=True),
-            lambda: _at_least(cfg, "eval_every", 1, allow_null=True),
-            lambda: _at_least(cfg, "effective_batch_size", 1, allow_null=True),
+            lambda: raise_problems(range_problems(cfg)),  # each key's type and range, from the schema
+            lambda: _synthetic_words(cfg),
             lambda: _effective_batch(cfg, world_size),
-            lambda: _at_least(cfg, "checkpoint_every", 1, allow_null=True),
-            lambda: _at_least(cfg, "checkpoint_keep", 1),
             lambda: _resume(cfg),
-            lambda: _at_least(cfg, "max_length", 2),
-            lambda: _boolean(cfg, "gradient_checkpointing"),
-            lambda: _finite(
-                "optimizer.lr", cfg.optimizer.get("lr"), "must be a finite number > 0", lambda v: v > 0
-            ),
-            lambda: _finite("warmup_ratio", cfg.warmup_ratio, "must be in [0, 1)", lambda v: 0 <= v < 1),
-            lambda: _finite(
-                "max_grad_norm", cfg.max_grad_norm, "must be >= 0 (0 disables clipping)", lambda v: v >= 0
-            ),
-            lambda: _finite("weight_decay", cfg.weight_decay, "must be >= 0", lambda v: v >= 0),
             lambda: _precision(cfg),
             lambda: _compile(cfg),
             lambda: check_model(cfg),
             lambda: check_named_is_built(cfg),
-            lambda: check_targets(cfg),  # every group's keys against its target's arguments
+            lambda: check_targets(cfg),  # every group's target allowed, its keys against its arguments
         ]
     )
     if not problems:  # these build things from the values above, which must be sane first
@@ -204,42 +165,15 @@ def _assets(cfg: DictConfig) -> None:
             raise invalid(error.full_key, raw, reason) from None
 
 
-MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
-
-
-def _seed(cfg: DictConfig) -> None:
-    seed = cfg.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise invalid("seed", seed, f"must be an integer in 0..{MAX_SEED}")
-
-
-SYNTHETIC_MAX_LABELS = 6  # the keyword classes effitrain.train.data.load_synthetic makes (a test holds them equal)
-
-
-def _synthetic(cfg: DictConfig) -> None:
-    """The generated data's sizes (``data=synthetic``), before the loader would fail on them."""
+def _synthetic_words(cfg: DictConfig) -> None:
+    """``data=synthetic``: the shortest text no longer than the longest (each in range: the schema's)."""
     data = cfg.get("data")
-    if data is None or not str(data.get("_target_", "")).endswith("load_synthetic"):
+    if data is None or group_settings("data", str(data.get("_target_", ""))) is not SyntheticData:
         return
-    problems = _collect(
-        [
-            lambda: _at_least(data, "num_train", 1),
-            lambda: _at_least(data, "num_eval", 1),
-            lambda: _at_least(data, "words_per_text", 1),
-            lambda: _at_least(data, "min_words_per_text", 1, allow_null=True),
-        ]
-    )
-    labels = data.get("num_labels")
-    if isinstance(labels, bool) or not isinstance(labels, int) or not 2 <= labels <= SYNTHETIC_MAX_LABELS:
-        problems.append(
-            invalid("num_labels", labels, f"must be an integer between 2 and {SYNTHETIC_MAX_LABELS}").args[0]
-        )
     minimum, words = data.get("min_words_per_text"), data.get("words_per_text")
-    if not problems and minimum is not None and minimum > words:
-        problems.append(
-            invalid("min_words_per_text", minimum, f"must be at most words_per_text = {words}").args[0]
-        )
-    raise_problems([f"data.{p}" for p in problems])
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (minimum, words))
+    if numbers and minimum > words:
+        raise invalid("data.min_words_per_text", minimum, f"must be at most words_per_text = {words}")
 
 
 def _missing_values(cfg: DictConfig) -> None:

@@ -141,7 +141,7 @@ def test_a_cache_entry_with_altered_bytes_is_rebuilt(tmp_path, capsys):
 
 
 def test_check_allows_exactly_the_synthetic_classes_the_loader_makes():
-    from effitrain.config.validate import SYNTHETIC_MAX_LABELS
+    from effitrain.config.schema import SYNTHETIC_MAX_LABELS
     from effitrain.train import data
 
     assert SYNTHETIC_MAX_LABELS == len(data._KEYWORDS) == 6
