@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from effitrain.config.errors import invalid
 
 MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
-SYNTHETIC_MAX_LABELS = 6  # the keyword classes effitrain.train.data.load_synthetic makes (a test holds them equal)
+SYNTHETIC_MAX_LABELS = 6  # the keyword classes load_synthetic makes (a test holds them equal)
 
 
 def ranged(kind, allowed: str, **limits):
@@ -230,7 +230,7 @@ class SyntheticData(BaseModel):
     words_per_text: at_least(1) = 12
     min_words_per_text: at_least(1, null=True) = None
     num_labels: ranged(
-        int, f"must be an integer between 2 and {SYNTHETIC_MAX_LABELS}", ge=2, le=SYNTHETIC_MAX_LABELS, strict=True
+        int, f"must be an integer between 2 and {SYNTHETIC_MAX_LABELS}", ge=2, le=SYNTHETIC_MAX_LABELS
     ) = 3
 
 

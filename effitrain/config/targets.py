@@ -25,7 +25,16 @@ from effitrain.config.model_spec import (
     task_mapping,
     uses_named_config,
 )
-from effitrain.config.registry import CONF_DIR, install_hint, is_target_node, missing_module, target_signature
+from effitrain.config.registry import (
+    CONF_DIR,
+    GROUP_TARGETS,
+    check_allowed,
+    check_kind,
+    install_hint,
+    is_target_node,
+    missing_module,
+    target_definition,
+)
 
 # Hydra's own keys of a node it instantiates: never an argument of the target.
 HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
@@ -54,9 +63,10 @@ SUPPLIED_BY_EFFITRAIN = {
 }
 
 
-def check_targets(cfg: DictConfig) -> None:
-    """Every ``_target_`` node (``hydra`` aside) names something importable, and its keys bind to
-    the target's parameters (``inspect.Signature.bind_partial``: arguments effitrain or Hydra pass
+def check_targets(cfg: DictConfig, allowed=GROUP_TARGETS) -> None:
+    """Every ``_target_`` node (``hydra`` aside) is one its group ``allowed`` (read from the name, before
+    anything is imported: :func:`effitrain.config.registry.check_allowed`), names something importable
+    of the group's kind, and its keys bind to the target's parameters (``inspect.Signature.bind_partial``: arguments effitrain or Hydra pass
     later may be absent). A target taking ``**kwargs`` accepts any key: its own check, when it is
     built, is the only one. A target whose package is not installed is named with the extra that
     installs it.
@@ -68,7 +78,7 @@ def check_targets(cfg: DictConfig) -> None:
     problems = []
     for path, node in target_nodes(cfg):
         try:
-            _check_target(path, node)
+            _check_target(path, node, allowed)
         except ConfigError as error:
             problems.append(str(error))
     raise_problems(problems)
@@ -90,12 +100,13 @@ def target_nodes(node: DictConfig, prefix: str = ""):
             yield from target_nodes(child, f"{path}.")
 
 
-def _check_target(path: str, node: DictConfig) -> None:
+def _check_target(path: str, node: DictConfig, allowed) -> None:
     from omegaconf import OmegaConf
 
     target = node._target_
+    check_allowed(path, target, allowed)
     try:
-        signature = target_signature(target)
+        signature, found = target_definition(target)
     except ImportError as error:
         missing = missing_module(node)
         if missing:  # an optional package
@@ -105,7 +116,8 @@ def _check_target(path: str, node: DictConfig) -> None:
                 f"needs {missing}, which is not installed: {install_hint(missing)}",
             ) from None
         raise invalid(f"{path}._target_", target, f"{error}: give an importable class or function") from None
-    except (TypeError, ValueError):  # no signature to read (a builtin): unchecked
+    check_kind(path, target, found, allowed)
+    if signature is None:  # a builtin: no arguments to bind them to
         return
     name = target.rpartition(".")[2]
     supplied = SUPPLIED_BY_EFFITRAIN.get(path, {})

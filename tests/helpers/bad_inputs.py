@@ -74,6 +74,18 @@ VALUES = [
      "lr_scheduler.scheduler_kwargs={'num_cycles': 2} is invalid: get_scheduler takes no such argument: choose from name, scheduler_specific_kwargs"),
     (["+backend.gradient_accumulation=2"], "backend.gradient_accumulation=2 is invalid: fit takes no such argument: it takes none from the config"),
     (["task=causal_lm", "model=llama_tiny", "+task.pack=true"], "task.pack=true is invalid: CausalLM takes no such argument: choose from packing"),
+    # a group's target comes from its allow-list, read from the name before anything is imported
+    (["optimizer._target_=this.x"], "optimizer._target_='this.x' is invalid: optimizer takes a torch.optim.Optimizer class from torch.optim,"),
+    (["lr_scheduler._target_=subprocess.run"], "lr_scheduler._target_='subprocess.run' is invalid: lr_scheduler takes a learning-rate scheduler class or function from"),
+    (["data._target_=effitrain.train.data.shutil.rmtree"], "data._target_='effitrain.train.data.shutil.rmtree' is invalid: data takes a loader function, and this is not one"),
+    (["optimizer._target_=torch.optim.lr_scheduler.LambdaLR"], "optimizer._target_='torch.optim.lr_scheduler.LambdaLR' is invalid: optimizer takes a torch.optim.Optimizer class, and this is not one"),
+    # optimizer values that silently disable what they configure, or that the class asserts without a word
+    (["optimizer=apollo", "optimizer.scale=0"], "optimizer.scale=0 is invalid: must be a finite number > 0 (it multiplies the projected update: 0 leaves every projected weight matrix unchanged"),
+    (["optimizer=apollo", "optimizer.scale=-2.0"], "optimizer.scale=-2.0 is invalid: must be a finite number > 0"),
+    (["optimizer=adafactor", "optimizer.clip_threshold=-1"], "optimizer.clip_threshold=-1 is invalid: must be a finite number > 0 (Adafactor divides an update by max(1, its RMS / clip_threshold)"),
+    (["optimizer=adafactor", "optimizer.beta1=2.0"], "optimizer.beta1=2.0 is invalid: must be null (no first moment) or a number in [0, 1)"),
+    (["optimizer=adam8bit", "optimizer.min_8bit_size=-1"], "optimizer.min_8bit_size=-1 is invalid: must be an integer >= 0"),
+    (["optimizer=lion", "optimizer.betas=[0.9,1.5]"], "optimizer.betas=[0.9, 1.5] is invalid: must be two numbers in [0, 1]"),
     (["+lr_scheduler.num_warmup_steps=10"], "lr_scheduler.num_warmup_steps=10 is invalid: warmup_ratio decides it: give warmup_ratio instead"),
     (["warmup_ratio=1.0"], "warmup_ratio=1.0 is invalid: must be in [0, 1)"),
     (["max_grad_norm=-1"], "max_grad_norm=-1.0 is invalid: must be >= 0 (0 disables clipping)"),
