@@ -143,10 +143,18 @@ class Allowed:
 # The allow-list: each group's targets, checked before anything is imported (``check_allowed``).
 GROUP_TARGETS = {
     "optimizer": Allowed(
-        ("torch.optim", "transformers.optimization", "bitsandbytes.optim", "torchao.optim", "lion_pytorch",
-         "effitrain.train.apollo"),
-        "a torch.optim.Optimizer class", is_class=True, base="torch.optim.Optimizer",
-    ),  # fmt: skip
+        (
+            "torch.optim",
+            "transformers.optimization",
+            "bitsandbytes.optim",
+            "torchao.optim",
+            "lion_pytorch",
+            "effitrain.train.apollo",
+        ),
+        "a torch.optim.Optimizer class",
+        is_class=True,
+        base="torch.optim.Optimizer",
+    ),
     "lr_scheduler": Allowed(
         ("transformers.get_scheduler", "transformers.optimization", "torch.optim.lr_scheduler"),
         "a learning-rate scheduler class or function",
@@ -201,7 +209,9 @@ def check_kind(path: str, target: str, found, allowed: dict[str, Allowed] = GROU
             module, _, name = rule.base.rpartition(".")
             fits = is_class and issubclass(found, getattr(importlib.import_module(module), name))
     if not fits or rule.is_class not in (None, is_class):
-        raise invalid(f"{path}._target_", target, f"{path.split('.')[0]} takes {rule.kind}, and this is not one")
+        raise invalid(
+            f"{path}._target_", target, f"{path.split('.')[0]} takes {rule.kind}, and this is not one"
+        )
 
 
 def target_definition(target: str):
