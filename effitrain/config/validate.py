@@ -109,16 +109,19 @@ def _collect(checks) -> list[str]:
     return problems
 
 
-def validate(cfg: DictConfig, world_size: int = 1) -> None:
+def validate(cfg: DictConfig, world_size: int = 1, device: str | None = None, loads: bool = True) -> None:
     """Check a composed run config before any data or model is loaded.
 
     Every check runs, so a user sees all problems at once. ``world_size`` is the number of
-    data-parallel processes (the effective batch spans them all).
+    data-parallel processes (the effective batch spans them all). ``device``: the device the config
+    is checked for (``cpu`` or ``cuda``; None: this machine's, as a run has). ``loads``: the command
+    loads the data and the weights (a run, ``check``); ``estimate`` and ``plan`` build the model on
+    ``meta`` from the config alone, so their data's files and the weights are not checked.
 
     Raises:
         ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
     """
-    _assets(cfg)  # every check below reads these values
+    _assets(cfg, ("data", "model") if loads else ("model",))  # every check below reads these values
     problems = _collect(
         [
             lambda: _missing_values(cfg),
@@ -126,7 +129,7 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
             lambda: _synthetic_words(cfg),
             lambda: _effective_batch(cfg, world_size),
             lambda: _resume(cfg),
-            lambda: _precision(cfg),
+            lambda: _precision(cfg, device),
             lambda: _compile(cfg),
             lambda: check_model(cfg),
             lambda: check_named_is_built(cfg),
@@ -140,21 +143,21 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
                 lambda: check_config_overrides(cfg),
                 lambda: check_task_model(cfg),
                 lambda: check_max_length(cfg),
-                lambda: check_data_files(cfg),
+                *([lambda: check_data_files(cfg)] if loads else []),
             ]
         )
-    if not problems:  # after the model's type is known to fit the task: the most specific message first
+    if not problems and loads:  # after the model's type is known to fit the task: the most specific first
         problems = _collect([lambda: check_weights(cfg)])
     raise_problems(problems)
 
 
-def _assets(cfg: DictConfig) -> None:
-    """The ``data`` and ``model`` nodes resolve: a file of a package that is not installed
+def _assets(cfg: DictConfig, groups: tuple[str, ...]) -> None:
+    """The ``groups``' nodes (``data``, ``model``) resolve: a file of a package that is not installed
     (``${effitrain.asset:...}``) is one line naming the key, not a traceback from deep inside a run."""
     from omegaconf import OmegaConf
     from omegaconf.errors import InterpolationResolutionError
 
-    for group in ("data", "model"):
+    for group in groups:
         try:
             OmegaConf.to_container(cfg[group], resolve=True)
         except InterpolationResolutionError as error:
@@ -225,18 +228,19 @@ def _resume(cfg: DictConfig) -> None:
         raise invalid("resume", resume, "no such checkpoint folder: give null, auto or an existing path")
 
 
-def _precision(cfg: DictConfig) -> None:
+def _precision(cfg: DictConfig, device: str | None) -> None:
+    """The precision and a paged optimizer against the device: this machine's, or the one predicted for."""
     import torch
 
     precision = cfg.precision.mixed_precision
-    if precision == "fp16" and not cuda_available():
-        raise invalid(
-            "precision", "fp16", "fp16 needs a CUDA device (none found): use precision=bf16 or fp32"
-        )
-    if precision == "bf16" and cuda_available() and not torch.cuda.is_bf16_supported():
+    cuda = cuda_available() if device is None else device == "cuda"
+    if precision == "fp16" and not cuda:
+        where = "(none found)" if device is None else "(--device cpu)"
+        raise invalid("precision", "fp16", f"fp16 needs a CUDA device {where}: use precision=bf16 or fp32")
+    if precision == "bf16" and device is None and cuda and not torch.cuda.is_bf16_supported():
         raise invalid("precision", "bf16", "this GPU lacks bf16: use precision=fp16 or fp32")
     target = str(cfg.optimizer.get("_target_", ""))
-    if "Paged" in target and not cuda_available():
+    if "Paged" in target and not cuda:
         raise invalid(
             "optimizer", target, "paged optimizers need a CUDA device: use adamw, adafactor or adam8bit"
         )
