@@ -102,9 +102,14 @@ def skipped_as_done(cfg: DictConfig) -> None:
     """
     from effitrain.run.results import read_summary, skip_refusal
 
+    from omegaconf.errors import OmegaConfBaseException
+
     if not cfg.get("skip_ok_jobs", True):
         return
-    folder = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    try:
+        folder = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    except OmegaConfBaseException:  # a folder named by what Hydra decides at launch (${hydra.job.num})
+        return  # not known yet: the job decides when it starts
     previous = read_summary(folder)
     if previous is None or previous.get("status") != "ok":
         return

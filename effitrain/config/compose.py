@@ -106,7 +106,25 @@ def compose_checked(overrides: list[str]) -> tuple[DictConfig, list[str]]:
         raise
     # composed, so every key exists; a +key outside the nodes whose keys a target reads is refused
     _check_keys_exist(cfg, [o for o in parsed if o.is_add() or o.is_force_add()], groups, added=True)
+    _check_deletions(cfg, [o for o in parsed if o.is_delete()])
     return cfg, [problem for _, problem in problems]
+
+
+def _check_deletions(cfg: DictConfig, deletions) -> None:
+    """``~key`` deletes only what has a default elsewhere: a target's argument (its own default then
+    applies) or a key of an open node; a key or group every run reads is refused.
+
+    Raises:
+        ConfigError: one line naming the deleted key and what ``~`` may delete.
+    """
+    for override in deletions:
+        key = override.key_or_group
+        if "." in key and not _is_hydra(key) and _in_open_node(cfg, key):
+            continue
+        raise ConfigError(
+            f"~{key} is invalid: every run reads {key}: give it a value instead (~ deletes only an argument "
+            f"of a _target_ node, or a key under {', '.join(OPEN_NODES)})"
+        )
 
 
 def wrong_types(parsed) -> list[tuple[str, str]]:

@@ -198,6 +198,8 @@ def check_kind(path: str, target: str, found, allowed: dict[str, Allowed] = GROU
     from effitrain.config.errors import invalid
 
     rule = allowed[path.split(".")[0]]
+    if isinstance(found, str) and rule.base is not None:  # its base is known once imported (it is allowed)
+        found = _locate(*target.rsplit(".", 1))
     if isinstance(found, str):  # a plain definition in the allowed module's own source
         is_class, fits = found == "class", rule.base is None
     else:

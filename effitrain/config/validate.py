@@ -24,6 +24,7 @@ from effitrain.config.targets import (
     check_data_files,
     check_max_length,
     check_model,
+    check_model_builds,
     check_named_is_built,
     check_optimizer,
     check_targets,
@@ -44,8 +45,12 @@ def check_output_overrides(overrides: list[str]) -> None:
 
     for override in parse(overrides):
         key = override.key_or_group
-        if key not in ("hydra.run.dir", "hydra.sweep.dir") or override.is_sweep_override():
-            continue
+        if (
+            key not in ("hydra.run.dir", "hydra.sweep.dir")
+            or override.is_sweep_override()
+            or override.is_delete()
+        ):
+            continue  # a deletion is composition's to refuse
         check_output_folder(key, values(override)[0])
 
 
@@ -146,8 +151,10 @@ def validate(cfg: DictConfig, world_size: int = 1, device: str | None = None, lo
                 *([lambda: check_data_files(cfg)] if loads else []),
             ]
         )
-    if not problems and loads:  # after the model's type is known to fit the task: the most specific first
-        problems = _collect([lambda: check_weights(cfg)])
+    if not problems:  # after the model's type is known to fit the task: the most specific first
+        problems = _collect(
+            [lambda: check_model_builds(cfg), *([lambda: check_weights(cfg)] if loads else [])]
+        )
     raise_problems(problems)
 
 

@@ -39,6 +39,9 @@ PARSE = [
     (["micro_batchsize=4"], "micro_batchsize='4' is not a config key: did you mean micro_batch_size"),
     (["a=[1,"], "'a=[1,' is not a valid override"),
     (["optimizer=adamw,adafactor"], "optimizer=adamw,adafactor is a sweep (several values): add -m"),
+    # a deletion of a key every run reads (valid grammar; the run then failed on the missing key)
+    (["~seed"], "~seed is invalid: every run reads seed: give it a value instead (~ deletes only an argument of a _target_ node"),
+    (["~optimizer"], "~optimizer is invalid: every run reads optimizer: give it a value instead"),
     (["seed=x"], "seed='x' is invalid: must be an integer"),
     (["max_steps=1.5"], "max_steps=1.5 is invalid: must be an integer"),
     (["compile.mode=fast"], "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
@@ -135,6 +138,13 @@ VALUES = [
      "model.config_overrides.vocab_size=100 is invalid: a random model's embedding is sized to its tokenizer"),
     (["task=causal_lm", "model=llama_tiny", "model.config_overrides.is_decoder=false"],
      "model.config_overrides.is_decoder=false is invalid: task=causal_lm builds every model as a decoder"),
+    # values the model class refuses when it is built: built on meta up front
+    (["model.config_overrides.hidden_dropout_prob=5"],
+     "model.config_overrides.hidden_dropout_prob=5 is invalid: BertForSequenceClassification cannot be built with it (dropout probability has to be between 0 and 1, but got 5)"),
+    (["model.architecture.num_attention_heads=5"],
+     "model.architecture.num_attention_heads=5 is invalid: BertForSequenceClassification cannot be built with it (The hidden size (32) is not a multiple of the number of attention heads (5))"),
+    (["+model.config_overrides.layer_norm_eps=abc"],
+     "model.config_overrides.layer_norm_eps='abc' is invalid: BertForSequenceClassification cannot be built with it (Validation error for field 'layer_norm_eps'"),
     # an explicit micro batch that the effective batch contradicts
     (["effective_batch_size=32", "micro_batch_size=4"],
      "micro_batch_size=4 is invalid: effective_batch_size=32 with gradient_accumulation_steps x processes = 1 sets it to 32"),
