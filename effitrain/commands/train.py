@@ -100,9 +100,9 @@ def skipped_as_done(cfg: DictConfig) -> None:
     Raises:
         ConfigError: the folder's ok run ran with another value of a key, named.
     """
-    from effitrain.run.results import read_summary, skip_refusal
-
     from omegaconf.errors import OmegaConfBaseException
+
+    from effitrain.run.results import read_summary, skip_refusal
 
     if not cfg.get("skip_ok_jobs", True):
         return
