@@ -390,6 +390,9 @@ def check_data_files(cfg: DictConfig) -> None:
             if not matches:
                 raise invalid(f"data.load_args.data_files.{split}", pattern, "no such file")
             for path in matches:
+                if os.path.isdir(path):
+                    raise invalid(f"data.load_args.data_files.{split}", pattern,
+                                  f"{path} is a folder: give a file, or a glob such as {path}/*.csv")  # fmt: skip
                 if load_args.get("path") == "csv" and path.endswith(".csv"):
                     with open(path, newline="") as handle:
                         rows = csv.reader(handle)

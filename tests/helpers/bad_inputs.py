@@ -112,6 +112,8 @@ VALUES = [
     ([*HUB, files(test="other_columns.csv")], "data.load_args.data_files='...' is invalid: the CSV files' columns differ"),
     ([*HUB, files(test="header_only.csv")], "data.load_args.data_files.test='{CSV}/header_only.csv' is invalid: the file holds no rows"),
     ([*HUB, files(), "data.text_column=body"], "data.text_column='body' is invalid: no such column: choose one of text, label"),
+    ([*HUB, "+data.load_args.data_files={train: {CSV}, test: {CSV}/test.csv}"],
+     "data.load_args.data_files.train='{CSV}' is invalid: {CSV} is a folder: give a file, or a glob such as {CSV}/*.csv"),
     (["task=causal_lm", "model=distilbert_base_cased"],
      "model='distilbert-base-cased' is invalid: task=causal_lm needs a model type that AutoModelForCausalLM builds; distilbert is not one"),
     (["model=tiny", "model.architecture.model_type=mpnet", "gradient_checkpointing=true"],
