@@ -54,14 +54,3 @@ def _fresh_dynamo():
     import torch._dynamo
 
     torch._dynamo.reset()
-
-
-@pytest.fixture(autouse=True)
-def _no_validation_carried_over():
-    """A config ``train.py``'s front door validated is not validated again by the run started with
-    it in the same process (``effitrain.config.load.validate_once``); one test's preflight must not
-    stand for another test's run."""
-    import effitrain.config.load
-
-    yield
-    effitrain.config.load._VALIDATED.clear()

@@ -33,7 +33,9 @@ def test_an_upward_import_and_a_cycle_break_the_contract(tmp_path):
     shutil.copy(REPO / "pyproject.toml", tmp_path)
     shutil.copytree(REPO / "effitrain", tmp_path / "effitrain", ignore=shutil.ignore_patterns("__pycache__"))
     errors = tmp_path / "effitrain" / "config" / "errors.py"
-    errors.write_text(errors.read_text() + "\n\ndef _upward():\n    from effitrain.run.recipe import run  # noqa\n")
+    errors.write_text(
+        errors.read_text() + "\n\ndef _upward():\n    from effitrain.run.recipe import run  # noqa\n"
+    )
     result = lint_imports(tmp_path)
     assert result.returncode == 1, result.stdout[-4000:]
     assert "Contracts: 0 kept, 2 broken." in result.stdout

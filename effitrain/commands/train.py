@@ -20,10 +20,11 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 MAX_JOBS_CHECKED = 64  # a sweep's first jobs validated before any starts; the rest when they start
 
 
-def check_overrides_or_exit(argv: list[str]) -> None:
+def check_overrides_or_exit(argv: list[str]) -> DictConfig | None:
     """Reject bad overrides before Hydra starts, so a mistake leaves the run folder as it was
     (Hydra rewrites ``.hydra/`` there before the task runs): a single run is composed and
-    validated here, and so is every job of a sweep (up to ``MAX_JOBS_CHECKED``)."""
+    validated here, and so is every job of a sweep (up to ``MAX_JOBS_CHECKED``). Returns the single
+    run's validated config (None: a sweep, or flags left to Hydra)."""
     try:
         cfg = preflight(argv, int(os.environ.get("WORLD_SIZE", "1")))
         if cfg is not None:
@@ -38,6 +39,7 @@ def check_overrides_or_exit(argv: list[str]) -> None:
             if finished is not None:
                 print(finished)
                 sys.exit(0)
+        return cfg
     except ConfigError as error:
         fail(str(error))
 
@@ -51,7 +53,7 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
         ConfigError: the first grammar problem, or every problem of the first bad job.
     """
     from effitrain.config.compose import compose_checked
-    from effitrain.config.load import checked, load, remember_validated
+    from effitrain.config.load import checked, load
     from effitrain.config.overrides import parse
 
     flags = [a for a in argv if a.startswith("-")]
@@ -73,7 +75,6 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     if not multirun:
         cfg = checked(cfg, problems, world_size)
         check_output_folder("hydra.run.dir", str(cfg.hydra.run.dir))
-        remember_validated(cfg, world_size)  # the run Hydra starts with it does not validate it again
         return cfg
     check_output_folder("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
     raise_problems([p for p in problems if p.startswith("hydra.launcher.")])  # the sweep's, not a job's
@@ -173,8 +174,10 @@ def train(argv: list[str]) -> None:
 
     from effitrain.config.registry import CONF_SOURCE
 
-    check_overrides_or_exit(argv)
+    validated = check_overrides_or_exit(argv)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     from effitrain.config.compose import plain_open_overrides
+    from effitrain.config.load import identity
 
     argv = share_run_dir_across_ranks(plain_open_overrides(argv))
     from effitrain.sweep.launcher import expose_launcher_plugin
@@ -183,11 +186,19 @@ def train(argv: list[str]) -> None:
     # Hydra reads the command line from sys.argv; the config comes from the package effitrain.conf,
     # the checkout's conf/ or the copy inside an installed wheel
     sys.argv = [sys.argv[0], *argv]
-    hydra.main(version_base="1.3", config_path=CONF_SOURCE, config_name="config")(train_job)()
+    # what the front door validated is handed to the task: the run Hydra starts with that very
+    # config does not validate it again (a sweep's jobs validate when they start, maybe hours later)
+    handed = identity(validated, world_size) if validated is not None else None
+
+    def task(cfg: DictConfig) -> float | None:
+        return train_job(cfg, handed)
+
+    hydra.main(version_base="1.3", config_path=CONF_SOURCE, config_name="config")(task)()
 
 
-def train_job(cfg: DictConfig) -> float | None:
+def train_job(cfg: DictConfig, validated: str | None = None) -> float | None:
     """The Hydra task: run one job into Hydra's output folder; exit non-zero if it failed.
+    ``validated``: the :func:`~effitrain.config.load.identity` of the config the front door validated.
 
     In a multirun a failed job returns instead, so the other jobs still run, and a job whose
     folder already holds an ok summary.json is skipped (``skip_ok_jobs``), so rerunning a sweep
@@ -197,9 +208,10 @@ def train_job(cfg: DictConfig) -> float | None:
     from hydra.types import RunMode
 
     from effitrain.config.compose import with_hydra_node
+    from effitrain.config.load import identity
 
     hydra_cfg = HydraConfig.get()  # the task is the one place that reads it: the run reads cfg.hydra
-    cfg = with_hydra_node(cfg, hydra_cfg)  # the run derives (effitrain.run.recipe._run) and validates (prepare)
+    cfg = with_hydra_node(cfg, hydra_cfg)  # the run derives and validates it (effitrain.run.recipe)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         from effitrain.sweep.job_start import start_job
 
@@ -209,7 +221,8 @@ def train_job(cfg: DictConfig) -> float | None:
 
     from effitrain.run.recipe import run
 
-    summary = run(cfg, hydra_cfg.runtime.output_dir)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    summary = run(cfg, hydra_cfg.runtime.output_dir, validated=validated == identity(cfg, world_size))
     if summary["status"] == "ok" and summary.get("env/rank", 0) == 0:
         from effitrain.config.model_spec import task_class
 

@@ -179,7 +179,9 @@ def failures(jobs: list[JobResult]) -> list[str]:
 
 def combination_label(job: JobResult) -> str:
     """The job's combination: every choice but the seed ("defaults" when only the seed varies)."""
-    return choices_label({k: v for k, v in job.choices.items() if k not in ("seed", "cfg/seed")}) or "defaults"
+    return (
+        choices_label({k: v for k, v in job.choices.items() if k not in ("seed", "cfg/seed")}) or "defaults"
+    )
 
 
 def seed_groups(jobs: list[JobResult]) -> dict[str, list[JobResult]]:

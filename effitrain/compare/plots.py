@@ -178,7 +178,9 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
     axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps are whole numbers
     merged = [joined_numbers(group) for group in groups if len(group) > 1]
     # the title names what this plot merged (the first such line), not an example
-    axes[0].set_title("Loss against steps" + (f" (identical curves: one line, {merged[0]})" if merged else ""))
+    axes[0].set_title(
+        "Loss against steps" + (f" (identical curves: one line, {merged[0]})" if merged else "")
+    )
     axes[1].set_title("Loss against time (each job)")
     if groups:
         _legend(axes[0], len(groups))

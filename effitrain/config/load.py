@@ -1,11 +1,11 @@
 """The front door of a run's configuration: :func:`load` composes (``effitrain.config.compose``),
 validates (``effitrain.config.validate``) and derives (``micro_batch_size`` from ``effective_batch_size``),
 once, before anything heavy is loaded. The Hydra task's config, which Hydra composed, is derived
-by its run (``effitrain.run.recipe._run``, first) and validated by the run's ``prepare``.
+by its run (first) and validated by the run's ``prepare`` (:mod:`effitrain.run.recipe`).
 
-A single run's config validated here is remembered for one run: ``train.py`` validates the command
-line before Hydra starts (``hydra_task.preflight``), and the run Hydra then starts with the same
-config does not validate it again (:func:`validate_once`).
+``train.py`` validates the command line before Hydra starts (``effitrain.commands.train.preflight``)
+and hands the :func:`identity` of what it validated to the Hydra task: the run Hydra then starts
+with that very config does not validate it again.
 
 Every error a user can cause is a :class:`ConfigError` whose message is one line naming the
 key, the bad value and what is allowed.
@@ -44,39 +44,19 @@ def checked(cfg: DictConfig, problems: list[str], world_size: int = 1, **validat
     return cfg
 
 
-# Single runs the front door validated and derived (:func:`checked`) that no run has used yet:
-# one entry per validation, so each pays for exactly one run.
-_VALIDATED: list[str] = []
+def identity(cfg: DictConfig, world_size: int = 1) -> str:
+    """What validation reads of a config, as one string: its keys, unresolved and derived, with what
+    validation reads of its Hydra node (the command line's overrides, the groups' choices) and the
+    number of processes (``repr``: any key type). ``train.py``'s front door hands the identity of the
+    config it validated to the Hydra task, whose run skips validating that very config again."""
+    import copy
 
-
-def remember_validated(cfg: DictConfig, world_size: int = 1) -> None:
-    """Mark a single run's config :func:`checked` returned as validated, for the run Hydra starts
-    with it in this process next (a sweep's jobs are not marked: a job may start hours after the
-    preflight, and the files, weights and resume paths validation checks may have changed)."""
-    _VALIDATED.append(_identity(cfg, world_size))
-
-
-def _identity(cfg: DictConfig, world_size: int) -> str:
-    """The config's keys, unresolved, with what validation reads of its Hydra node (the command
-    line's overrides, the groups' choices) and the number of processes (``repr``: any key type)."""
-    plain = OmegaConf.to_container(cfg, resolve=False)
+    derived = copy.deepcopy(cfg)
+    apply_effective_batch_size(derived, world_size)
+    plain = OmegaConf.to_container(derived, resolve=False)
     hydra = plain.pop("hydra", None) or {}
     read = [hydra.get("overrides", {}).get("task"), hydra.get("runtime", {}).get("choices")]
     return repr([plain, read, world_size])
-
-
-def validate_once(cfg: DictConfig, world_size: int = 1) -> None:
-    """Validate a run's derived config unless ``train.py``'s preflight validated this very config
-    in this process just before Hydra started the run (:func:`remember_validated`).
-
-    Raises:
-        ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
-    """
-    identity = _identity(cfg, world_size)
-    if identity in _VALIDATED:
-        _VALIDATED.remove(identity)  # used: a second run of it validates again
-        return
-    validate(cfg, world_size)
 
 
 def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:

@@ -64,7 +64,7 @@ class StepMemory:
     """Measures one optimizer step of a run (``step``, 1-based) and remembers its micro-batches'
     shapes, so the prediction can replay exactly that step.
 
-    ``job.track_step(step)`` is this object called: a context around an optimizer step that tracks
+    ``job.track_step(step)`` enters :meth:`track`: a context around an optimizer step that tracks
     only the chosen one; :meth:`saw` is called before each micro-batch's forward. A backend that
     cannot wrap its step in a ``with`` (the Trainer) calls :meth:`begin` and :meth:`end` itself.
     """
@@ -76,7 +76,7 @@ class StepMemory:
         self._tracker = None
 
     @contextlib.contextmanager
-    def __call__(self, step: int):
+    def track(self, step: int):
         if step != self.step:
             yield
             return

@@ -28,17 +28,21 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
 
     # the data library's bars (reading, tokenizing, saving the cache) follow progress_bar too
     (datasets_logging.enable_progress_bar if cfg.progress_bar else datasets_logging.disable_progress_bar)()
+    say = announce if is_main else (lambda line: None)
     set_seed(cfg.seed)
     task = build_task(cfg)
+    say(f"loading the data ({_choice(cfg, 'data')})")
     raw = task.load(cfg.data)
     tokenizer = build_tokenizer(cfg.model)
     source_key = OmegaConf.to_container(cfg.data, resolve=True)
+    say(f"tokenizing at max_length={cfg.max_length}, or reading the tokenized cache")
     tokenized = tokenize_cached(raw, tokenizer, cfg.max_length, cfg.get("cache_dir"), source_key, task)
     train_loader, eval_loader, _ = build_dataloaders(
         tokenized, task.collator(tokenizer), cfg.micro_batch_size, cfg.eval_batch_size, cfg.seed
     )
 
     set_seed(cfg.seed)  # the head's initialization does not depend on how much data was read
+    say(f"building the model ({_choice(cfg, 'model')})")
     model = task.build_model(cfg.model, raw, tokenizer)
     if cfg.get("gradient_checkpointing"):
         enable_activation_checkpointing(model)
@@ -50,6 +54,7 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
         batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
     )
     scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
+    say(plan_line(cfg, batches_per_process, num_steps))
     memory = TrainingMemory(model, optimizer, device)
     meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main, task, memory.peak.read_current)
     data_keys = task.data_summary(tokenized)
@@ -78,3 +83,28 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
         memory=memory,
         resume=resume,
     )
+
+
+def announce(line: str) -> None:
+    """A start-up stage as it begins (rank 0): loading and tokenizing can take minutes."""
+    print(f"effitrain: {line}", flush=True)
+
+
+def _choice(cfg: DictConfig, group: str) -> str:
+    hydra = cfg.get("hydra")
+    return str(hydra.runtime.choices.get(group)) if hydra is not None else group
+
+
+def plan_line(cfg: DictConfig, batches_per_process: int, num_steps: int) -> str:
+    """How many optimizer steps the run takes and why: ``max_steps`` is a cap on what the epochs
+    give, never a target."""
+    per_epoch = math.ceil(batches_per_process / cfg.gradient_accumulation_steps)
+    steps = (
+        f"{num_steps} optimizer steps of {cfg.gradient_accumulation_steps} x {cfg.micro_batch_size} samples"
+    )
+    epochs = f"{cfg.epochs} epoch{'s' * (cfg.epochs != 1)} of {per_epoch} step{'s' * (per_epoch != 1)}"
+    if not cfg.max_steps:
+        return f"training: {steps} ({epochs})"
+    if cfg.max_steps < per_epoch * cfg.epochs:
+        return f"training: {steps} (max_steps={cfg.max_steps} cuts the {epochs})"
+    return f"training: {steps} ({epochs}; max_steps={cfg.max_steps} is a cap, not reached)"

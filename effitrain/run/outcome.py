@@ -1,18 +1,10 @@
-"""How a run ends, recorded rather than raised: SIGTERM raises like Ctrl-C (:func:`interrupts_raise`),
-and a failure, a divergence, an OOM or an interruption becomes the summary's ``status`` and one-line
-``error`` (:func:`recorded`)."""
+"""How a run ends: SIGTERM raises like Ctrl-C (:func:`interrupts_raise`), so the run records it
+(:meth:`effitrain.run.summary.Summary.recording`); an error as one line (:func:`one_line`)."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
-import traceback
-from pathlib import Path
-
-import torch
-
-from effitrain.config.errors import ConfigError
-from effitrain.train.step import TrainingDiverged
 
 
 class Interrupted(BaseException):
@@ -41,31 +33,6 @@ def interrupts_raise():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def recorded(summary: dict, output_dir: Path, is_main: bool):
-    """How the run ended, into ``summary``: a failure, a divergence, an OOM or an interruption is
-    recorded, not raised. Anything else that stops the process (SystemExit) passes through; the
-    stack around still writes the failed summary and finishes the W&B run."""
-    try:
-        yield
-    except ConfigError as error:
-        summary["error"] = str(error)
-        summary["error_type"] = "config"
-    except TrainingDiverged as error:
-        summary["status"], summary["error"] = "diverged", str(error)
-    except torch.OutOfMemoryError as error:
-        summary["status"], summary["error"] = "oom", one_line(error)
-    except Exception as error:  # any other failure is recorded, with its traceback beside the summary
-        summary["error"] = one_line(error)
-        if is_main and output_dir.is_dir():
-            with contextlib.suppress(OSError):  # a full disk: the summary's line says what failed
-                (output_dir / "traceback.txt").write_text(traceback.format_exc())
-    except (KeyboardInterrupt, Interrupted) as error:  # Ctrl-C or SIGTERM: recorded, W&B ends as crashed
-        signum = error.signum if isinstance(error, Interrupted) else signal.SIGINT
-        summary["status"], summary["signal"] = "interrupted", int(signum)
-        summary["error"] = f"interrupted by {signal.Signals(signum).name}"
 
 
 def one_line(error: BaseException) -> str:

@@ -107,7 +107,9 @@ class LocalSweep:
             job.outcome = JobOutcome(job.folder, "failed", False, error)
             return True
         previous = results.read_summary(job.folder)
-        skip = job.config.get("skip_ok_jobs", True) and previous is not None and previous.get("status") == "ok"
+        skip = (
+            job.config.get("skip_ok_jobs", True) and previous is not None and previous.get("status") == "ok"
+        )
         error = results.skip_refusal(job.folder, previous, job.config) if skip else None
         if error is not None:  # not done: it ran another config, which a run would not overwrite
             job.outcome = JobOutcome(job.folder, "failed", False, error)

@@ -108,9 +108,7 @@ def write_stopped(job: LaunchedJob, status: str, signum: int, error: str, summar
         except Exception:  # the keys are context; the status must be written regardless
             pass
         if file_id(job.folder / results.METRICS) != job.metrics_before:
-            steps = [
-                r["step"] for r in read_metrics(job.folder / results.METRICS) if "train/loss" in r
-            ]
+            steps = [r["step"] for r in read_metrics(job.folder / results.METRICS) if "train/loss" in r]
             summary["train/steps"] = max(steps, default=0)
         summary["env/pid"] = job.process.pid
         summary["env/cuda_visible_devices"] = ",".join(job.gpus) if job.gpus is not None else None

@@ -60,7 +60,9 @@ class APOLLOAdamW(_APOLLOAdamW):
             raise ValueError(f"proj_type must be std, reverse_std, right or left, got {proj_type!r}")
         if scale_type == "channel" and proj_type != "std":
             # apollo-torch scales channels along the side std projects: the other sides' shapes fail
-            raise ValueError(f"proj_type {proj_type!r} needs scale_type tensor (channel scaling works with std only)")
+            raise ValueError(
+                f"proj_type {proj_type!r} needs scale_type tensor (channel scaling works with std only)"
+            )
         if isinstance(update_proj_gap, bool) or not isinstance(update_proj_gap, int) or update_proj_gap < 1:
             raise ValueError(f"update_proj_gap must be an integer >= 1, got {update_proj_gap!r}")
         projection = {"rank": rank, "scale": scale, "scale_type": scale_type, "proj": proj,

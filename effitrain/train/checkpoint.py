@@ -335,6 +335,7 @@ class Checkpointer:
                     "tokens": self.meter.tokens,
                     "last_loss": self.meter.last_loss,
                     "loss_total": self.meter.loss_total,
+                    "best_eval": self.meter.best_eval,
                 },
                 "config": trajectory_config(self.cfg),
                 "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())},

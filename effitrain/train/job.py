@@ -70,12 +70,27 @@ class Job:
     data_keys: dict  # summary keys describing the tokenized data (the task's)
     memory: TrainingMemory  # everything mem/* of the run, read around the measured region
     resume: checkpoint.ResumePoint | None = None  # the checkpoint this run continues from
-    # where the loop starts: set by the shared restore before the backend's fit
+    # where the loop starts: set by :meth:`restore` before the backend's fit
     start: checkpoint.Position = field(default_factory=lambda: checkpoint.Position(0, 0, 0))
-
-    best_eval: tuple[float, int] | None = None  # (eval/loss, step) of the best evaluation so far
-    # (position, generators) a backend that restores weights through the job resumes its data from
+    # (position, generators) the data order resumes from, when the job restored the weights itself
     _data_resume: tuple[checkpoint.Position, dict] | None = None
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """However training ended: no memory tracker left active, the progress bar closed."""
+        if self.step_memory is not None:
+            self.step_memory.end()  # a step that failed while tracked leaves no dispatch mode behind
+        self.meter.close()
+
+    def restore(self, weights: bool) -> None:
+        """Where the loop starts: the resume point's counts, and with ``weights`` its weights,
+        optimizer, scheduler and data order too (``False``: a backend that loads them itself, the
+        Trainer)."""
+        self.start = self.checkpoints.restore(weights=weights)
+        if self.resume is not None and weights:
+            self._data_resume = (self.start, self.resume.rng_state())
 
     @contextlib.contextmanager
     def track_step(self, step: int):
@@ -84,7 +99,7 @@ class Job:
         the step it chose."""
         if not self.meter.started:
             self.meter.start()
-        with self.step_memory(step) if self.step_memory is not None else contextlib.nullcontext():
+        with self.step_memory.track(step) if self.step_memory is not None else contextlib.nullcontext():
             yield
 
     def end_step(self, step: int, lr: float, grad_norm, evaluation: Evaluation, trainer_state=None) -> None:
@@ -110,9 +125,7 @@ class Job:
         return epoch_batches(loader, epoch, at.batches, rng)
 
     def log_evaluation(self, step: int, metrics: dict) -> None:
-        self.meter.log({"step": step, **metrics}, step)
-        if self.best_eval is None or metrics["eval/loss"] < self.best_eval[0]:
-            self.best_eval = (metrics["eval/loss"], step)
+        self.meter.log_evaluation(step, metrics)
 
 
 def evaluate_job(job: Job, evaluation: Evaluation) -> dict:

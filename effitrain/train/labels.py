@@ -33,14 +33,15 @@ def check_label_kinds(column: str, every: set) -> None:
                                    f"({_shown(others)}): give ids or names, not both")  # fmt: skip
 
 
-def check_label_sets(column: str, train: list, eval_: list) -> None:
+def check_label_sets(column, train: list, eval_: list, key: str = "data.label_column") -> None:
     """At least two classes in training, and every eval label among them (a class never trained on
     scores as a guaranteed error, and disjoint sets mean the splits were labelled differently).
+    ``key``/``column``: the key and value a problem names (the label column, or for data made in
+    code the size that left a class out).
 
     Raises:
-        ConfigError: naming the column and the offending values.
+        ConfigError: naming the key and the offending values.
     """
-    key = "data.label_column"
     train_values, eval_values = set(train), set(eval_)
     if len(train_values) < 2:
         raise invalid(key, column, f"the train split holds a single class ({_shown(train_values)}): "

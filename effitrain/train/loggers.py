@@ -96,6 +96,12 @@ class MetricsFile:
         if self._handle is not None:
             self._handle.close()
 
+    def __enter__(self) -> MetricsFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def has_credentials() -> bool:
     """An API key in the environment, or a netrc entry for the W&B host (what ``wandb login`` writes)."""
@@ -216,6 +222,7 @@ class WandbLogger:
         self.run = None
         self._where = {"project": project, "entity": entity, "group": group or identity["group"]}
         self._warned = False
+        self._sync_hint = None  # an offline single run: how to upload it, said at its start and end
         if self.mode == "disabled":
             return
         try:
@@ -270,9 +277,11 @@ class WandbLogger:
         self.run.define_metric("eval/loss", step_metric="step", summary="min")
         self.run.define_metric("mem/current_bytes", step_metric="step", summary="max")
         if self.mode == "offline" and not identity["multirun"]:
-            # a sweep says it once for all its jobs, at its end (offline_sync_hint)
+            # a sweep says it once for all its jobs, at its end (offline_sync_hint); a run at its
+            # start and again as it finishes, where it does not scroll away
             target = self.run.settings.sync_dir
-            print(f"effitrain: W&B run saved offline; upload it later with: wandb sync {target}", flush=True)
+            self._sync_hint = f"effitrain: W&B run saved offline; upload it later with: wandb sync {target}"
+            print(self._sync_hint, flush=True)
 
     def identity_keys(self) -> dict:
         """Where this job's W&B run went, for summary.json: compare logs its table there too."""
@@ -318,6 +327,8 @@ class WandbLogger:
             run.finish(exit_code=0 if ok else 1)
         except Exception as error:
             self._warn(f"finishing the run failed ({type(error).__name__}: {error})")
+        if self._sync_hint and summary is not None:
+            print(self._sync_hint, flush=True)
 
     def close(self) -> None:
         self.finish(None)

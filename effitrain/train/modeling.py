@@ -35,8 +35,9 @@ def build_tokenizer(model_cfg: DictConfig):
     fallback = model_cfg.get("offline_tokenizer")
     # A random-init model with an offline fallback is an offline memory study: the local cache only.
     study = model_cfg.init == "random" and bool(fallback)
+    key = "model.tokenizer" if model_cfg.get("tokenizer") else "model.name_or_path"
     try:
-        return AutoTokenizer.from_pretrained(
+        tokenizer = AutoTokenizer.from_pretrained(
             source,
             trust_remote_code=model_cfg.trust_remote_code,
             local_files_only=study or cache_only(source),
@@ -49,8 +50,13 @@ def build_tokenizer(model_cfg: DictConfig):
             tokenizer = AutoTokenizer.from_pretrained(fallback)
             tokenizer.effitrain_note = note
             return tokenizer
-        key = "model.tokenizer" if model_cfg.get("tokenizer") else "model.name_or_path"
         raise invalid(key, source, f"the tokenizer could not be loaded ({type(error).__name__})") from None
+    if len(tokenizer) <= len(tokenizer.all_special_tokens):
+        # a folder with a config but no vocabulary loads a tokenizer of special tokens alone, which
+        # maps every word to [UNK]: nothing could be learned
+        raise invalid(key, source, f"it holds no vocabulary (the tokenizer knows only its {len(tokenizer)} "
+                      "special tokens): give a folder with the tokenizer's files") from None  # fmt: skip
+    return tokenizer
 
 
 def tokenizer_for_size(model_cfg: DictConfig):

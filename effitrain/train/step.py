@@ -124,6 +124,7 @@ class StepMeter:
         self.tokens = 0
         self.last_loss = math.nan
         self.loss_total = 0.0  # sum of every optimizer step's loss, for train/loss_mean
+        self.best_eval: tuple[float, int] | None = None  # (eval/loss, step) of the best evaluation so far
         self.resumed = {"step": 0, "samples": 0, "tokens": 0}  # counts of the run this one resumes
         self._reset_window()
         self._started: float | None = None
@@ -199,17 +200,27 @@ class StepMeter:
         for logger in self.loggers:
             logger.log_dict(record, step)
 
+    def log_evaluation(self, step: int, metrics: dict) -> None:
+        """An evaluation's record, to every logger; the best so far is kept (and checkpointed)."""
+        self.log({"step": step, **metrics}, step)
+        loss = metrics["eval/loss"]
+        if math.isfinite(loss) and (self.best_eval is None or loss < self.best_eval[0]):
+            self.best_eval = (loss, step)
+
     def exclude(self, seconds: float) -> None:
         """Time spent since the last step on something else (an evaluation): not the next step's."""
         self._last += seconds
 
     def restore(
-        self, step: int, samples: int, tokens: int, last_loss: float, loss_total: float = math.nan
-    ) -> None:
-        """Continue the counts of a resumed run; speeds cover only the steps run in this process."""
+        self, step: int, samples: int, tokens: int, last_loss: float, loss_total: float = math.nan,
+        best_eval: list | None = None,
+    ) -> None:  # fmt: skip
+        """Continue the counts of a resumed run (its best evaluation too); speeds cover only the steps
+        run in this process."""
         self.resumed = {"step": step, "samples": samples, "tokens": tokens}
         self.samples, self.tokens, self.last_loss = samples, tokens, last_loss
         self.loss_total = loss_total
+        self.best_eval = tuple(best_eval) if best_eval is not None else None
         if self._progress is not None:
             self._progress.update(step)
 

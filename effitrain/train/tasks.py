@@ -99,9 +99,15 @@ class Classification(Task):
 
     def load(self, data_cfg):
         from effitrain.train.data import check_raw
+        from effitrain.train.labels import check_label_sets
 
         raw = super().load(data_cfg)
         check_raw(raw, len(raw.label_names))
+        # every source, not only data=hub's columns: data made in code may be too small to hold
+        # each class (data.num_train=1)
+        key = "data.num_train" if "num_train" in data_cfg else "data.label_column"
+        value = data_cfg.num_train if "num_train" in data_cfg else data_cfg.get("label_column", "label")
+        check_label_sets(value, raw.train["label"], raw.eval["label"], key=key)
         return raw
 
     def tokenize(self, raw, tokenizer, max_length: int):

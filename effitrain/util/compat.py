@@ -75,14 +75,29 @@ def mem_tracker_class():
 def step_peak_tracker_class():
     """A ``MemTracker`` that keeps only the whole step's peak, by overriding its private
     ``_update_peak_stats`` (reading ``_curr_mem_snap``, ``_peak_mem``, ``_peak_mem_snap`` and
-    ``_TOTAL_KEY``). Fallback: the full ``MemTracker``, slower, same peak."""
+    ``_TOTAL_KEY``), and that knows a module's gradients as gradients from ``track_external`` on
+    (its private ``_track_module_params_and_buffers``): MemTracker installs its gradient hooks when
+    a module's forward hook first fires, which never happens for the modules under a
+    ``torch.compile`` wrapper, whose gradients it then counts as temporaries. Fallback: the full
+    ``MemTracker``, slower, same peak (a compiled run's gradients among its temporaries)."""
+    import torch
     from torch.distributed._tools import mem_tracker
 
     tracker = mem_tracker.MemTracker
-    if private("torch", tracker, "_update_peak_stats") is None or not hasattr(mem_tracker, "_TOTAL_KEY"):
+    if (
+        private("torch", tracker, "_update_peak_stats") is None
+        or private("torch", tracker, "_track_module_params_and_buffers") is None
+        or not hasattr(mem_tracker, "_TOTAL_KEY")
+    ):
         return tracker  # another torch's internals: the full tracker, slower, same peak
 
     class StepPeakTracker(tracker):
+        def track_external(self, *external) -> None:
+            super().track_external(*external)
+            for module in external:
+                if isinstance(module, torch.nn.Module):
+                    self._track_module_params_and_buffers(module, install_grad_hooks=True)
+
         def _update_peak_stats(self, peak_state) -> None:
             for device, snapshot in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snapshot[mem_tracker._TOTAL_KEY]:

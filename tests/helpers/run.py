@@ -25,7 +25,6 @@ TINY = [
 ]
 
 
-
 def compose(*overrides: str, tiny: bool = True):
     """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""
     from effitrain.config.compose import compose

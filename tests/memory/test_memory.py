@@ -17,7 +17,7 @@ from effitrain.commands.estimate import estimate_memory
 from effitrain.config.registry import group_options, installed_optimizers
 from effitrain.train.modeling import build_model, build_tokenizer
 from effitrain.train.optim import build_optimizer
-from tests.helpers.run import REPO, compose, optimizer_option, read_metrics, run_job, train_py
+from tests.helpers.run import REPO, TINY, compose, optimizer_option, read_metrics, run_job, train_py
 
 # every option of conf/optimizer, no list kept here; those whose optional package is missing are
 # skipped as test parameters and left out of the lists
@@ -544,10 +544,24 @@ def test_optimizer_params_lists_each_parameter_once_in_group_order():
         (["optimizer=adamw", "+optimizer.fused=true"], torch.float32),  # the fused kernel's step counters
         (["optimizer=adafactor"], torch.bfloat16),  # low-precision weights
         (["optimizer=apollo", "optimizer.rank=4"], torch.float32),  # square and both orientations
-        (["optimizer=apollo", "optimizer.rank=4", "optimizer.scale_type=tensor", "+optimizer.proj_type=reverse_std"],
-         torch.float32),  # fmt: skip
-        (["optimizer=apollo", "optimizer.rank=4", "optimizer.scale_type=tensor", "+optimizer.proj_type=left"],
-         torch.float32),  # fmt: skip
+        (
+            [
+                "optimizer=apollo",
+                "optimizer.rank=4",
+                "optimizer.scale_type=tensor",
+                "+optimizer.proj_type=reverse_std",
+            ],
+            torch.float32,
+        ),  # fmt: skip
+        (
+            [
+                "optimizer=apollo",
+                "optimizer.rank=4",
+                "optimizer.scale_type=tensor",
+                "+optimizer.proj_type=left",
+            ],
+            torch.float32,
+        ),  # fmt: skip
     ],
 )
 def test_state_variants_are_counted_exactly(overrides, dtype):
@@ -563,3 +577,27 @@ def test_state_variants_are_counted_exactly(overrides, dtype):
     model(torch.randint(0, 50, (3, 5))).float().sum().backward()
     optimizer.step()
     assert memory.optimizer_state_footprint(optimizer) == estimated
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
+def test_a_compiled_run_counts_each_byte_of_its_tracked_step_once(tmp_path, backend):
+    """The tracker's global module hooks fire once more under torch.compile (for the compiled
+    wrapper) and never for the modules under it; the tracked step runs eagerly, so its peak by
+    category is the eager run's, byte for byte (gradients as gradients, not temporaries), and the
+    weights are the parameters' bytes counted by hand: nothing counted twice or misfiled. The
+    library's warning about the extra firing is not shown, for that reason."""
+    eager = run_job(tmp_path / "eager", f"backend={backend}", "max_steps=3")
+    done = train_py(
+        *TINY, f"backend={backend}", "max_steps=3", "compile=on", f"hydra.run.dir={tmp_path / 'compiled'}"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "global hooks" not in done.stderr
+    compiled = json.loads((tmp_path / "compiled" / "summary.json").read_text())
+    assert compiled["status"] == eager["status"] == "ok"
+    keys = [key for key in eager if key.startswith("mem/step_peak/")] + ["mem/step_peak_bytes"]
+    assert {key: compiled[key] for key in keys} == {key: eager[key] for key in keys}
+    model = build_model(compose().model, 3, build_tokenizer(compose().model))
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights += sum(b.numel() * b.element_size() for b in model.buffers())
+    assert compiled["mem/step_peak/weights_bytes"] == weights

@@ -257,9 +257,7 @@ def test_compare_table_names_jobs_by_their_choices_or_their_folder():
     assert [row[:3] for row in rows] == [["1", "job0", "ok"], ["2", "job1", "ok"]]
 
 
-MODELS = sorted(
-    p.stem for p in (REPO / "conf" / "model").glob("*.yaml")
-)
+MODELS = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -365,9 +365,10 @@ def test_the_logged_lr_is_the_step_s_own_with_an_lr_held_in_a_tensor(tmp_path, m
 
 @pytest.fixture
 def validations(monkeypatch) -> list:
-    """The configs ``validate`` is called on from here on (through ``effitrain.config.load``, which the
-    front door and the run both validate through)."""
+    """The configs ``validate`` is called on from here on (the front door through
+    ``effitrain.config.load``, the run through ``effitrain.run.recipe``)."""
     import effitrain.config.load as config
+    import effitrain.run.recipe as recipe
 
     seen, real_validate = [], config.validate
 
@@ -376,6 +377,7 @@ def validations(monkeypatch) -> list:
         return real_validate(cfg, world_size)
 
     monkeypatch.setattr(config, "validate", counted)
+    monkeypatch.setattr(recipe, "validate", counted)
     monkeypatch.setattr(sys, "argv", ["train.py"])  # train() sets it for Hydra
     return seen
 
@@ -385,7 +387,6 @@ def test_train_py_validates_a_run_once_and_derives_its_micro_batch(tmp_path, val
     that config is not validated again (a config the front door did not see, as ``run_job``'s, is
     validated by its run: the bad-value table's rows through a run say so). The micro batch is
     derived from the effective batch: 16 in the config file, 8 trained."""
-    import effitrain.config.load as config
     from effitrain.commands.train import train
 
     overrides = [o for o in TINY if not o.startswith("micro_batch_size=")]
@@ -395,7 +396,10 @@ def test_train_py_validates_a_run_once_and_derives_its_micro_batch(tmp_path, val
     summary = json.loads((tmp_path / "front" / "summary.json").read_text())
     assert summary["status"] == "ok" and len(validations) == 1  # the preflight's, not the run's
     assert summary["cfg/micro_batch_size"] == 8 and summary["train/samples"] == 2 * 16
-    assert config._VALIDATED == []  # used by that run: a second run of the config validates it
+    # nothing is remembered in the process: a run of the same config not handed on by the front
+    # door (here, run() called directly) validates it
+    run_job(tmp_path / "direct", *overrides, *batch, tiny=False)
+    assert len(validations) == 2
 
 
 @pytest.mark.slow
@@ -408,3 +412,14 @@ def test_a_sweep_job_is_validated_again_when_it_starts(tmp_path, validations):
     train(["-m", *TINY, "max_steps=1", "seed=3,4", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}"])
     seeds = sorted(json.loads(path.read_text())["cfg/seed"] for path in tmp_path.glob("*/summary.json"))
     assert seeds == [3, 4] and sorted(cfg.seed for cfg in validations) == [3, 3, 4, 4]
+
+
+def test_a_non_finite_final_evaluation_is_never_an_ok_result(tmp_path):
+    """lr 1e30 from the first step: the step's own loss is finite (taken before the update), the
+    weights after it are not, and neither is the final evaluation's loss: diverged, not ok."""
+    summary = run_job(tmp_path, "max_steps=1", "optimizer.lr=1e30", "warmup_ratio=0")
+    assert math.isfinite(summary["train/loss"]) and math.isnan(summary["eval/loss"])
+    assert summary["status"] == "diverged"
+    assert summary["error"] == "eval/loss is nan: the run's result is not a number"
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert (written["status"], written["eval/loss"]) == ("diverged", None)

@@ -184,7 +184,12 @@ def test_the_printed_rerun_command_resumes_a_job_that_left_checkpoints(tmp_path,
     [line] = [line for line in first.stdout.splitlines() if line.startswith("effitrain: rerun the jobs")]
     command = shlex.split(line.removeprefix("effitrain: rerun the jobs that are not ok: "))
     assert command[0] == "python" and command[1] == str(APP)
-    assert command[2:] == ["-m", *args, *(["resume=auto"] if checkpointed else []), f"hydra.sweep.dir={sweep}"]
+    assert command[2:] == [
+        "-m",
+        *args,
+        *(["resume=auto"] if checkpointed else []),
+        f"hydra.sweep.dir={sweep}",
+    ]
 
 
 @pytest.mark.slow

@@ -162,7 +162,10 @@ def test_failed_job_is_counted_others_finish_and_a_rerun_redoes_only_it(tmp_path
     # two jobs run at once, each with its own device and cores, which also keeps this test short.
     def write(name, count, missing_label=False):
         rows = [(f"the {'good' if i % 2 else 'bad'} one {i}", i % 2) for i in range(count)]
-        lines = [f"{text},{'' if missing_label and i == count - 1 else label}" for i, (text, label) in enumerate(rows)]
+        lines = [
+            f"{text},{'' if missing_label and i == count - 1 else label}"
+            for i, (text, label) in enumerate(rows)
+        ]
         (data / f"{name}.csv").write_text("text,label\n" + "\n".join(lines) + "\n")
 
     data = tmp_path_factory.mktemp("csv")

@@ -336,3 +336,24 @@ def test_resume_auto_of_a_finished_run_with_a_derived_micro_batch_keeps_it_from_
     again = run_job(tmp_path, *args, "resume=auto", tiny=False)
     assert again == first
     assert (tmp_path / "summary.json").read_bytes() == summary_before
+
+
+def test_a_resumed_run_remembers_its_best_evaluation_before_the_resume(tmp_path):
+    """The best evaluation (eval/best_loss, eval/best_step) is the minimum over every evaluation of
+    the run, those before the checkpoint it resumed from included."""
+    common = ["data.num_train=40", "data.num_eval=8", "epochs=2", "checkpoint_every=3", "checkpoint_keep=10",
+              "eval_every=2", "optimizer.lr=0.05", "lr_scheduler=constant", "warmup_ratio=0"]  # fmt: skip
+    whole = run_job(tmp_path / "whole", *common)
+    assert whole["status"] == "ok", whole["error"]
+    evaluations = read_metrics(tmp_path / "whole", kind="eval")
+    best = min(evaluations, key=lambda line: line["eval/loss"])
+    assert (whole["eval/best_loss"], whole["eval/best_step"]) == (best["eval/loss"], best["step"])
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
+    for step, folder in checkpoint.list_checkpoints(tmp_path / "resumed"):
+        if step > 9:
+            shutil.rmtree(folder)
+    (tmp_path / "resumed" / "summary.json").unlink()
+    resumed = run_job(tmp_path / "resumed", *common, "resume=auto")
+    assert resumed["status"] == "ok", resumed["error"]
+    assert resumed["train/resumed_from_step"] == 9 and best["step"] < 9  # the best came before the resume
+    assert (resumed["eval/best_loss"], resumed["eval/best_step"]) == (best["eval/loss"], best["step"])

@@ -96,7 +96,11 @@ def test_offline_run_holds_config_history_and_summary_of_the_result_files(tmp_pa
         == sorted(o for o in overrides if not o.startswith(("progress_bar", "logger")))
     )
     assert run["tags"] == [f"backend={backend}", "data=synthetic", "model=tiny"]  # the swapped groups
-    assert capsys.readouterr().out.count("wandb sync") == 1  # one line saying how to upload
+    # one line saying how to upload, at the start and again at the end, where it does not scroll away
+    lines = capsys.readouterr().out.splitlines()
+    hints = [i for i, line in enumerate(lines) if "wandb sync" in line]
+    assert len(hints) == 2 and lines[hints[0]] == lines[hints[1]]
+    assert hints[0] < lines.index(next(line for line in lines if "training: " in line)) < hints[1]
 
 
 @pytest.mark.slow

@@ -65,3 +65,14 @@ def test_compare_shows_the_declared_metrics_in_the_order_of_the_task_classes():
         "train loss (mean)",
     ]
     assert {"accuracy", "F1"} <= HIGHER_IS_BETTER and "perplexity" in LOWER_IS_BETTER
+
+
+def test_data_made_in_code_gets_the_label_checks_too(tmp_path):
+    """One training sample holds one class, the eval split three: refused in one line, as data=hub's
+    label column would be, not a run that scores a class it never trained on."""
+    from tests.helpers.run import run_job
+
+    summary = run_job(tmp_path, "data.num_train=1", "max_steps=1")
+    assert (summary["status"], summary["error_type"]) == ("failed", "config")
+    assert summary["error"].startswith("data.num_train=1 is invalid: the train split holds a single class (")
+    assert summary["error"].endswith("): classification needs at least 2")
