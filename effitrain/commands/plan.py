@@ -61,8 +61,9 @@ def weights_fit(cfg, budget: int, budget_text: str, margin: float = DEFAULT_MARG
     weights = params_footprint(meta_model(cfg)).bytes
     if weights > budget * (1 - margin):
         raise ConfigError(
-            f"--memory-budget={budget_text!r} is invalid: the model's weights alone take {weights / 2**20:.1f} MiB "
-            f"(with the {margin:.0%} margin, --margin): give more than {weights / (1 - margin) / 2**20:.1f}MiB"
+            f"--memory-budget={budget_text!r} is invalid: the model's weights alone take "
+            f"{weights / 2**20:.1f} MiB (with the {margin:.0%} margin, --margin): give more than "
+            f"{weights / (1 - margin) / 2**20:.1f}MiB"
         )
 
 

@@ -128,9 +128,10 @@ def _check_deletions(cfg: DictConfig, deletions) -> None:
 
 
 def wrong_types(parsed) -> list[tuple[str, str]]:
-    """(override, one-line problem) for each override of a key (not a group's choice) whose value the schema's type for its key
-    rejects (``seed=x``), as OmegaConf would reject it while composing: the value set on an empty
-    :class:`~effitrain.config.schema.RunConfig`, so every such override is found in one pass."""
+    """(override, one-line problem) for each override of a key (not a group's choice) whose value
+    the schema's type for its key rejects (``seed=x``), as OmegaConf would while composing: each
+    value is set on an empty :class:`~effitrain.config.schema.RunConfig`, so every such override is
+    found in one pass and Hydra composes the rest once."""
     from omegaconf import OmegaConf
     from omegaconf.errors import ValidationError
 

@@ -222,7 +222,7 @@ OPTIMIZER_SETTINGS = {
 
 
 class SyntheticData(BaseModel):
-    """``data=synthetic``'s sizes (``effitrain.train.data.load_synthetic``), before the loader fails on them."""
+    """``data=synthetic``'s sizes (``effitrain.train.data.load_synthetic``): refused before it runs."""
 
     model_config = ConfigDict(extra="allow")
     num_train: at_least(1) = 256

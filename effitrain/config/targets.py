@@ -64,12 +64,12 @@ SUPPLIED_BY_EFFITRAIN = {
 
 
 def check_targets(cfg: DictConfig, allowed=GROUP_TARGETS) -> None:
-    """Every ``_target_`` node (``hydra`` aside) is one its group ``allowed`` (read from the name, before
-    anything is imported: :func:`effitrain.config.registry.check_allowed`), names something importable
-    of the group's kind, and its keys bind to the target's parameters (``inspect.Signature.bind_partial``: arguments effitrain or Hydra pass
-    later may be absent). A target taking ``**kwargs`` accepts any key: its own check, when it is
-    built, is the only one. A target whose package is not installed is named with the extra that
-    installs it.
+    """Every ``_target_`` node (``hydra`` aside) is one its group ``allowed`` (read from the name,
+    before anything is imported: :func:`effitrain.config.registry.check_allowed`), names something
+    importable of the group's kind, and its keys bind to the target's parameters
+    (``inspect.Signature.bind_partial``: arguments effitrain or Hydra pass later may be absent). A
+    target taking ``**kwargs`` accepts any key: its own check, when it is built, is the only one. A
+    target whose package is not installed is named with the extra that installs it.
 
     Raises:
         ConfigError: one line per node (ConfigErrors for several), naming the full dotted key, the
@@ -298,8 +298,11 @@ def check_model_builds(cfg: DictConfig) -> None:
             model_class(AutoConfig.for_model(model_type, **values))
     except Exception as error:  # noqa: BLE001 - the class's own check of its config
         reason = " ".join(str(error).split()) or type(error).__name__
-        given = [o for o in command_line_overrides(cfg)
-                 if o.key_or_group.startswith(("model.architecture.", "model.config_overrides."))]  # fmt: skip
+        given = [
+            o
+            for o in command_line_overrides(cfg)
+            if o.key_or_group.startswith(("model.architecture.", "model.config_overrides."))
+        ]
         key, value = (given[0].key_or_group, given[0].value()) if len(given) == 1 else ("model", values)
         raise invalid(
             key, value, f"{model_class.__name__} cannot be built with it ({reason[:300]})"
@@ -391,8 +394,10 @@ def check_data_files(cfg: DictConfig) -> None:
                 raise invalid(f"data.load_args.data_files.{split}", pattern, "no such file")
             for path in matches:
                 if os.path.isdir(path):
-                    raise invalid(f"data.load_args.data_files.{split}", pattern,
-                                  f"{path} is a folder: give a file, or a glob such as {path}/*.csv")  # fmt: skip
+                    where = f"data.load_args.data_files.{split}"
+                    raise invalid(
+                        where, pattern, f"{path} is a folder: give a file, or a glob such as {path}/*.csv"
+                    )
                 if load_args.get("path") == "csv" and path.endswith(".csv"):
                     with open(path, newline="") as handle:
                         rows = csv.reader(handle)
