@@ -188,6 +188,7 @@ def _synthetic_words(cfg: DictConfig) -> None:
 
 def _missing_values(cfg: DictConfig) -> None:
     from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
 
     missing = []
     for key in cfg:
@@ -195,7 +196,10 @@ def _missing_values(cfg: DictConfig) -> None:
             continue
         node = cfg._get_node(key)
         if OmegaConf.is_config(node):
-            missing += sorted(OmegaConf.missing_keys(node))
+            try:
+                missing += sorted(OmegaConf.missing_keys(node))
+            except InterpolationResolutionError:  # a node a command never reads (estimate's data)
+                continue
         elif OmegaConf.is_missing(cfg, key):
             missing.append(str(key))
     if missing:
