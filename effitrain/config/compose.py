@@ -63,19 +63,13 @@ def _compose(overrides: list[str]) -> DictConfig:
         cause = error.__cause__
         if isinstance(cause, ValidationError) and cause.full_key:  # a value the schema's type rejects
             allowed_values = allowed(field_type(cause.object_type, cause.key))
-            raise WrongType(
-                cause.full_key, invalid(cause.full_key, cause.value, allowed_values).args[0]
-            ) from None
+            raise WrongType(invalid(cause.full_key, cause.value, allowed_values).args[0]) from None
         raise ConfigError(" ".join(str(error).split())[:500]) from None
     return cfg
 
 
 class WrongType(ConfigError):
-    """A value the schema's type rejects (``seed=x``); ``key`` is the dotted key."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(message)
-        self.key = key
+    """A value the schema's type rejects, set by a file (an override's is :func:`wrong_types`'s)."""
 
 
 def compose_checked(overrides: list[str]) -> tuple[DictConfig, list[str]]:
