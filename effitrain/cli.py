@@ -50,6 +50,7 @@ def _estimate(args) -> None:
     import json
 
     from effitrain.commands.estimate import estimate_memory
+    from effitrain.config.load import load
 
     # `optimizer=X` marks the chosen row; `optimizer.key=value` applies to that row only, since
     # the other optimizers may have no such key.
@@ -60,16 +61,14 @@ def _estimate(args) -> None:
     parsed = parse(args.overrides)
     base = [o.input_line for o in parsed if not names(o, "optimizer")]
     own = [o.input_line for o in parsed if names(o, "optimizer") and o.key_or_group != "optimizer"]
-    cfg = compose(args.overrides)  # unknown keys named with the nearest real ones
-    from effitrain.config.targets import check_max_length
-
-    check_max_length(cfg)  # as train and check refuse it
+    device = args.device or default_device()
+    # validated as check does, for the device predicted for; the data and weights are never read
+    cfg = load(args.overrides, device=device, loads=False)
     chosen = cfg.hydra.runtime.choices.optimizer
     optimizers = {
         name: compose(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
         for name in installed_optimizers(group_options("optimizer"))
     }
-    device = args.device or default_device()
     rows = estimate_memory(cfg, optimizers, device=device)
     if args.json:
         print(json.dumps({"chosen": chosen, "device": device, "optimizers": rows}, indent=2))
@@ -135,7 +134,8 @@ def _check_optimizer_options(names: list[str]) -> None:
 def _plan(args) -> None:
     import json
 
-    from effitrain.commands.plan import parse_bytes, plan, probe
+    from effitrain.commands.plan import parse_bytes, plan, probe, weights_fit
+    from effitrain.config.load import load
     from effitrain.memory import MIB
 
     budget = parse_bytes(args.memory_budget)
@@ -154,6 +154,8 @@ def _plan(args) -> None:
     if optimizers:
         _check_optimizer_options(optimizers)
     device = args.device or default_device()
+    # validated as check does, for the device planned for; the data and weights are never read
+    weights_fit(load(args.overrides, device=device, loads=False), budget, args.memory_budget, args.margin)
     rows = plan(
         args.overrides, budget, args.effective_batch_size, optimizers, device=device, margin=args.margin
     )

@@ -15,6 +15,19 @@ from effitrain.memory.count import optimizer_params, params_footprint
 from effitrain.memory.optimizer_state import estimate_optimizer_state, grads_estimate
 
 
+def meta_model(cfg):
+    """``cfg``'s model built on ``meta`` by the run's builders: shapes, nothing allocated."""
+    from effitrain.train.modeling import build_model
+    from effitrain.train.tasks import build_task
+
+    task = build_task(cfg)
+    if task.uses_labels:
+        num_labels = cfg.data.get("num_labels") or len(task.load(cfg.data).label_names)
+    else:
+        num_labels = None
+    return build_model(cfg.model, num_labels, None, device="meta", auto_class=task.auto_class)
+
+
 def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu") -> dict:
     """Memory of ``cfg``'s run before running it, in bytes, one row per optimizer.
 
@@ -30,16 +43,11 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     first step, a later step, evaluation at ``eval_batch_size``): ``run_peak`` and ``run_peak_bytes``.
     """
     from effitrain.memory.replay import CATEGORIES, trace_run
-    from effitrain.train.modeling import build_model
     from effitrain.train.optim import build_optimizer
     from effitrain.train.tasks import build_task
 
+    model = meta_model(cfg)
     task = build_task(cfg)
-    if task.uses_labels:
-        num_labels = cfg.data.get("num_labels") or len(task.load(cfg.data).label_names)
-    else:
-        num_labels = None
-    model = build_model(cfg.model, num_labels, None, device="meta", auto_class=task.auto_class)
     weights = params_footprint(model)
     tokens = (cfg.micro_batch_size, cfg.max_length)
     batch = {

@@ -48,6 +48,25 @@ def micro_batches(effective: int) -> list[int]:
     return [m for m in range(effective, 0, -1) if effective % m == 0]
 
 
+def weights_fit(cfg, budget: int, budget_text: str, margin: float = DEFAULT_MARGIN) -> None:
+    """Every candidate holds the model's weights: when they alone exceed the budget, say so at once
+    instead of tracing candidates that cannot fit.
+
+    Raises:
+        ConfigError: one line naming the budget, the weights' size and the least budget that could do.
+    """
+    from effitrain.commands.estimate import meta_model
+    from effitrain.memory.count import params_footprint
+
+    weights = params_footprint(meta_model(cfg)).bytes
+    if weights > budget * (1 - margin):
+        raise ConfigError(
+            f"--memory-budget={budget_text!r} is invalid: the model's weights alone take "
+            f"{weights / 2**20:.1f} MiB (with the {margin:.0%} margin, --margin): give more than "
+            f"{weights / (1 - margin) / 2**20:.1f}MiB"
+        )
+
+
 def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None,
          checkpointing=(False, True), device: str = "cpu", margin: float = DEFAULT_MARGIN):  # fmt: skip
     """Every traced candidate (dicts with the keys below), best first; those over budget last.
@@ -64,6 +83,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     from effitrain.config.overrides import names, parse
 
     base = compose(overrides)
+    usable = budget * (1 - margin)
     chosen = any(names(o, "gradient_checkpointing") for o in parse(overrides))
     if chosen:  # the user's own setting is the only one tried
         checkpointing = [bool(base.gradient_checkpointing)]
@@ -91,7 +111,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         cfg = compose(list(overrides) + choice)
         apply_effective_batch_size(cfg)  # micro_batch_size from the effective batch, as a run derives it
         [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device).values()
-        fits = row["run_peak_bytes"] <= budget * (1 - margin)
+        fits = row["run_peak_bytes"] <= usable
         rows.append({
             "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
             "gradient_accumulation_steps": accumulation, "gradient_checkpointing": recompute,

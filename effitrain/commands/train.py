@@ -34,6 +34,7 @@ def check_overrides_or_exit(argv: list[str]) -> tuple[contextlib.ExitStack, list
     the same moment is refused here, before it could rewrite the winner's ``.hydra/``. Returns the
     stack, the command line to hand Hydra (with the folder the lock was taken on) and the single
     run's validated config (None: a sweep, or flags left to Hydra)."""
+
     from effitrain.run import folders
 
     held = contextlib.ExitStack()
@@ -164,10 +165,11 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
             job_cfg = _compose_with(config, fixed + job)[0] if config else load(fixed + job, world_size)
             if config:
                 checked(job_cfg, [], world_size)
-            folder = Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
-            decision = folders.decide(
-                folder, job_cfg, job_of_sweep=True
-            )  # each job decides again when it starts
+            try:
+                folder = Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
+            except OmegaConfBaseException:  # named by what Hydra decides at launch (${hydra.job.num})
+                continue  # not known yet: the job decides when it starts
+            decision = folders.decide(folder, job_cfg, job_of_sweep=True)  # and again when it starts
             if decision.action == "refuse":
                 raise ConfigError(decision.reason)
         except ConfigError as error:

@@ -3,8 +3,8 @@ effitrain's schema, with its Hydra node (``cfg.hydra``), as ``train.py`` would c
 
 :func:`compose` is the one public way: Hydra's compose, with an unknown key named with the nearest
 real ones and every problem in one line. :func:`compose_checked` is its form for the front door
-(:func:`effitrain.config.load.load`): it keeps composing past a value of the wrong type and returns the
-problems, so that they are reported with validation's, all at once.
+(:func:`effitrain.config.load.load`): values of the wrong type are found before composing and left
+out, and returned as problems, so that they are reported with validation's, all at once.
 """
 
 from __future__ import annotations
@@ -63,55 +63,87 @@ def _compose(overrides: list[str]) -> DictConfig:
         cause = error.__cause__
         if isinstance(cause, ValidationError) and cause.full_key:  # a value the schema's type rejects
             allowed_values = allowed(field_type(cause.object_type, cause.key))
-            raise WrongType(
-                cause.full_key, invalid(cause.full_key, cause.value, allowed_values).args[0]
-            ) from None
+            raise WrongType(invalid(cause.full_key, cause.value, allowed_values).args[0]) from None
         raise ConfigError(" ".join(str(error).split())[:500]) from None
     return cfg
 
 
 class WrongType(ConfigError):
-    """A value the schema's type rejects (``seed=x``); ``key`` is the dotted key."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(message)
-        self.key = key
+    """A value the schema's type rejects, set by a file (an override's is :func:`wrong_types`'s)."""
 
 
 def compose_checked(overrides: list[str]) -> tuple[DictConfig, list[str]]:
     """The composed config, and the problems of the overrides it had to leave out to compose it.
 
     Keys the config does not have are refused (with the nearest real keys: ``lr`` ->
-    ``optimizer.lr``), and so is a ``+key`` that nothing reads. A value of the wrong type is a
-    problem whose override is left out, so that the rest can still be validated: every problem
-    of a command line is reported at once.
+    ``optimizer.lr``), and so is a ``+key`` that nothing reads. A value of the wrong type for the
+    schema is a problem whose override is left out (:func:`wrong_types`, every one found before
+    Hydra composes), so the rest is composed once and can still be validated: every problem of a
+    command line is reported at once.
 
     Raises:
-        ConfigError: an unknown key or option, or a grammar error: nothing to validate.
+        ConfigError: an unknown key or option, a grammar error, or a file's value of the wrong type:
+            nothing to validate.
     """
     from effitrain.config.overrides import parse
 
     parsed = parse(overrides)
     groups = set(group_names())
-    kept, problems = [o.input_line for o in parsed], []
-    for _ in range(len(kept) + 1):
-        try:
-            cfg = _compose(kept)
-            break
-        except WrongType as error:
-            bad = [o.input_line for o in parse(kept) if o.key_or_group == error.key]
-            if not bad:  # set by a file, not by an override: nothing to leave out
-                raise
-            problems.append(str(error))
-            kept.remove(bad[0])
-        except ConfigError:  # an unknown key, most likely: name it with the nearest real ones
-            _check_keys_exist(
-                _compose([o.input_line for o in parsed if _is_choice(o, groups)]), parsed, groups
-            )
-            raise
+    problems = wrong_types([o for o in parsed if not _is_choice(o, groups)])
+    wrong = {line for line, _ in problems}
+    try:
+        cfg = _compose([o.input_line for o in parsed if o.input_line not in wrong])
+    except WrongType:  # a file's value: no override to leave out
+        raise
+    except ConfigError:  # an unknown key, most likely: name it with the nearest real ones
+        _check_keys_exist(_compose([o.input_line for o in parsed if _is_choice(o, groups)]), parsed, groups)
+        raise
     # composed, so every key exists; a +key outside the nodes whose keys a target reads is refused
     _check_keys_exist(cfg, [o for o in parsed if o.is_add() or o.is_force_add()], groups, added=True)
-    return cfg, problems
+    _check_deletions(cfg, [o for o in parsed if o.is_delete()])
+    return cfg, [problem for _, problem in problems]
+
+
+def _check_deletions(cfg: DictConfig, deletions) -> None:
+    """``~key`` deletes only what has a default elsewhere: a target's argument (its own default then
+    applies) or a key of an open node; a key or group every run reads is refused.
+
+    Raises:
+        ConfigError: one line naming the deleted key and what ``~`` may delete.
+    """
+    for override in deletions:
+        key = override.key_or_group
+        if "." in key and not _is_hydra(key) and _in_open_node(cfg, key):
+            continue
+        raise ConfigError(
+            f"~{key} is invalid: every run reads {key}: give it a value instead (~ deletes only an argument "
+            f"of a _target_ node, or a key under {', '.join(OPEN_NODES)})"
+        )
+
+
+def wrong_types(parsed) -> list[tuple[str, str]]:
+    """(override, one-line problem) for each override of a key (not a group's choice) whose value
+    the schema's type for its key rejects (``seed=x``), as OmegaConf would while composing: each
+    value is set on an empty :class:`~effitrain.config.schema.RunConfig`, so every such override is
+    found in one pass and Hydra composes the rest once."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
+
+    from effitrain.config.schema import RunConfig, allowed, field_type
+
+    typed = OmegaConf.structured(RunConfig)
+    found = []
+    for override in parsed:
+        key = override.key_or_group
+        if override.is_delete() or override.is_sweep_override() or not _has_key(typed, key):
+            continue
+        try:
+            OmegaConf.update(typed, key, override.value(), merge=False)
+        except ValidationError:
+            parent = OmegaConf.select(typed, key.rpartition(".")[0]) if "." in key else typed
+            kind = field_type(OmegaConf.get_type(parent), key.rpartition(".")[2])
+            found.append((override.input_line, invalid(key, override.value(), allowed(kind)).args[0]))
+    return found
 
 
 def _is_choice(override, groups: set[str]) -> bool:

@@ -20,20 +20,21 @@ from effitrain.config.errors import ConfigError, ConfigErrors, raise_problems
 from effitrain.config.validate import validate
 
 
-def load(overrides: list[str], world_size: int = 1) -> DictConfig:
-    """The front door: compose, validate (every problem of the command line at once) and derive
-    (``micro_batch_size`` from ``effective_batch_size``), before anything heavy is loaded.
+def load(overrides: list[str], world_size: int = 1, **validation) -> DictConfig:
+    """The front door: compose, validate (every problem of the command line at once; ``validation``:
+    ``validate``'s ``device`` and ``loads``) and derive (``micro_batch_size`` from
+    ``effective_batch_size``), before anything heavy is loaded.
 
     Raises:
         ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
     """
-    return checked(*compose_checked(overrides), world_size)
+    return checked(*compose_checked(overrides), world_size, **validation)
 
 
-def checked(cfg: DictConfig, problems: list[str], world_size: int = 1) -> DictConfig:
+def checked(cfg: DictConfig, problems: list[str], world_size: int = 1, **validation) -> DictConfig:
     """:func:`load` after composition: ``problems`` (of the composition) and ``validate``'s together."""
     try:
-        validate(cfg, world_size)
+        validate(cfg, world_size, **validation)
     except ConfigErrors as errors:
         problems = problems + errors.problems
     except ConfigError as error:

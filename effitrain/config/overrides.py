@@ -110,9 +110,15 @@ def short_name(overrides, invariant_keys, groups) -> str:
     """A dashboard-sized name of a job: ``adam8bit | trainer | ga4`` (see :func:`short_part`)."""
     parts = []
     for override in parse(overrides):
-        key, value = override.key_or_group, values(override)[0]
-        if not is_invariant(key, invariant_keys):
-            parts.append(short_part(key, value, groups))
+        key = override.key_or_group
+        if is_invariant(key, invariant_keys):
+            continue
+        # a deletion (~optimizer.eps) has no value: the key's short name, marked as deleted
+        parts.append(
+            f"~{key.rpartition('.')[2]}"
+            if override.is_delete()
+            else short_part(key, values(override)[0], groups)
+        )
     return " | ".join(parts) or "defaults"
 
 

@@ -1,11 +1,14 @@
 """The config groups, read from conf/ (the one registry of choices): which groups and options
 exist, an override naming an option that does not, which options can be built here (an optional
 package installed or not, and the extra that installs it), and the signature of what a node's
-``_target_`` names (:func:`target_signature`), read without importing a module not yet loaded."""
+``_target_`` names (:func:`target_definition`), read without importing a module not yet loaded, and
+the allow-list of where each group's targets come from (:data:`GROUP_TARGETS`)."""
 
 from __future__ import annotations
 
 import functools
+import importlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from effitrain.config.errors import ConfigError
@@ -120,14 +123,110 @@ def is_target_node(node) -> bool:
     return isinstance(target, str) and bool(target)
 
 
-def target_signature(target: str):
-    """The :class:`inspect.Signature` of what ``target`` (``module.name``) builds: a function's, or a
-    class's ``__init__`` without ``self``.
+@dataclass(frozen=True)
+class Allowed:
+    """Where a group's ``_target_`` may come from, and what it must be.
+
+    ``names``: dotted prefixes a target must start with (a module and what lies under it, or one
+    name); ``kind``: what the target must be, in words, and ``is_class`` / ``base`` that say it (a
+    class or a function; a class derived from ``base``, a dotted name imported only once the target
+    itself is allowed). What the target names must also be defined under one of ``names``' modules,
+    so that a name a module merely imports (``effitrain.train.data.shutil.rmtree``) is refused.
+    """
+
+    names: tuple[str, ...]
+    kind: str
+    is_class: bool | None = None  # None: a class or a function
+    base: str | None = None
+
+
+# The allow-list: each group's targets, checked before anything is imported (``check_allowed``).
+GROUP_TARGETS = {
+    "optimizer": Allowed(
+        (
+            "torch.optim",
+            "transformers.optimization",
+            "bitsandbytes.optim",
+            "torchao.optim",
+            "lion_pytorch",
+            "effitrain.train.apollo",
+        ),
+        "a torch.optim.Optimizer class",
+        is_class=True,
+        base="torch.optim.Optimizer",
+    ),
+    "lr_scheduler": Allowed(
+        ("transformers.get_scheduler", "transformers.optimization", "torch.optim.lr_scheduler"),
+        "a learning-rate scheduler class or function",
+    ),
+    "data": Allowed(("effitrain.train.data",), "a loader function", is_class=False),
+    "backend": Allowed(("effitrain.backends",), "a backend's fit function", is_class=False),
+    "logger": Allowed(("effitrain.train.loggers",), "a logger class", is_class=True),
+    "task": Allowed(("effitrain.train.tasks",), "a task class", is_class=True),
+}
+
+
+def check_allowed(path: str, target: str, allowed: dict[str, Allowed] = GROUP_TARGETS) -> None:
+    """``target``, the ``_target_`` of the node at ``path``, is one its group allows, read from the
+    name alone: nothing is imported for a name outside the list. A node outside every group has no
+    target to build.
+
+    Raises:
+        ConfigError: one line naming the key, the target and what the group allows.
+    """
+    from effitrain.config.errors import invalid
+
+    group = path.split(".")[0]
+    rule = allowed.get(group)
+    if rule is None:
+        raise invalid(f"{path}._target_", target, f"nothing builds a _target_ under {group}: leave it out")
+    parts = target.split(".")
+    inside = any(target == name or target.startswith(f"{name}.") for name in rule.names)
+    if not inside or any(not part or part.startswith("_") for part in parts):
+        raise invalid(f"{path}._target_", target, f"{group} takes {rule.kind} from {', '.join(rule.names)}")
+
+
+def check_kind(path: str, target: str, found, allowed: dict[str, Allowed] = GROUP_TARGETS) -> None:
+    """What an allowed ``target`` names (``found``: the object, or ``"class"``/``"function"`` when
+    read from its module's source) is of its group's kind and defined where the group allows.
+
+    Raises:
+        ConfigError: one line naming the key, the target and the kind its group builds.
+    """
+    import inspect
+
+    from effitrain.config.errors import invalid
+
+    rule = allowed[path.split(".")[0]]
+    if isinstance(found, str) and rule.base is not None:  # its base is known once imported (it is allowed)
+        found = _locate(*target.rsplit(".", 1))
+    if isinstance(found, str):  # a plain definition in the allowed module's own source
+        is_class, fits = found == "class", rule.base is None
+    else:
+        is_class = inspect.isclass(found)
+        home = str(getattr(found, "__module__", ""))
+        fits = any(home == m or home.startswith(f"{m}.") for m in rule.names)
+        fits = fits and (is_class or inspect.isfunction(found))
+        if fits and rule.base is not None:
+            module, _, name = rule.base.rpartition(".")
+            fits = is_class and issubclass(found, getattr(importlib.import_module(module), name))
+    if not fits or rule.is_class not in (None, is_class):
+        raise invalid(
+            f"{path}._target_", target, f"{path.split('.')[0]} takes {rule.kind}, and this is not one"
+        )
+
+
+def target_definition(target: str):
+    """(the :class:`inspect.Signature` of what ``target`` (``module.name``) builds, what it is): a
+    function's signature, or a class's ``__init__`` without ``self`` (None for a builtin, which has
+    none to read); the object, or ``"class"`` / ``"function"`` when read from source.
 
     A module not imported yet is not imported when its source defines ``name`` plainly (a function,
-    or a class with its own ``__init__``, neither decorated): its signature is read from the source,
-    so that checking a config does not load ``datasets`` or the Trainer. Otherwise the target is
-    imported (a re-export, a dataclass, a decorated function).
+    or a class with its own ``__init__``, neither decorated): its signature is read from the source.
+    ``inspect.signature`` needs the module imported, and effitrain's loaders and backends import
+    ``datasets`` (seconds), ``accelerate`` and the Trainer (seconds more) at their top, which
+    checking a config must not pay. Otherwise the target is imported (a re-export, a dataclass, a
+    decorated function): only a target its group allows gets here (:func:`check_allowed`).
 
     Raises:
         ImportError: ``target`` names nothing importable.
@@ -140,7 +239,11 @@ def target_signature(target: str):
         source = _source_signature(module, name)
         if source is not None:
             return source
-    return inspect.signature(_locate(module, name))
+    found = _locate(module, name)
+    try:
+        return inspect.signature(found), found
+    except (TypeError, ValueError):  # no signature to read (a builtin)
+        return None, found
 
 
 def _locate(module: str, name: str):
@@ -173,8 +276,8 @@ def _locate(module: str, name: str):
 
 @functools.cache  # a sweep's jobs name the same targets: each source is parsed once
 def _source_signature(module: str, name: str):
-    """``name``'s signature read from ``module``'s source file, found without importing it or its
-    packages; None when the source does not define ``name`` plainly."""
+    """(``name``'s signature, ``"class"`` or ``"function"``) read from ``module``'s source file, found
+    without importing it or its packages; None when the source does not define ``name`` plainly."""
     import ast
     import importlib.util
     import inspect
@@ -209,4 +312,4 @@ def _source_signature(module: str, name: str):
     parameters += [kind(a.arg, kind.KEYWORD_ONLY) for a in arguments.kwonlyargs]
     if arguments.kwarg:
         parameters.append(kind(arguments.kwarg.arg, kind.VAR_KEYWORD))
-    return inspect.Signature(parameters[1:] if is_class else parameters)
+    return inspect.Signature(parameters[1:] if is_class else parameters), "class" if is_class else "function"

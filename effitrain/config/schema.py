@@ -1,21 +1,51 @@
-"""The run config's schema: typed dataclasses in Hydra's ConfigStore, so a value of the wrong type
-or outside a closed set (``seed=x``, ``compile.mode=fast``, ``model.init=randm``) fails while the
-config is composed, before anything is built.
+"""The run config's schema, declared once: typed dataclasses in Hydra's ConfigStore, so a value of the
+wrong type or outside a closed set (``seed=x``, ``compile.mode=fast``, ``model.init=randm``) fails
+while the config is composed, and each field's range beside its type (``Annotated[int, Field(ge=1,
+...)]``), checked by pydantic over the composed values (:func:`range_problems`), every problem at
+once and before anything is built. OmegaConf reads the plain type of an ``Annotated`` field and
+pydantic its constraints: one declaration serves both. Pydantic and not ``__post_init__``: a
+``__post_init__`` stops at its first ``raise``, and OmegaConf runs it only when it builds the
+objects, while pydantic reports every field's problem with its location and input.
 
 ``conf/config.yaml`` lists ``effitrain_schema`` first in its defaults: every YAML file merges into
 these types. Groups whose keys are a target's arguments (optimizer, data, logger, ...) stay open
-(``Any``); their keys are checked against the target's signature by ``target_checks.check_targets``.
-A root key added to ``conf/config.yaml`` needs its field here.
+(``Any``); their keys are checked against the target's signature by ``targets.check_targets``, and
+the values a target's own code would accept but that silently disable what they configure by the
+settings of :data:`OPTIMIZER_SETTINGS` and :class:`SyntheticData`. A root key added to
+``conf/config.yaml`` needs its field here.
 """
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Annotated, Any, Dict, List, Optional, Tuple
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+from pydantic import BaseModel, ConfigDict, Field
+
+from effitrain.config.errors import invalid
+
+MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
+SYNTHETIC_MAX_LABELS = 6  # the keyword classes load_synthetic makes (a test holds them equal)
+
+
+def ranged(kind, allowed: str, **limits):
+    """``kind`` with pydantic's ``limits`` (ge, gt, lt, le, allow_inf_nan, strict) and ``allowed``, the
+    words an error gives for a value outside them."""
+    return Annotated[kind, Field(description=allowed, **limits)]
+
+
+def at_least(minimum: int, null: bool = False):
+    suffix = " (or null)" if null else ""
+    return ranged(Optional[int] if null else int, f"must be an integer >= {minimum}{suffix}", ge=minimum)
+
+
+def finite(condition: str, **limits):
+    return ranged(float, condition, allow_inf_nan=False, **limits)
+
 
 # The devices whose kernels a memory prediction replays (effitrain estimate --device, plan --device).
 DEVICES = ("cpu", "cuda")
@@ -66,7 +96,7 @@ class PrecisionConfig:
 
 @dataclass
 class RunConfig:
-    """The root: conf/config.yaml's keys with their types (ranges are validate's)."""
+    """The root: conf/config.yaml's keys with their types and ranges."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
@@ -78,22 +108,22 @@ class RunConfig:
     logger: Any = None
     task: Any = None
 
-    seed: int = 42
-    epochs: int = 3
-    max_steps: Optional[int] = None
-    micro_batch_size: int = 16
-    effective_batch_size: Optional[int] = None
-    gradient_accumulation_steps: int = 1
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
+    seed: ranged(int, f"must be an integer in 0..{MAX_SEED}", ge=0, le=MAX_SEED) = 42
+    epochs: at_least(1) = 3
+    max_steps: at_least(1, null=True) = None
+    micro_batch_size: at_least(1) = 16
+    effective_batch_size: at_least(1, null=True) = None
+    gradient_accumulation_steps: at_least(1) = 1
+    warmup_ratio: finite("must be in [0, 1)", ge=0, lt=1) = 0.1
+    weight_decay: finite("must be >= 0", ge=0) = 0.01
+    max_grad_norm: finite("must be >= 0 (0 disables clipping)", ge=0) = 1.0
     gradient_checkpointing: bool = False
-    max_length: int = 96
-    eval_batch_size: int = 64
-    eval_every: Optional[int] = None
+    max_length: at_least(2) = 96
+    eval_batch_size: at_least(1) = 64
+    eval_every: at_least(1, null=True) = None
     progress_bar: bool = True
-    checkpoint_every: Optional[int] = None
-    checkpoint_keep: int = 2
+    checkpoint_every: at_least(1, null=True) = None
+    checkpoint_keep: at_least(1) = 2
     resume: Optional[str] = None
     cache_dir: Optional[str] = None
     skip_ok_jobs: bool = True
@@ -142,3 +172,122 @@ def field_type(object_type, key: str):
         return None
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+
+
+class OptimizerSettings(BaseModel):
+    """What every optimizer node holds; its other keys are its target's (``check_targets``)."""
+
+    model_config = ConfigDict(extra="allow")
+    lr: finite("must be a finite number > 0", gt=0, strict=True)
+
+
+class AdafactorSettings(OptimizerSettings):
+    clip_threshold: finite(
+        "must be a finite number > 0 (Adafactor divides an update by max(1, its RMS / clip_threshold): "
+        "0 makes every update zero, below 0 turns clipping off)", gt=0, strict=True,
+    ) = 1.0  # fmt: skip
+    beta1: ranged(
+        Optional[float], "must be null (no first moment) or a number in [0, 1)", ge=0, lt=1, strict=True
+    ) = None
+
+
+class ApolloSettings(OptimizerSettings):
+    scale: finite(
+        "must be a finite number > 0 (it multiplies the projected update: 0 leaves every projected weight "
+        "matrix unchanged, below 0 steps uphill)", gt=0, strict=True,
+    ) = 1.0  # fmt: skip
+
+
+class LionSettings(OptimizerSettings):
+    # lion-pytorch asserts them with no message
+    betas: ranged(
+        Tuple[ranged(float, "", ge=0, le=1, strict=True), ranged(float, "", ge=0, le=1, strict=True)],
+        "must be two numbers in [0, 1]",
+    ) = (0.9, 0.99)
+
+
+class Bitsandbytes8bitSettings(OptimizerSettings):
+    min_8bit_size: ranged(
+        int, "must be an integer >= 0 (tensors with fewer elements keep 32-bit state)", ge=0, strict=True
+    ) = 4096
+
+
+# Settings by the optimizer's target: (its top package, its class name or None for any of them).
+OPTIMIZER_SETTINGS = {
+    ("transformers", "Adafactor"): AdafactorSettings,
+    ("effitrain", "APOLLOAdamW"): ApolloSettings,
+    ("lion_pytorch", "Lion"): LionSettings,
+    ("bitsandbytes", None): Bitsandbytes8bitSettings,
+}
+
+
+class SyntheticData(BaseModel):
+    """``data=synthetic``'s sizes (``effitrain.train.data.load_synthetic``): refused before it runs."""
+
+    model_config = ConfigDict(extra="allow")
+    num_train: at_least(1) = 256
+    num_eval: at_least(1) = 64
+    words_per_text: at_least(1) = 12
+    min_words_per_text: at_least(1, null=True) = None
+    num_labels: ranged(
+        int, f"must be an integer between 2 and {SYNTHETIC_MAX_LABELS}", ge=2, le=SYNTHETIC_MAX_LABELS
+    ) = 3
+
+
+def group_settings(group: str, target: str):
+    """The settings model a group's node with this ``_target_`` is checked against, or None."""
+    package, name = target.partition(".")[0], target.rpartition(".")[2]
+    if group == "optimizer":
+        for (top, class_name), settings in OPTIMIZER_SETTINGS.items():
+            if package == top and class_name in (None, name):
+                return settings
+        return OptimizerSettings
+    if group == "data" and target.endswith(".load_synthetic"):
+        return SyntheticData
+    return None
+
+
+def range_problems(cfg) -> list[str]:
+    """One line per value outside its declared range (or of a wrong type in an open group's settings),
+    in declaration order: the root's fields, then each group's settings. A key whose value does not
+    resolve is left to the check that names it (``validate._assets``, ``_missing_values``)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    problems = []
+    root = {f: _plain(cfg, f) for f in typing.get_type_hints(RunConfig) if f in cfg}
+    checks = [("", RunConfig, {k: v for k, v in root.items() if v is not _UNRESOLVED})]
+    for group in ("optimizer", "data"):
+        node = root.get(group)
+        settings = group_settings(group, str(node.get("_target_"))) if isinstance(node, dict) else None
+        if settings is not None:
+            checks.append((f"{group}.", settings, node))
+    for prefix, schema, values in checks:
+        try:
+            TypeAdapter(schema).validate_python(values)
+        except ValidationError as error:
+            for problem in error.errors():
+                name = str(problem["loc"][0])
+                value = values.get(name) if problem["type"] != "missing" else None
+                if value == "???":
+                    continue  # a missing value: _missing_values names it
+                problems.append(invalid(f"{prefix}{name}", value, _allowed_words(schema, name)).args[0])
+    return list(dict.fromkeys(problems))  # one line per key, though pydantic reports each tuple item
+
+
+_UNRESOLVED = object()
+
+
+def _plain(cfg, key: str):
+    from omegaconf import OmegaConf
+
+    try:
+        value = cfg[key]
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    except Exception:  # noqa: BLE001 - an interpolation that does not resolve: named by its own check
+        return _UNRESOLVED
+
+
+def _allowed_words(schema, name: str) -> str:
+    """The ``allowed`` words :func:`ranged` declared for field ``name`` of ``schema``."""
+    hint = typing.get_type_hints(schema, include_extras=True)[name]
+    return next(m.description for m in getattr(hint, "__metadata__", ()) if getattr(m, "description", None))

@@ -25,7 +25,16 @@ from effitrain.config.model_spec import (
     task_mapping,
     uses_named_config,
 )
-from effitrain.config.registry import CONF_DIR, install_hint, is_target_node, missing_module, target_signature
+from effitrain.config.registry import (
+    CONF_DIR,
+    GROUP_TARGETS,
+    check_allowed,
+    check_kind,
+    install_hint,
+    is_target_node,
+    missing_module,
+    target_definition,
+)
 
 # Hydra's own keys of a node it instantiates: never an argument of the target.
 HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
@@ -54,12 +63,13 @@ SUPPLIED_BY_EFFITRAIN = {
 }
 
 
-def check_targets(cfg: DictConfig) -> None:
-    """Every ``_target_`` node (``hydra`` aside) names something importable, and its keys bind to
-    the target's parameters (``inspect.Signature.bind_partial``: arguments effitrain or Hydra pass
-    later may be absent). A target taking ``**kwargs`` accepts any key: its own check, when it is
-    built, is the only one. A target whose package is not installed is named with the extra that
-    installs it.
+def check_targets(cfg: DictConfig, allowed=GROUP_TARGETS) -> None:
+    """Every ``_target_`` node (``hydra`` aside) is one its group ``allowed`` (read from the name,
+    before anything is imported: :func:`effitrain.config.registry.check_allowed`), names something
+    importable of the group's kind, and its keys bind to the target's parameters
+    (``inspect.Signature.bind_partial``: arguments effitrain or Hydra pass later may be absent). A
+    target taking ``**kwargs`` accepts any key: its own check, when it is built, is the only one. A
+    target whose package is not installed is named with the extra that installs it.
 
     Raises:
         ConfigError: one line per node (ConfigErrors for several), naming the full dotted key, the
@@ -68,7 +78,7 @@ def check_targets(cfg: DictConfig) -> None:
     problems = []
     for path, node in target_nodes(cfg):
         try:
-            _check_target(path, node)
+            _check_target(path, node, allowed)
         except ConfigError as error:
             problems.append(str(error))
     raise_problems(problems)
@@ -90,12 +100,13 @@ def target_nodes(node: DictConfig, prefix: str = ""):
             yield from target_nodes(child, f"{path}.")
 
 
-def _check_target(path: str, node: DictConfig) -> None:
+def _check_target(path: str, node: DictConfig, allowed) -> None:
     from omegaconf import OmegaConf
 
     target = node._target_
+    check_allowed(path, target, allowed)
     try:
-        signature = target_signature(target)
+        signature, found = target_definition(target)
     except ImportError as error:
         missing = missing_module(node)
         if missing:  # an optional package
@@ -105,7 +116,8 @@ def _check_target(path: str, node: DictConfig) -> None:
                 f"needs {missing}, which is not installed: {install_hint(missing)}",
             ) from None
         raise invalid(f"{path}._target_", target, f"{error}: give an importable class or function") from None
-    except (TypeError, ValueError):  # no signature to read (a builtin): unchecked
+    check_kind(path, target, found, allowed)
+    if signature is None:  # a builtin: no arguments to bind them to
         return
     name = target.rpartition(".")[2]
     supplied = SUPPLIED_BY_EFFITRAIN.get(path, {})
@@ -266,6 +278,37 @@ def check_config_overrides(cfg: DictConfig) -> None:
             )
 
 
+def check_model_builds(cfg: DictConfig) -> None:
+    """The model class the task builds accepts the architecture's values: built on ``meta`` (shapes
+    only, nothing allocated), so a dropout of 5 or heads that do not divide the width fail here, not
+    after the data is loaded. Names the command line's ``model.architecture.*`` or
+    ``model.config_overrides.*`` override when one was given; a model type whose class is not known
+    before loading (remote code, a hub id) is left to the build."""
+    import torch
+    import transformers
+    from transformers import AutoConfig
+
+    _, model_type, mapping = task_mapping(cfg)
+    model_class = getattr(transformers, str((mapping or {}).get(model_type)), None)
+    if model_class is None:
+        return
+    values = {k: v for k, v in model_architecture(cfg.model).items() if k != "model_type"}
+    try:
+        with torch.device("meta"):
+            model_class(AutoConfig.for_model(model_type, **values))
+    except Exception as error:  # noqa: BLE001 - the class's own check of its config
+        reason = " ".join(str(error).split()) or type(error).__name__
+        given = [
+            o
+            for o in command_line_overrides(cfg)
+            if o.key_or_group.startswith(("model.architecture.", "model.config_overrides."))
+        ]
+        key, value = (given[0].key_or_group, given[0].value()) if len(given) == 1 else ("model", values)
+        raise invalid(
+            key, value, f"{model_class.__name__} cannot be built with it ({reason[:300]})"
+        ) from None
+
+
 def check_optimizer(cfg: DictConfig) -> None:
     """The optimizer built on one dummy parameter, so a value the class rejects (``betas=[0.9]``)
     fails here rather than after the model loaded (its keys are :func:`check_targets`'s)."""
@@ -350,6 +393,11 @@ def check_data_files(cfg: DictConfig) -> None:
             if not matches:
                 raise invalid(f"data.load_args.data_files.{split}", pattern, "no such file")
             for path in matches:
+                if os.path.isdir(path):
+                    where = f"data.load_args.data_files.{split}"
+                    raise invalid(
+                        where, pattern, f"{path} is a folder: give a file, or a glob such as {path}/*.csv"
+                    )
                 if load_args.get("path") == "csv" and path.endswith(".csv"):
                     with open(path, newline="") as handle:
                         rows = csv.reader(handle)

@@ -1,13 +1,16 @@
 """Validation: every check of a composed run config, in one place, before anything heavy is
 loaded (:func:`validate`), and the checks of output folders made before Hydra writes one.
 
-Every error a user can cause is a :class:`ConfigError` whose message is one line naming the key,
-the bad value and what is allowed; :func:`validate` reports every problem of a config at once.
+Each key's type and range is the schema's (:mod:`effitrain.config.schema`); what stays here are the
+checks across keys and objects: the effective batch against accumulation, the precision and compile
+backend against this machine, the model against the task and its positions, every target against
+its group's allow-list and its signature, the optimizer and the model config built from the values,
+local files. Every error a user can cause is a :class:`ConfigError` whose message is one line naming
+the key, the bad value and what is allowed; :func:`validate` reports every problem of a config at once.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -15,11 +18,13 @@ from omegaconf import DictConfig
 
 from effitrain.config.compose import command_line_overrides
 from effitrain.config.errors import ConfigError, ConfigErrors, invalid, raise_problems
+from effitrain.config.schema import SyntheticData, group_settings, range_problems
 from effitrain.config.targets import (
     check_config_overrides,
     check_data_files,
     check_max_length,
     check_model,
+    check_model_builds,
     check_named_is_built,
     check_optimizer,
     check_targets,
@@ -40,8 +45,12 @@ def check_output_overrides(overrides: list[str]) -> None:
 
     for override in parse(overrides):
         key = override.key_or_group
-        if key not in ("hydra.run.dir", "hydra.sweep.dir") or override.is_sweep_override():
-            continue
+        if (
+            key not in ("hydra.run.dir", "hydra.sweep.dir")
+            or override.is_sweep_override()
+            or override.is_delete()
+        ):
+            continue  # a deletion is composition's to refuse
         check_output_folder(key, values(override)[0])
 
 
@@ -76,30 +85,6 @@ def check_output_folder(key: str, value: str) -> None:
         raise invalid(key, value, f"{existing} cannot be written ({error.strerror})") from None
 
 
-def _at_least(cfg: DictConfig, key: str, minimum: int, allow_null: bool = False) -> None:
-    value = cfg.get(key)
-    if value is None and allow_null:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        suffix = " (or null)" if allow_null else ""
-        raise invalid(key, value, f"must be an integer >= {minimum}{suffix}")
-
-
-def _boolean(cfg: DictConfig, key: str) -> None:
-    if not isinstance(cfg.get(key, False), bool):
-        raise invalid(key, cfg.get(key), "must be true or false")
-
-
-def _finite(key: str, value, condition: str, ok) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not ok(value)
-    ):
-        raise invalid(key, value, condition)
-
-
 def cuda_available() -> bool:
     import torch
 
@@ -118,47 +103,31 @@ def _collect(checks) -> list[str]:
     return problems
 
 
-def validate(cfg: DictConfig, world_size: int = 1) -> None:
+def validate(cfg: DictConfig, world_size: int = 1, device: str | None = None, loads: bool = True) -> None:
     """Check a composed run config before any data or model is loaded.
 
     Every check runs, so a user sees all problems at once. ``world_size`` is the number of
-    data-parallel processes (the effective batch spans them all).
+    data-parallel processes (the effective batch spans them all). ``device``: the device the config
+    is checked for (``cpu`` or ``cuda``; None: this machine's, as a run has). ``loads``: the command
+    loads the data and the weights (a run, ``check``); ``estimate`` and ``plan`` build the model on
+    ``meta`` from the config alone, so their data's files and the weights are not checked.
 
     Raises:
         ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
     """
-    _assets(cfg)  # every check below reads these values
+    _assets(cfg, ("data", "model") if loads else ("model",))  # every check below reads these values
     problems = _collect(
         [
             lambda: _missing_values(cfg),
-            lambda: _seed(cfg),
-            lambda: _synthetic(cfg),
-            lambda: _at_least(cfg, "gradient_accumulation_steps", 1),
-            lambda: _at_least(cfg, "micro_batch_size", 1),
-            lambda: _at_least(cfg, "epochs", 1),
-            lambda: _at_least(cfg, "eval_batch_size", 1),
-            lambda: _at_least(cfg, "max_steps", 1, allow_null=True),
-            lambda: _at_least(cfg, "eval_every", 1, allow_null=True),
-            lambda: _at_least(cfg, "effective_batch_size", 1, allow_null=True),
+            lambda: raise_problems(range_problems(cfg)),  # each key's type and range, from the schema
+            lambda: _synthetic_words(cfg),
             lambda: _effective_batch(cfg, world_size),
-            lambda: _at_least(cfg, "checkpoint_every", 1, allow_null=True),
-            lambda: _at_least(cfg, "checkpoint_keep", 1),
             lambda: _resume(cfg),
-            lambda: _at_least(cfg, "max_length", 2),
-            lambda: _boolean(cfg, "gradient_checkpointing"),
-            lambda: _finite(
-                "optimizer.lr", cfg.optimizer.get("lr"), "must be a finite number > 0", lambda v: v > 0
-            ),
-            lambda: _finite("warmup_ratio", cfg.warmup_ratio, "must be in [0, 1)", lambda v: 0 <= v < 1),
-            lambda: _finite(
-                "max_grad_norm", cfg.max_grad_norm, "must be >= 0 (0 disables clipping)", lambda v: v >= 0
-            ),
-            lambda: _finite("weight_decay", cfg.weight_decay, "must be >= 0", lambda v: v >= 0),
-            lambda: _precision(cfg),
+            lambda: _precision(cfg, device),
             lambda: _compile(cfg),
             lambda: check_model(cfg),
             lambda: check_named_is_built(cfg),
-            lambda: check_targets(cfg),  # every group's keys against its target's arguments
+            lambda: check_targets(cfg),  # every group's target allowed, its keys against its arguments
         ]
     )
     if not problems:  # these build things from the values above, which must be sane first
@@ -168,21 +137,23 @@ def validate(cfg: DictConfig, world_size: int = 1) -> None:
                 lambda: check_config_overrides(cfg),
                 lambda: check_task_model(cfg),
                 lambda: check_max_length(cfg),
-                lambda: check_data_files(cfg),
+                *([lambda: check_data_files(cfg)] if loads else []),
             ]
         )
-    if not problems:  # after the model's type is known to fit the task: the most specific message first
-        problems = _collect([lambda: check_weights(cfg)])
+    if not problems:  # after the model's type is known to fit the task: the most specific first
+        problems = _collect(
+            [lambda: check_model_builds(cfg), *([lambda: check_weights(cfg)] if loads else [])]
+        )
     raise_problems(problems)
 
 
-def _assets(cfg: DictConfig) -> None:
-    """The ``data`` and ``model`` nodes resolve: a file of a package that is not installed
+def _assets(cfg: DictConfig, groups: tuple[str, ...]) -> None:
+    """The ``groups``' nodes (``data``, ``model``) resolve: a file of a package that is not installed
     (``${effitrain.asset:...}``) is one line naming the key, not a traceback from deep inside a run."""
     from omegaconf import OmegaConf
     from omegaconf.errors import InterpolationResolutionError
 
-    for group in ("data", "model"):
+    for group in groups:
         try:
             OmegaConf.to_container(cfg[group], resolve=True)
         except InterpolationResolutionError as error:
@@ -193,48 +164,20 @@ def _assets(cfg: DictConfig) -> None:
             raise invalid(error.full_key, raw, reason) from None
 
 
-MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
-
-
-def _seed(cfg: DictConfig) -> None:
-    seed = cfg.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise invalid("seed", seed, f"must be an integer in 0..{MAX_SEED}")
-
-
-SYNTHETIC_MAX_LABELS = (
-    6  # the keyword classes effitrain.train.data.load_synthetic makes (a test holds them equal)
-)
-
-
-def _synthetic(cfg: DictConfig) -> None:
-    """The generated data's sizes (``data=synthetic``), before the loader would fail on them."""
+def _synthetic_words(cfg: DictConfig) -> None:
+    """``data=synthetic``: the shortest text no longer than the longest (each in range: the schema's)."""
     data = cfg.get("data")
-    if data is None or not str(data.get("_target_", "")).endswith("load_synthetic"):
+    if data is None or group_settings("data", str(data.get("_target_", ""))) is not SyntheticData:
         return
-    problems = _collect(
-        [
-            lambda: _at_least(data, "num_train", 1),
-            lambda: _at_least(data, "num_eval", 1),
-            lambda: _at_least(data, "words_per_text", 1),
-            lambda: _at_least(data, "min_words_per_text", 1, allow_null=True),
-        ]
-    )
-    labels = data.get("num_labels")
-    if isinstance(labels, bool) or not isinstance(labels, int) or not 2 <= labels <= SYNTHETIC_MAX_LABELS:
-        problems.append(
-            invalid("num_labels", labels, f"must be an integer between 2 and {SYNTHETIC_MAX_LABELS}").args[0]
-        )
     minimum, words = data.get("min_words_per_text"), data.get("words_per_text")
-    if not problems and minimum is not None and minimum > words:
-        problems.append(
-            invalid("min_words_per_text", minimum, f"must be at most words_per_text = {words}").args[0]
-        )
-    raise_problems([f"data.{p}" for p in problems])
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (minimum, words))
+    if numbers and minimum > words:
+        raise invalid("data.min_words_per_text", minimum, f"must be at most words_per_text = {words}")
 
 
 def _missing_values(cfg: DictConfig) -> None:
     from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
 
     missing = []
     for key in cfg:
@@ -242,7 +185,10 @@ def _missing_values(cfg: DictConfig) -> None:
             continue
         node = cfg._get_node(key)
         if OmegaConf.is_config(node):
-            missing += sorted(OmegaConf.missing_keys(node))
+            try:
+                missing += sorted(OmegaConf.missing_keys(node))
+            except InterpolationResolutionError:  # a node a command never reads (estimate's data)
+                continue
         elif OmegaConf.is_missing(cfg, key):
             missing.append(str(key))
     if missing:
@@ -282,18 +228,19 @@ def _resume(cfg: DictConfig) -> None:
         raise invalid("resume", resume, "no such checkpoint folder: give null, auto or an existing path")
 
 
-def _precision(cfg: DictConfig) -> None:
+def _precision(cfg: DictConfig, device: str | None) -> None:
+    """The precision and a paged optimizer against the device: this machine's, or the one predicted for."""
     import torch
 
     precision = cfg.precision.mixed_precision
-    if precision == "fp16" and not cuda_available():
-        raise invalid(
-            "precision", "fp16", "fp16 needs a CUDA device (none found): use precision=bf16 or fp32"
-        )
-    if precision == "bf16" and cuda_available() and not torch.cuda.is_bf16_supported():
+    cuda = cuda_available() if device is None else device == "cuda"
+    if precision == "fp16" and not cuda:
+        where = "(none found)" if device is None else "(--device cpu)"
+        raise invalid("precision", "fp16", f"fp16 needs a CUDA device {where}: use precision=bf16 or fp32")
+    if precision == "bf16" and device is None and cuda and not torch.cuda.is_bf16_supported():
         raise invalid("precision", "bf16", "this GPU lacks bf16: use precision=fp16 or fp32")
     target = str(cfg.optimizer.get("_target_", ""))
-    if "Paged" in target and not cuda_available():
+    if "Paged" in target and not cuda:
         raise invalid(
             "optimizer", target, "paged optimizers need a CUDA device: use adamw, adafactor or adam8bit"
         )

@@ -184,7 +184,7 @@ def load_hub(
         whole_floats = all(isinstance(v, float) for v in values)  # class ids read as floats: 0.0, 1.0
         if whole_floats:
             values = sorted({int(v) for v in values})
-        if all(isinstance(v, int) for v in values):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):  # True/False: two names
             # integer labels are class ids: a gap means a typo (one stray 100000 would build a
             # 100001-class head), not classes nobody labelled
             unused = sorted(set(range(max(values) + 1)) - set(values))

@@ -213,6 +213,40 @@ def test_a_folder_name_the_file_system_refuses_is_one_line_before_hydra(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+# estimate and plan validate as check does, first: each of these printed a table or a traceback
+COMMAND_ROWS = [
+    (["gradient_accumulation_steps=0"], "gradient_accumulation_steps=0 is invalid: must be an integer >= 1"),
+    (["max_length=0"], "max_length=0 is invalid: must be an integer >= 2"),
+    (["micro_batch_size=0"], "micro_batch_size=0 is invalid: must be an integer >= 1"),
+    (["optimizer.lr=-1"], "optimizer.lr=-1 is invalid: must be a finite number > 0"),
+    (["model.name_or_path=/no/such/model"], "model.name_or_path='/no/such/model' is invalid: no such folder"),
+    (
+        ["precision=fp16", "--device", "cpu"],
+        "precision='fp16' is invalid: fp16 needs a CUDA device (--device cpu)",
+    ),
+]
+
+
+@pytest.mark.parametrize("command", [["estimate"], ["plan", "--memory-budget", "1GiB"]])
+@pytest.mark.parametrize("overrides, message", COMMAND_ROWS)
+def test_estimate_and_plan_validate_as_check_does_first(capsys, command, overrides, message):
+    from effitrain.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([*command, "model=tiny", "data=synthetic", *overrides])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"effitrain: error: {message}") and err.count("\n") == 1
+
+
+def test_estimate_predicts_fp16_for_cuda_from_any_machine(capsys):
+    """The precision is checked against the device predicted for, not this machine's."""
+    from effitrain.cli import main
+
+    main(["estimate", "--json", "--device", "cuda", "model=tiny", "data=synthetic", "precision=fp16"])
+    assert json.loads(capsys.readouterr().out)["device"] == "cuda"
+
+
 def test_estimate_refuses_a_max_length_beyond_the_models_positions(capsys):
     from effitrain.cli import main
 

@@ -85,7 +85,8 @@ def test_probe_steps_rank_by_measured_step_time_and_measure_the_predicted_peak()
 @pytest.mark.slow
 def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
     done = subprocess.run(
-        [sys.executable, "-m", "effitrain.cli", "plan", "--memory-budget", "1MiB", "--effective-batch-size", "2",
+        # above the tiny model's 3.9 MiB of weights (less the margin), below every candidate's peak
+        [sys.executable, "-m", "effitrain.cli", "plan", "--memory-budget", "5MiB", "--effective-batch-size", "2",
          "--optimizers", "adafactor", *BASE],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -94,7 +95,7 @@ def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
     *progress, line = done.stderr.strip().splitlines()
     assert progress and all(" traced: adafactor " in p for p in progress)
     assert line.startswith(
-        "effitrain: error: --memory-budget='1MiB': nothing fits; the smallest predicted run peak is"
+        "effitrain: error: --memory-budget='5MiB': nothing fits; the smallest predicted run peak is"
     )
 
 
@@ -148,6 +149,23 @@ def test_the_search_traces_and_ranks_candidates_by_their_predicted_peaks(monkeyp
     )
     progress = capsys.readouterr().err.strip().splitlines()
     assert [line.split(" traced: adamw fp32 ")[1].split(":")[0] for line in progress] == traced
+
+
+@pytest.mark.parametrize("budget", ["0", "1MiB"])
+def test_a_budget_below_the_weights_is_refused_at_once_without_tracing(capsys, budget):
+    from effitrain.cli import main
+    from effitrain.train.modeling import build_model, build_tokenizer
+
+    cfg = compose(*BASE, tiny=False)
+    model = build_model(cfg.model, cfg.data.num_labels, build_tokenizer(cfg.model))  # real weights, counted
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--memory-budget", budget, *BASE])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (  # no progress line: nothing was traced
+        f"effitrain: error: --memory-budget={budget!r} is invalid: the model's weights alone take "
+        f"{weights / 2**20:.1f} MiB (with the 10% margin, --margin): give more than {weights / 0.9 / 2**20:.1f}MiB\n"
+    )
 
 
 def test_too_few_probe_steps_are_refused_before_any_trace(capsys):

@@ -234,6 +234,25 @@ def test_preflight_checks_every_job_of_a_sweep_and_accepts_hydra_syntax():
         preflight(TINY + ["sweep=optimizers", "micro_batch_size=0"])
 
 
+def test_a_sweep_folder_named_by_the_job_number_is_checked_without_a_traceback():
+    # ${hydra.job.num} is Hydra's to decide at launch: the preflight leaves the folder to the job
+    checked: list[int] = []
+    assert (
+        preflight(TINY + ["-m", "hydra.sweep.subdir=${hydra.job.num}", "seed=1,2"], jobs_checked=checked)
+        is None
+    )
+    assert checked == [2]
+
+
+def test_a_deleted_target_argument_is_allowed_and_named_in_the_short_name():
+    from effitrain.config.overrides import short_name
+    from effitrain.config.registry import group_names
+
+    cfg = load([*TINY, "~optimizer.eps"])
+    assert "eps" not in cfg.optimizer  # AdamW's own default applies
+    assert short_name(["optimizer=adamw", "~optimizer.eps"], set(), set(group_names())) == "adamw | ~eps"
+
+
 def test_configs_are_found_through_the_package_search_path_in_the_checkout():
     from tests.helpers.run import REPO
 

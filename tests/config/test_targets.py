@@ -1,5 +1,5 @@
 """The one check of every ``_target_`` node's keys (effitrain/config/targets.py ``check_targets``) and
-the signatures it binds them to (effitrain/config/registry.py ``target_signature``)."""
+the signatures it binds them to (effitrain/config/registry.py ``target_definition``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from omegaconf import OmegaConf
 from effitrain.config.errors import ConfigError, ConfigErrors
 from effitrain.config.registry import (
     CONF_DIR,
+    Allowed,
     _source_signature,
     group_names,
     group_options,
-    target_signature,
+    target_definition,
 )
 from effitrain.config.targets import check_targets
 from effitrain.config.validate import validate
@@ -54,10 +55,10 @@ def test_a_target_s_signature_read_from_its_source_is_the_imported_one(target):
     module, _, name = target.rpartition(".")
     pytest.importorskip(module.split(".")[0])  # an optional extra (torchao) may be absent
     imported = inspect.signature(get_object(target))
-    assert _shape(target_signature(target)) == _shape(imported)
+    assert _shape(target_definition(target)[0]) == _shape(imported)
     source = _source_signature(module, name)
     if source is not None:
-        assert _shape(source) == _shape(imported)
+        assert _shape(source[0]) == _shape(imported)
     # the loaders and backends are read from source: checking a config loads neither datasets nor the Trainer
     if module in ("effitrain.train.data", "effitrain.backends.accelerator", "effitrain.backends.trainer"):
         assert source is not None
@@ -80,8 +81,10 @@ def test_every_node_s_keys_are_bound_to_its_target_s_arguments():
             "hydra": {"callback": {"_target_": f"{__name__}.takes_one", "x": 1}},  # Hydra's own node
         }
     )
+    # this module's functions allowed under each key, as conf/'s groups allow their packages
+    allowed = {key: Allowed((__name__,), "a function", is_class=False) for key in cfg if key != "hydra"}
     with pytest.raises(ConfigErrors) as error:  # every node's problem at once, one line each
-        check_targets(cfg)
+        check_targets(cfg, allowed)
     assert error.value.problems == [
         "outer.b.c=[4, 5] is invalid: takes_one takes no such argument: choose from a, b",
         "other.d='x' is invalid: takes_one takes no such argument: choose from a, b",
@@ -90,7 +93,7 @@ def test_every_node_s_keys_are_bound_to_its_target_s_arguments():
     cfg.outer.b.pop("c")
     cfg.other.pop("d")
     cfg.listed[1].pop("e")
-    check_targets(cfg)  # nothing left to refuse
+    check_targets(cfg, allowed)  # nothing left to refuse
 
 
 def test_a_group_s_misspelled_or_supplied_key_is_named_with_what_its_target_takes():
@@ -130,3 +133,53 @@ def test_an_argument_added_to_a_target_node_reaches_the_target():
         scheduler.step()
     assert rates[0] == 1.0 and rates[5] == pytest.approx(0.0, abs=1e-12)
     assert scheduler.get_last_lr()[0] == pytest.approx(1.0)
+
+
+def test_a_target_outside_its_groups_allow_list_is_refused_without_importing_it(capsys, monkeypatch):
+    import sys
+
+    from effitrain.cli import main
+
+    monkeypatch.delitem(sys.modules, "this", raising=False)
+    with pytest.raises(SystemExit) as done:
+        main(["check", "model=tiny", "data=synthetic", "logger=none", "optimizer._target_=this.x"])
+    assert done.value.code == 2 and "this" not in sys.modules  # the module was never run
+    assert capsys.readouterr().err == (
+        "effitrain: error: optimizer._target_='this.x' is invalid: optimizer takes a torch.optim.Optimizer "
+        "class from torch.optim, transformers.optimization, bitsandbytes.optim, torchao.optim, lion_pytorch, "
+        "effitrain.train.apollo\n"
+    )
+
+
+def test_a_group_file_naming_torch_load_is_refused_before_anything_runs(tmp_path):
+    """A pickle payload behind ``_target_: torch.load`` (``weights_only: false``) never runs: the
+    data group builds loaders of effitrain.train.data only."""
+    from tests.helpers.run import run_job
+
+    marker = tmp_path / "payload-ran"
+    torch.save(_Payload(str(marker)), tmp_path / "payload.pt")
+    summary = run_job(tmp_path / "run", "data._target_=torch.load", f"+data.f={tmp_path}/payload.pt",
+                      "+data.weights_only=false")  # fmt: skip
+    assert summary["status"] == "failed" and summary["error_type"] == "config"
+    assert summary["error"] == (
+        "data._target_='torch.load' is invalid: data takes a loader function from effitrain.train.data"
+    )
+    assert not marker.exists()
+    torch.load(tmp_path / "payload.pt", weights_only=False)  # the payload is live: it would have run
+    assert marker.exists()
+
+
+class _Payload:
+    """Unpickling it writes a file: what a planted pickle could do."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (_touch, (self.path,))
+
+
+def _touch(path: str) -> None:
+    from pathlib import Path
+
+    Path(path).touch()

@@ -89,6 +89,18 @@ def test_missing_and_sparse_labels_are_refused(tmp_path, train, message):
     assert str(error.value).startswith(message)
 
 
+def test_a_true_false_label_column_is_two_named_classes(tmp_path):
+    """pandas reads True/False as booleans, which are ints to Python: they were taken for class ids
+    and reached the loss as a bool tensor."""
+    write_csv(tmp_path / "train.csv", [("good", True), ("bad", False), ("fine", True)])
+    write_csv(tmp_path / "test.csv", [("okay", True), ("awful", False)])
+    raw = instantiate_node(compose(*hub(tmp_path)).data)
+    assert raw.label_names == ["False", "True"]
+    train, eval_ = list(raw.train["label"]), list(raw.eval["label"])
+    assert train == [1, 0, 1] and eval_ == [1, 0]
+    assert all(type(label) is int for label in train + eval_)  # not bools: the loss takes class ids
+
+
 def test_macro_f1_equals_scikit_learn():
     from sklearn.metrics import f1_score
 
@@ -141,7 +153,7 @@ def test_a_cache_entry_with_altered_bytes_is_rebuilt(tmp_path, capsys):
 
 
 def test_check_allows_exactly_the_synthetic_classes_the_loader_makes():
-    from effitrain.config.validate import SYNTHETIC_MAX_LABELS
+    from effitrain.config.schema import SYNTHETIC_MAX_LABELS
     from effitrain.train import data
 
     assert SYNTHETIC_MAX_LABELS == len(data._KEYWORDS) == 6
