@@ -128,6 +128,8 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     Raises:
         ConfigError: the first grammar problem, or every problem of the first bad job.
     """
+    from omegaconf.errors import OmegaConfBaseException
+
     from effitrain.config.compose import compose_checked
     from effitrain.config.load import checked, load
     from effitrain.config.overrides import parse
