@@ -103,6 +103,33 @@ def fake_tensor_mode():
     return mode()
 
 
+def values_assumed(assume):
+    """A dispatch mode (``torch.utils._python_dispatch.TorchDispatchMode``) inside which a fake
+    tensor's Python value (``.item()``, ``bool()``, ``.tolist()``: ``aten._local_scalar_dense``),
+    where fake tensors cannot give it (``torch._subclasses.fake_tensor.DataDependentOutputException``),
+    is ``assume(tensor)``; values fake tensors do know (constants) stay theirs. No fallback."""
+    import torch
+    from torch._subclasses import fake_tensor
+    from torch.utils import _python_dispatch
+
+    mode = private("torch", _python_dispatch, "TorchDispatchMode")
+    unknown = private("torch", fake_tensor, "DataDependentOutputException")
+    if mode is None or unknown is None:
+        raise _missing("torch", "TorchDispatchMode and DataDependentOutputException")
+    scalar = torch.ops.aten._local_scalar_dense.default
+
+    class ValuesAssumed(mode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            try:
+                return func(*args, **(kwargs or {}))
+            except unknown:
+                if func is not scalar:
+                    raise
+                return assume(args[0])
+
+    return ValuesAssumed()
+
+
 def is_traceable_wrapper_subclass(tensor) -> bool:
     """A tensor subclass that stores plain tensors inside (``torch.utils._python_dispatch``).
     Fallback: the protocol itself, a subclass with ``__tensor_flatten__``."""
