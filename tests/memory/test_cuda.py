@@ -144,10 +144,11 @@ def test_estimate_on_cuda_lands_within_2_percent_of_every_h100_category():
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_replayed_h100_step_matches_the_measured_rows(checkpointing):
-    """The measured step itself (no padding), every published row: within 0.1 MiB per category, but
-    for the checkpointed 8-bit row, where the replay counts 6 MiB (one hidden-state-sized tensor) of
-    the recomputed layer as temporaries that the H100 counted as activations; their sum and the
-    total agree."""
+    """The measured step itself (no padding), every published row: within 0.1 MiB per category. The
+    checkpointed 8-bit row's peak is in backward, in a recomputed layer: its second residual sum
+    (16 x 128 x 768 fp32, 6 MiB, the output layer norm's input) is an activation there, as the H100
+    counted it (transformers 5.17 recomputed the layer's ``__call__``, its hooks inside; later
+    releases recompute ``forward``, and without effitrain's marking the tracker saw a temporary)."""
     from effitrain.memory.replay import trace_step
     from effitrain.train.modeling import build_model
     from effitrain.train.tasks import build_task
@@ -162,9 +163,6 @@ def test_the_replayed_h100_step_matches_the_measured_rows(checkpointing):
         peak, _ = trace_step(model.config, optimizer_cfg, cfg, [batch], True, device="cuda")
         predicted = [peak[c] / MIB for c in CATEGORIES] + [peak["total"] / MIB]
         measured = H100[(optimizer, checkpointing)]
-        if (optimizer, checkpointing) == ("adam8bit", True):
-            assert predicted[3] + predicted[4] == pytest.approx(measured[3] + measured[4], abs=0.15)
-            predicted, measured = predicted[:3] + predicted[5:], measured[:3] + measured[5:]
         assert predicted == pytest.approx(measured, abs=0.15), optimizer
 
 
