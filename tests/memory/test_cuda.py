@@ -4,6 +4,7 @@ kernels CUDA would pick, what they keep for backward, and the step peaks an NVID
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -319,3 +320,33 @@ def test_the_eval_phase_predicted_on_cpu_equals_a_real_evaluation_under_the_trac
     measured = breakdown(tracker.get_tracker_snapshot("peak"))
     assert measured == predicted
     assert measured["optimizer_state"] > 0 and measured["gradients"] == 0
+
+
+def test_the_cuda_profile_sizes_the_update_as_torch_s_foreach_adamw():
+    """On CUDA tensors torch's AdamW defaults to its foreach implementation, whose temporaries span a
+    whole parameter group: the replay's optimizer (foreach left to its default, then
+    foreach_by_default) holds at its peak what a real foreach=True step holds, and more than the
+    CPU's per-tensor loop."""
+    from effitrain.memory.cuda import foreach_by_default
+    from effitrain.memory.replay import breakdown, step_tracker
+
+    def later_step_peak(fake: bool, foreach) -> dict:
+        context = FakeTensorMode() if fake else contextlib.nullcontext()
+        with context:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+            optimizer = torch.optim.AdamW(model.parameters(), foreach=foreach)
+            if fake:
+                foreach_by_default(optimizer)
+            for _ in range(2):  # the second step tracked: the state exists throughout
+                for param in model.parameters():
+                    param.grad = torch.ones_like(param)
+                tracker = step_tracker()
+                tracker.track_external(model, optimizer)
+                with tracker:
+                    optimizer.step()
+        return breakdown(tracker.get_tracker_snapshot("peak"))
+
+    replayed = later_step_peak(fake=True, foreach=None)
+    assert replayed == later_step_peak(fake=False, foreach=True)
+    assert replayed["optimizer_state"] > later_step_peak(fake=False, foreach=False)["optimizer_state"]
