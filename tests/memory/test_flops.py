@@ -30,3 +30,19 @@ def test_the_cpu_peak_is_two_flops_per_multiply_add_of_the_timed_matmul(monkeypa
     # cached per machine: read back, not timed again
     monkeypatch.setattr(flops, "_timed", lambda fn: 1.0)
     assert flops.device_peak(torch.device("cpu"), "no", cache_dir=str(tmp_path))[0] == peak
+
+
+def test_an_unknown_peak_gives_no_mfu_and_says_why(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Tesla V100-SXM2-16GB")
+    # the V100 has no bf16: no figure rather than another precision's
+    assert flops.device_peak(torch.device("cuda"), "bf16") == (
+        None, "no peak known for NVIDIA Tesla V100-SXM2-16GB (bf16): add it to effitrain.memory.flops.GPU_PEAKS"
+    )  # fmt: skip
+    assert flops.device_peak(torch.device("cuda"), "fp16") == (125e12, "V100 fp16 data-sheet peak")
+    keys = flops.mfu_keys(flops_per_step=6e12, step_s=0.5, device="cuda", mixed_precision="bf16")
+    assert keys["speed/mfu"] is None and keys["speed/mfu_note"].startswith("no peak known for NVIDIA")
+    assert flops.device_peak(torch.device("meta"), "no") == (None, "no peak known for device type meta")
+    for step_flops, step_s in ((None, 0.5), (6e12, None), (0, 0.5)):
+        assert flops.mfu_keys(step_flops, step_s, "cpu", "no") == {
+            "speed/mfu": None, "speed/mfu_note": "no FLOP count or step time"
+        }  # fmt: skip
