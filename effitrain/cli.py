@@ -99,6 +99,9 @@ def _estimate(args) -> None:
         mark = "*" if name == chosen else " "
         print(f"{mark}{name:<11}" + "".join(f"{c:>{w}.1f}" for c, w in zip(cells + [per_param], widths)))
     print("* the chosen optimizer; opt. state at the peak includes the step's own optimizer temporaries")
+    for name, row in rows.items():
+        if row["step_peak_bound"]:
+            print(f"{name}: an upper bound of its step peak: {row['step_peak_bound']}")
     print(
         f"\nthe run's peak by phase, MiB (evaluation at eval_batch_size={cfg.eval_batch_size} x {cfg.max_length} tokens)"
     )
@@ -112,6 +115,9 @@ def _estimate(args) -> None:
         mark = "*" if name == chosen else " "
         cells = [row["run_peak"][p] / MIB for p in phases] + [row["run_peak_bytes"] / MIB]
         print(f"{mark}{name:<11}" + "".join(f"{c:>14.1f}" for c in cells))
+    for name, row in rows.items():
+        if row["run_peak_bound"]:
+            print(f"{name}: an upper bound of its run peak: {row['run_peak_bound']}")
 
 
 def _check_optimizer_options(names: list[str]) -> None:

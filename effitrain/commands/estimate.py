@@ -88,5 +88,8 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             rows[name]["step_peak"] = {f"{c}_bytes": peak[c] for c in CATEGORIES}
             rows[name]["run_peak_bytes"] = trace.run_peak["total"]
             rows[name]["run_peak"] = {f"{phase}_bytes": p["total"] for phase, p in trace.phases.items()}
+            # why a figure is an upper bound rather than the step itself (None: the replay is the step)
+            rows[name]["step_peak_bound"] = trace.step_peak_bound(warm_up=True)
+            rows[name]["run_peak_bound"] = trace.bounds.get(trace.run_peak_phase)
             rows[name]["flops_per_step"] = trace.flops
     return rows

@@ -26,6 +26,7 @@ from effitrain.util.compat import (
     fake_tensor_mode,
     mask_skipping_replaced,
     step_peak_tracker_class,
+    values_assumed,
 )
 
 # MemTracker's categories -> effitrain's (the summary's keys); buffers are model state like weights.
@@ -141,13 +142,23 @@ def peak_keys(peak: dict[str, int], suffix: str = "") -> dict:
     return keys
 
 
-def predicted_keys(peak: dict[str, int], flops: int) -> dict:
-    return {**peak_keys(peak, "_predicted"), "speed/flops_per_step": flops}
+def predicted_keys(peak: dict[str, int], flops: int, bound: str | None = None) -> dict:
+    """The predicted step peak's keys, with ``mem/step_peak_predicted_bound``: why the figures are an
+    upper bound of the step rather than the step itself (None where the replay is the step)."""
+    return {
+        **peak_keys(peak, "_predicted"),
+        "speed/flops_per_step": flops,
+        "mem/step_peak_predicted_bound": bound,
+    }
 
 
 def run_peak_keys(trace: Trace) -> dict:
-    """``mem/run_peak_bytes_predicted`` (the largest phase) and ``mem/run_peak_predicted/<phase>_bytes``."""
-    keys = {"mem/run_peak_bytes_predicted": trace.run_peak["total"]}
+    """``mem/run_peak_bytes_predicted`` (the largest phase), ``mem/run_peak_predicted/<phase>_bytes``
+    and ``mem/run_peak_predicted_bound`` (as ``mem/step_peak_predicted_bound``, for the largest phase)."""
+    keys = {
+        "mem/run_peak_bytes_predicted": trace.run_peak["total"],
+        "mem/run_peak_predicted_bound": trace.bounds.get(trace.run_peak_phase),
+    }
     keys.update(
         {f"mem/run_peak_predicted/{phase}_bytes": peak["total"] for phase, peak in trace.phases.items()}
     )
@@ -176,15 +187,35 @@ class Trace:
 
     phases: dict[str, dict[str, int]]
     flops: int
+    # phase -> why its figures are an upper bound of what the run holds (BOUND_*); absent: exact
+    bounds: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def step_peak(self, warm_up: bool) -> dict[str, int]:
         """The step a run tracks: a later one (``warm_up``), or the first when it has only one."""
         return self.phases["later_step" if warm_up else "first_step"]
 
+    def step_peak_bound(self, warm_up: bool) -> str | None:
+        return self.bounds.get("later_step" if warm_up else "first_step")
+
+    @property
+    def run_peak_phase(self) -> str:
+        """The phase with the highest total."""
+        return max(self.phases, key=lambda phase: self.phases[phase]["total"])
+
     @property
     def run_peak(self) -> dict[str, int]:
-        """The phase with the highest total."""
-        return max(self.phases.values(), key=lambda peak: peak["total"])
+        return self.phases[self.run_peak_phase]
+
+
+# Why a predicted figure can exceed the real one (Trace.bounds); elsewhere the replay is the step.
+BOUND_COUNTED_STATE = (
+    "the optimizer state is counted, not replayed: held from the first step's start, where the real "
+    "step creates it"
+)
+BOUND_ASSUMED_BRANCH = (
+    "the update compares values fake tensors lack (APOLLO's norm-growth limiter): the branch that "
+    "holds more memory is taken"
+)
 
 
 def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool, device: str = "cpu",
@@ -210,7 +241,12 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     is enabled: model FLOPs (the work recomputation repeats does not count, as MFU is defined), and
     ``FlopCounterMode``'s module hooks would keep recomputed activations alive while it runs.
     ``cfg.gradient_checkpointing``: the tracked steps recompute each layer in backward.
-    Optimizers fake tensors cannot run (bitsandbytes' kernels) are traced as plain SGD, whose step
+    The optimizer's own step is replayed, temporaries included, eagerly (as the tracked step of a
+    run runs: torchao compiles its update, and compiled code cannot run under the tracker). Where
+    the update reads a tensor's value (APOLLO's norm-growth limiter compares two norms; its
+    projector draws the next seed with ``.tolist()``), fake tensors have none: it is assumed
+    (:func:`_assumed_value`), and the branch taken is the one that holds more memory. Optimizers
+    fake tensors cannot run at all (bitsandbytes' kernels) are traced as plain SGD, whose step
     keeps no state, and their state is added from the analytic estimate at every moment of every
     phase (the first step's peak is then an upper bound).
     """
@@ -246,8 +282,10 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
                 "its state can be neither replayed on fake tensors nor counted by effitrain's estimate"
             )
         analytic_state = state.bytes
-    phases = {}
-    with fake_tensor_mode():
+    else:
+        _caches_filled_for_real(optimizer_cfg, cfg.weight_decay)
+    phases, bounds = {}, {}
+    with fake_tensor_mode(), torch.compiler.set_stance("force_eager"):
         with torch.device("cpu"):
             model = auto.from_config(config)
         attention = attention_implementation(model.config)
@@ -266,8 +304,10 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
             autocast = autocast_like(device, dtype)
             model.forward = MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
 
+        assumed: list[torch.dtype] = []  # the values assumed in the phase being traced
         if _runs_on_fake(optimizer_cfg):
             optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
+            optimizer.step = _with_values_assumed(optimizer.step, assumed)
         else:
             optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         if cuda:
@@ -295,9 +335,12 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
         def tracked(phase, run):
             tracker = step_tracker()
             tracker.track_external(model, optimizer)
+            assumed.clear()
             with tracker:
                 run(tracker)
             phases[phase] = breakdown(tracker.get_tracker_snapshot("peak"))
+            if torch.bool in assumed:  # a branch was chosen; a number assumed (a seed) sizes nothing
+                bounds[phase] = BOUND_ASSUMED_BRANCH
 
         def evaluate(tracker):
             model.eval()
@@ -331,7 +374,9 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     for peak in phases.values():
         peak["optimizer_state"] += analytic_state
         peak["total"] += analytic_state
-    return Trace(phases, flops.get_total_flops())
+    if analytic_state:
+        bounds["first_step"] = BOUND_COUNTED_STATE
+    return Trace(phases, flops.get_total_flops(), bounds)
 
 
 @contextlib.contextmanager
@@ -358,9 +403,46 @@ def _mask_skipping_as_recorded(model, unpadded: set[int]):
         hook.remove()
 
 
-# Optimizers whose step fake tensors cannot run: bitsandbytes' kernels; torchao's torch.compile'd
-# update; APOLLO's norm-growth limiter (Python's max() over a tensor needs its value).
-NOT_ON_FAKE = ("bitsandbytes.", "torchao.", "effitrain.train.apollo.")
+def _assumed_value(tensor):
+    """The value a fake tensor's ``.item()`` is assumed to have in a replayed update: 0 (``False``
+    for a comparison). APOLLO's limiter ``max(norm / last_norm, 1.01)`` then keeps the tensor
+    (``1.01 > ratio`` is false), and dividing by it holds that 0-d tensor besides the scaled gradient
+    and its quotient, where the float it would otherwise take holds nothing: the larger branch."""
+    return False if tensor.dtype == torch.bool else 0.0 if tensor.is_floating_point() else 0
+
+
+def _with_values_assumed(step, assumed: list):
+    """``step`` with :func:`_assumed_value` for the values fake tensors lack, each one's dtype noted
+    in ``assumed``."""
+
+    def assume(tensor):
+        assumed.append(tensor.dtype)
+        return _assumed_value(tensor)
+
+    def stepped(*args, **kwargs):
+        with values_assumed(assume):
+            return step(*args, **kwargs)
+
+    return stepped
+
+
+def _caches_filled_for_real(optimizer_cfg, weight_decay: float) -> None:
+    """One real step of the optimizer on a small layer, before the replay: a table a library
+    computes from tensor values once per process and caches (torchao's quantization maps) is made
+    here from real values, never in the replay from assumed ones (a run in this process would then
+    read it)."""
+    from effitrain.train.optim import build_optimizer
+
+    layer = torch.nn.Linear(128, 64)  # 8,192 weights: torchao quantizes tensors of 4,096 and more
+    optimizer = build_optimizer(optimizer_cfg, layer, weight_decay)
+    for param in layer.parameters():
+        param.grad = torch.zeros_like(param)
+    with torch.compiler.set_stance("force_eager"):
+        optimizer.step()
+
+
+# Optimizers whose step fake tensors cannot run: bitsandbytes' kernels.
+NOT_ON_FAKE = ("bitsandbytes.",)
 
 
 def _runs_on_fake(optimizer_cfg) -> bool:

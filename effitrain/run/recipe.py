@@ -194,7 +194,9 @@ def predict_step_peak(job: Job) -> dict:
     except Exception as error:  # a model fake tensors cannot run: the run's own figures stand
         log.warning("the step peak could not be predicted (%s: %s)", type(error).__name__, error)
         return {"mem/step_peak_predicted_error": one_line(error)}
-    return {**predicted_keys(trace.step_peak(memory.step > 1), trace.flops), **run_peak_keys(trace)}
+    warm_up = memory.step > 1
+    peak, bound = trace.step_peak(warm_up), trace.step_peak_bound(warm_up)
+    return {**predicted_keys(peak, trace.flops, bound), **run_peak_keys(trace)}
 
 
 def closing_figures(job: Job, status: str) -> dict:

@@ -8,7 +8,6 @@ loop (:class:`effitrain.backends.Backend`).
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -110,9 +109,9 @@ class Job:
         self.meter.end_step(step, lr, grad_norm)
         every = self.cfg.get("eval_every")
         if every and step % every == 0 and step < self.num_steps:  # the last step: the final evaluation
-            started = time.perf_counter()
+            started = self.meter.clock()
             self.log_evaluation(step, evaluate_job(self, evaluation))
-            self.meter.exclude(time.perf_counter() - started)
+            self.meter.exclude(self.meter.clock() - started)
         self.checkpoints.after_step(step, trainer_state=trainer_state)
 
     def epoch_batches(self, loader, epoch: int):

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
 from effitrain.util.assets import hub_unreachable
+from effitrain.util.compat import checkpointing_wrapped, recomputation_tracked
 
 log = logging.getLogger(__name__)
 
@@ -159,3 +160,4 @@ def enable_activation_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointing_wrapped(model, recomputation_tracked)  # a step tracker sees the whole recomputed layer

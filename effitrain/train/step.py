@@ -113,8 +113,9 @@ class StepMeter:
     """
 
     def __init__(self, num_steps: int, loggers: list, device, progress_bar: bool, is_main: bool, task,
-                 read_memory=lambda: None):  # fmt: skip
+                 read_memory=lambda: None, clock=time.perf_counter):  # fmt: skip
         self.task = task  # what normalizes the loss and what counts as a token
+        self.clock = clock  # seconds, monotonic; a test gives its own to check the arithmetic exactly
         self.loggers = loggers if is_main else []
         self.device = device
         self.read_memory = read_memory  # memory in use now (the run's PeakMemory.read_current)
@@ -146,9 +147,10 @@ class StepMeter:
         return self._started is not None
 
     def start(self) -> None:
-        self._started = self._last = time.perf_counter()
         if self.startup_s is None:  # from the process's creation: interpreter, imports, data, model
+            # before the clock starts: importing psutil would otherwise count as the first step's time
             self.startup_s = time.time() - process_started()
+        self._started = self._last = self.clock()
 
     def add(self, micro_loss_sum: torch.Tensor, batch) -> None:
         # tensors stay on the device: read once per optimizer step, never per micro-batch (a GPU sync)
@@ -162,7 +164,7 @@ class StepMeter:
             [float(self._loss_sum), self._samples, float(self._items), float(self._tokens)], self.device
         )
         self._reset_window()
-        now = time.perf_counter()
+        now = self.clock()
         self.step_times.append(now - self._last)
         self._last = now
         self.samples += int(samples)

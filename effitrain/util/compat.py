@@ -18,6 +18,7 @@ import functools
 import logging
 import math
 import re
+import weakref
 from importlib.metadata import version
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,33 @@ def fake_tensor_mode():
     if mode is None:
         raise _missing("torch", "torch._subclasses.fake_tensor.FakeTensorMode")
     return mode()
+
+
+def values_assumed(assume):
+    """A dispatch mode (``torch.utils._python_dispatch.TorchDispatchMode``) inside which a fake
+    tensor's Python value (``.item()``, ``bool()``, ``.tolist()``: ``aten._local_scalar_dense``),
+    where fake tensors cannot give it (``torch._subclasses.fake_tensor.DataDependentOutputException``),
+    is ``assume(tensor)``; values fake tensors do know (constants) stay theirs. No fallback."""
+    import torch
+    from torch._subclasses import fake_tensor
+    from torch.utils import _python_dispatch
+
+    mode = private("torch", _python_dispatch, "TorchDispatchMode")
+    unknown = private("torch", fake_tensor, "DataDependentOutputException")
+    if mode is None or unknown is None:
+        raise _missing("torch", "TorchDispatchMode and DataDependentOutputException")
+    scalar = torch.ops.aten._local_scalar_dense.default
+
+    class ValuesAssumed(mode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            try:
+                return func(*args, **(kwargs or {}))
+            except unknown:
+                if func is not scalar:
+                    raise
+                return assume(args[0])
+
+    return ValuesAssumed()
 
 
 def is_traceable_wrapper_subclass(tensor) -> bool:
@@ -222,6 +250,42 @@ def checkpointing_wrapped(model, wrap) -> int:
             )
             wrapped += 1
     return wrapped
+
+
+def recomputation_tracked(fn):
+    """``fn`` (a checkpointed layer's function) such that, when autograd recomputes it in backward
+    under a ``MemTracker``, the tracker counts what it allocates as activations, MemTracker's own
+    rule for recomputation. MemTracker finds recomputation by a module's forward hooks running in
+    backward (its ``_in_ac``, ``_ac_mod``); transformers 5.17 checkpointed a layer's ``__call__``
+    (hooks inside), later releases its ``forward`` (hooks outside), so only the submodules' hooks
+    run and the layer's own ops between them (its residual sums) were counted as temporaries.
+    Reads the mode stack (``torch.utils._python_dispatch._get_current_dispatch_mode_stack``) and
+    ``torch._C._current_graph_task_id``. Fallback: ``fn`` as it is (that split, the same peak)."""
+    import torch
+    from torch.utils import _python_dispatch
+
+    modes = private("torch", _python_dispatch, "_get_current_dispatch_mode_stack")
+    in_backward = private("torch", torch._C, "_current_graph_task_id")
+    if modes is None or in_backward is None:
+        return fn
+    tracker_class = mem_tracker_class()
+
+    class Recomputation:  # what the tracker's _ac_mod refers to meanwhile: no submodule's hook ends it
+        pass
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        trackers = [m for m in modes() if isinstance(m, tracker_class)]
+        if not trackers or in_backward() == -1 or trackers[-1]._in_ac:
+            return fn(*args, **kwargs)
+        tracker, region = trackers[-1], Recomputation()
+        tracker._ac_mod, tracker._in_ac = weakref.ref(region), True
+        try:
+            return fn(*args, **kwargs)
+        finally:  # also when the recomputation stops early (it raises once it has what backward needs)
+            tracker._ac_mod, tracker._in_ac = None, False
+
+    return run
 
 
 def attention_implementation(config) -> str:

@@ -250,3 +250,26 @@ def test_flops_per_step_match_a_hand_count_and_mfu_is_their_rate_over_the_peak(t
     achieved = 3 * forward / summary["speed/step_s_median"]
     assert summary["speed/achieved_flops_per_s"] == pytest.approx(achieved, rel=1e-12)
     assert summary["speed/mfu"] == pytest.approx(achieved / peak, rel=1e-12)
+
+
+def test_on_cuda_half_precision_ranks_before_fp32_at_equal_steps(monkeypatch):
+    """The CUDA profile: with the same accumulation and no recomputation, bf16 (tensor cores) before
+    fp32; on CPU fp32 first. Peaks known in advance, every candidate fits."""
+    import effitrain.commands.estimate
+
+    devices = []
+
+    def known_peaks(cfg, optimizers, device):
+        devices.append(device)
+        return {name: {"step_peak_bytes": 100, "run_peak_bytes": 100, "run_peak": {}} for name in optimizers}
+
+    monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
+    for device, order in (("cuda", ["bf16", "fp32"]), ("cpu", ["fp32", "bf16"])):
+        rows = plan(BASE, 10**6, effective=4, optimizers=["adamw"], precisions=["fp32", "bf16"],
+                    checkpointing=[False], device=device)  # fmt: skip
+        # the largest micro batch fits for each precision: one row each
+        assert [(r["precision"], r["micro_batch_size"], r["fits"]) for r in rows] == [
+            (p, 4, True) for p in order
+        ]
+        assert set(devices) == {device}
+        devices.clear()

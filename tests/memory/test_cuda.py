@@ -4,6 +4,7 @@ kernels CUDA would pick, what they keep for backward, and the step peaks an NVID
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -144,10 +145,11 @@ def test_estimate_on_cuda_lands_within_2_percent_of_every_h100_category():
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_replayed_h100_step_matches_the_measured_rows(checkpointing):
-    """The measured step itself (no padding), every published row: within 0.1 MiB per category, but
-    for the checkpointed 8-bit row, where the replay counts 6 MiB (one hidden-state-sized tensor) of
-    the recomputed layer as temporaries that the H100 counted as activations; their sum and the
-    total agree."""
+    """The measured step itself (no padding), every published row: within 0.1 MiB per category. The
+    checkpointed 8-bit row's peak is in backward, in a recomputed layer: its second residual sum
+    (16 x 128 x 768 fp32, 6 MiB, the output layer norm's input) is an activation there, as the H100
+    counted it (transformers 5.17 recomputed the layer's ``__call__``, its hooks inside; later
+    releases recompute ``forward``, and without effitrain's marking the tracker saw a temporary)."""
     from effitrain.memory.replay import trace_step
     from effitrain.train.modeling import build_model
     from effitrain.train.tasks import build_task
@@ -162,9 +164,6 @@ def test_the_replayed_h100_step_matches_the_measured_rows(checkpointing):
         peak, _ = trace_step(model.config, optimizer_cfg, cfg, [batch], True, device="cuda")
         predicted = [peak[c] / MIB for c in CATEGORIES] + [peak["total"] / MIB]
         measured = H100[(optimizer, checkpointing)]
-        if (optimizer, checkpointing) == ("adam8bit", True):
-            assert predicted[3] + predicted[4] == pytest.approx(measured[3] + measured[4], abs=0.15)
-            predicted, measured = predicted[:3] + predicted[5:], measured[:3] + measured[5:]
         assert predicted == pytest.approx(measured, abs=0.15), optimizer
 
 
@@ -321,3 +320,33 @@ def test_the_eval_phase_predicted_on_cpu_equals_a_real_evaluation_under_the_trac
     measured = breakdown(tracker.get_tracker_snapshot("peak"))
     assert measured == predicted
     assert measured["optimizer_state"] > 0 and measured["gradients"] == 0
+
+
+def test_the_cuda_profile_sizes_the_update_as_torch_s_foreach_adamw():
+    """On CUDA tensors torch's AdamW defaults to its foreach implementation, whose temporaries span a
+    whole parameter group: the replay's optimizer (foreach left to its default, then
+    foreach_by_default) holds at its peak what a real foreach=True step holds, and more than the
+    CPU's per-tensor loop."""
+    from effitrain.memory.cuda import foreach_by_default
+    from effitrain.memory.replay import breakdown, step_tracker
+
+    def later_step_peak(fake: bool, foreach) -> dict:
+        context = FakeTensorMode() if fake else contextlib.nullcontext()
+        with context:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+            optimizer = torch.optim.AdamW(model.parameters(), foreach=foreach)
+            if fake:
+                foreach_by_default(optimizer)
+            for _ in range(2):  # the second step tracked: the state exists throughout
+                for param in model.parameters():
+                    param.grad = torch.ones_like(param)
+                tracker = step_tracker()
+                tracker.track_external(model, optimizer)
+                with tracker:
+                    optimizer.step()
+        return breakdown(tracker.get_tracker_snapshot("peak"))
+
+    replayed = later_step_peak(fake=True, foreach=None)
+    assert replayed == later_step_peak(fake=False, foreach=True)
+    assert replayed["optimizer_state"] > later_step_peak(fake=False, foreach=False)["optimizer_state"]

@@ -423,3 +423,72 @@ def test_a_non_finite_final_evaluation_is_never_an_ok_result(tmp_path):
     assert summary["error"] == "eval/loss is nan: the run's result is not a number"
     written = json.loads((tmp_path / "summary.json").read_text())
     assert (written["status"], written["eval/loss"]) == ("diverged", None)
+
+
+def _tokens_shapes(rows: int, length: int) -> dict:
+    tokens = ((rows, length), torch.int64)
+    return {
+        "input_ids": tokens,
+        "token_type_ids": tokens,
+        "attention_mask": tokens,
+        "labels": ((rows,), torch.int64),
+    }
+
+
+def test_the_run_traces_its_evaluation_at_eval_batch_size_by_max_length(monkeypatch):
+    """predict_step_peak, the run's own path, from a tracked step of 4 rows x 20 tokens: the replay is
+    asked for the recorded step and an evaluation of eval_batch_size x max_length (24 x 32)."""
+    from types import SimpleNamespace
+
+    import effitrain.run.recipe
+    from effitrain.memory.replay import Trace
+
+    asked = []
+
+    def replay(config, optimizer_cfg, cfg, batches, device, eval_shapes):
+        asked.append((batches, device, eval_shapes))
+        peak = {
+            "weights": 1,
+            "gradients": 0,
+            "optimizer_state": 0,
+            "activations": 0,
+            "temporaries": 0,
+            "total": 1,
+        }
+        return Trace({"first_step": peak, "later_step": peak, "eval": peak}, 1)
+
+    monkeypatch.setattr(effitrain.run.recipe, "trace_run", replay)
+    cfg = compose("max_length=32", "micro_batch_size=4", "eval_batch_size=24")
+    recorded = {**_tokens_shapes(4, 20), "padded": True}
+    model = torch.nn.Linear(2, 2)
+    model.config = None
+    job = SimpleNamespace(step_memory=SimpleNamespace(batches=[recorded], step=2), model=model, cfg=cfg)
+    effitrain.run.recipe.predict_step_peak(job)
+    assert asked == [([recorded], "cpu", _tokens_shapes(24, 32))]
+
+
+@pytest.mark.slow
+def test_the_run_predicts_its_evaluation_at_eval_batch_size_by_max_length():
+    """predict_step_peak, the run's own path, from a tracked step of 4 rows x 20 tokens: its eval
+    phase is the replay's at eval_batch_size x max_length (24 x 32, written here), not at the
+    recorded training micro-batch's shape, which is smaller."""
+    from types import SimpleNamespace
+
+    from effitrain.memory.replay import trace_run
+    from effitrain.run.recipe import predict_step_peak
+    from effitrain.train.modeling import build_model
+    from effitrain.train.tasks import build_task
+
+    cfg = compose("max_length=32", "micro_batch_size=4", "eval_batch_size=24")
+    task = build_task(cfg)
+    model = build_model(cfg.model, 3, None, device="meta", auto_class=task.auto_class)
+
+    shapes = _tokens_shapes
+    recorded = {**shapes(4, 20), "padded": True}
+    job = SimpleNamespace(step_memory=SimpleNamespace(batches=[recorded], step=2), model=model, cfg=cfg)
+    predicted = predict_step_peak(job)
+    phases = {size: trace_run(model.config, cfg.optimizer, cfg, [recorded], "cpu", shapes(*size)).phases
+              for size in [(24, 32), (4, 20)]}  # fmt: skip
+    assert phases[24, 32]["eval"]["total"] > phases[4, 20]["eval"]["total"]  # the test can tell them apart
+    assert predicted["mem/run_peak_predicted/eval_bytes"] == phases[24, 32]["eval"]["total"]
+    assert predicted["mem/step_peak_bytes_predicted"] == phases[24, 32]["later_step"]["total"]

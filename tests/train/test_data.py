@@ -159,3 +159,18 @@ def test_check_allows_exactly_the_synthetic_classes_the_loader_makes():
     assert SYNTHETIC_MAX_LABELS == len(data._KEYWORDS) == 6
     raw = data.load_synthetic(num_train=12, num_eval=6, num_labels=6, words_per_text=4, seed=0)
     assert sorted(set(raw.train["label"])) == [0, 1, 2, 3, 4, 5]
+
+
+def test_each_epoch_is_its_own_permutation_of_seed_plus_epoch():
+    """The sampler's order, against torch.randperm seeded here with seed + epoch: every sample once
+    per epoch, a new order each epoch, the same order again for the same epoch."""
+    from effitrain.train.data import EpochPermutationSampler
+
+    sampler = EpochPermutationSampler(58, seed=42)
+    orders = []
+    for epoch in (0, 1, 2, 1):
+        sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+        expected = torch.randperm(58, generator=torch.Generator().manual_seed(42 + epoch)).tolist()
+        assert orders[-1] == expected and sorted(orders[-1]) == list(range(58))
+    assert orders[0] != orders[1] != orders[2] and orders[3] == orders[1]

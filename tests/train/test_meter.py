@@ -20,33 +20,72 @@ def _batch(samples: int, tokens_per_sample: int, padding: int):
     return {"labels": torch.zeros(samples, dtype=torch.long), "attention_mask": mask}
 
 
-def test_meter_throughput_is_work_over_time_with_a_known_sleep():
-    meter = StepMeter(
-        num_steps=8, loggers=[], device="cpu", progress_bar=False, is_main=True, task=Classification()
-    )
+class _Clock:
+    """A clock the test moves by hand: the meter's arithmetic, not the machine's load, is under test."""
+
+    def __init__(self, now: float = 100.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_meter_throughput_is_work_over_time_with_an_injected_clock():
+    clock = _Clock()
+    meter = StepMeter(num_steps=8, loggers=[], device="cpu", progress_bar=False, is_main=True,
+                      task=Classification(), clock=clock)  # fmt: skip
     meter.start()
-    started = time.perf_counter()
-    for step in range(1, 9):
-        # 3 micro-batches of 4 samples x 10 real tokens (+5 padding); the first step "compiles"
+    # 8 steps of 0.05 s, the first "compiles" (+0.3 s), the third is tracked for memory (+0.2 s)
+    durations = [SLEEP_S + {1: 0.3, 3: 0.2}.get(step, 0.0) for step in range(1, 9)]
+    for step, seconds in enumerate(durations, start=1):
+        # 3 micro-batches of 4 samples x 10 real tokens (+5 padding)
         for _ in range(3):
             meter.add(torch.tensor(1.0), _batch(4, 10, 5))
-        if step == 3:  # tracked for memory: slower, and out of the median
+        if step == 3:
             meter.leave_untimed()
-        time.sleep(SLEEP_S + {1: 0.3, 3: 0.2}.get(step, 0.0))
+        clock.now += seconds
         meter.end_step(step, lr=1e-3, grad_norm=1.0)
-    elapsed = time.perf_counter() - started
+    clock.now += 5.0  # after the last step: not training time
     summary = meter.summary()
     assert (summary["train/samples"], summary["train/tokens"]) == (8 * 12, 8 * 120)  # padding not counted
-    assert summary["speed/train_s"] == pytest.approx(elapsed, abs=0.01)
-    assert summary["speed/samples_per_s"] == summary["train/samples"] / summary["speed/train_s"]
-    assert summary["speed/tokens_per_s"] == summary["train/tokens"] / summary["speed/train_s"]
-    # never above work / slept time: sleeping is a lower bound on the time spent
-    assert summary["speed/samples_per_s"] <= 96 / (8 * SLEEP_S + 0.5)
-    assert summary["speed/samples_per_s"] >= 0.5 * 96 / (8 * SLEEP_S + 0.5)
-    steady = [t for i, t in enumerate(meter.step_times) if i != 2][WARMUP_STEPS:]
-    assert len(steady) == 5 and SLEEP_S <= summary["speed/step_s_median"] < 2 * SLEEP_S
-    assert summary["speed/tracked_step_s"] == meter.step_times[2] >= SLEEP_S + 0.2
-    assert summary["speed/first_step_overhead_s"] == pytest.approx(0.3, abs=0.1)
+    train_s = 8 * SLEEP_S + 0.5
+    assert summary["speed/train_s"] == pytest.approx(train_s, rel=1e-12)
+    assert summary["speed/samples_per_s"] == pytest.approx(96 / train_s, rel=1e-12)
+    assert summary["speed/tokens_per_s"] == pytest.approx(960 / train_s, rel=1e-12)
+    assert meter.step_times == pytest.approx(durations, rel=1e-12)
+    # the steady steps: the tracked third left out, then the first WARMUP_STEPS of the rest
+    assert WARMUP_STEPS == 2 and summary["speed/step_s_median"] == pytest.approx(SLEEP_S, rel=1e-12)
+    assert summary["speed/tracked_step_s"] == pytest.approx(SLEEP_S + 0.2, rel=1e-12)
+    assert summary["speed/first_step_overhead_s"] == pytest.approx(0.3, rel=1e-9)
+
+
+def test_an_evaluation_between_steps_is_left_out_of_the_next_step_s_time():
+    clock = _Clock()
+    meter = StepMeter(num_steps=2, loggers=[], device="cpu", progress_bar=False, is_main=True,
+                      task=Classification(), clock=clock)  # fmt: skip
+    meter.start()
+    meter.add(torch.tensor(1.0), _batch(4, 10, 0))
+    clock.now += 1.0
+    meter.end_step(1, lr=1e-3, grad_norm=None)
+    clock.now += 7.0  # an evaluation
+    meter.exclude(7.0)
+    meter.add(torch.tensor(1.0), _batch(4, 10, 0))
+    clock.now += 2.0
+    meter.end_step(2, lr=1e-3, grad_norm=None)
+    assert meter.step_times == [1.0, 2.0] and meter.summary()["speed/train_s"] == 3.0
+
+
+def test_starting_the_meter_reads_the_process_start_before_its_clock(monkeypatch):
+    """What start() does after reading its clock is the first step's time: importing psutil (tens
+    of ms on a loaded machine) must come before."""
+    import effitrain.train.step as step_module
+
+    clock, seen = _Clock(), []
+    monkeypatch.setattr(step_module, "process_started", lambda: seen.append(clock.now) or 0.0)
+    meter = StepMeter(num_steps=1, loggers=[], device="cpu", progress_bar=False, is_main=True,
+                      task=Classification(), clock=lambda: seen.append("clock") or clock.now)  # fmt: skip
+    meter.start()
+    assert seen == [100.0, "clock"]
 
 
 @pytest.mark.slow

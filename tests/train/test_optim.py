@@ -67,6 +67,20 @@ def test_schedule_warms_up_for_ten_percent_and_spans_the_steps(name):
         assert lrs[2:] == [1.0] * 18
 
 
+@pytest.mark.parametrize("steps, warmup", [(8, 1), (25, 3), (20, 2)])  # ceil(0.1 x steps): 0.8 -> 1, 2.5 -> 3
+def test_warmup_rounds_up_a_fraction_of_a_step(steps, warmup):
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = compose("lr_scheduler=constant").lr_scheduler
+    scheduler = build_scheduler(schedule, optimizer, steps, warmup_ratio=0.1)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    # transformers' constant schedule with warmup: step / warmup while warming up, then 1
+    assert lrs == [step / warmup for step in range(warmup)] + [1.0] * (steps - warmup)
+
+
 def test_apollo_resumes_from_a_weights_only_checkpoint_bit_identically():
     """APOLLO keeps a projector object per matrix; its checkpoint holds it as plain tensors and
     numbers, so it loads with weights_only=True and the next steps are the same."""

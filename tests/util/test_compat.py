@@ -200,3 +200,37 @@ def test_attention_implementation_is_what_the_model_runs():
     for chosen in ("eager", "sdpa"):
         config._attn_implementation = chosen  # noqa: SLF001 (what from_pretrained sets)
         assert compat.attention_implementation(BertModel(config).config) == chosen
+
+
+def test_a_recomputed_layer_s_own_ops_count_as_activations_with_its_hooks_outside():
+    """A layer checkpointed by its ``forward`` (its hooks outside, as transformers>5.17 does): the
+    sum it makes between its submodules, recomputed in backward, is an activation (MemTracker's
+    rule for recomputation), not a temporary; the peak itself does not move."""
+    from torch.utils.checkpoint import checkpoint
+
+    from effitrain.memory.replay import breakdown, step_tracker
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.second(self.first(x) + x)  # the sum: the layer's own op
+
+    peaks = {}
+    for marked in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), Block())
+        function = compat.recomputation_tracked(model[1].forward) if marked else model[1].forward
+        inputs = torch.randn(256, 64)
+        tracker = step_tracker()
+        tracker.track_external(model)
+        with tracker:
+            output = checkpoint(function, model[0](inputs), use_reentrant=False)  # held: the peak in backward
+            output.square().sum().backward()
+        peaks[marked] = breakdown(tracker.get_tracker_snapshot("peak"))
+    moved = 256 * 64 * 4  # the recomputed sum, fp32
+    assert peaks[True]["activations"] - peaks[False]["activations"] == moved
+    assert peaks[False]["temporaries"] - peaks[True]["temporaries"] == moved
+    assert peaks[True]["total"] == peaks[False]["total"]
