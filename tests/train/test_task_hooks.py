@@ -186,7 +186,9 @@ def test_end_of_text_is_eos_else_sep_else_refused():
 
 def test_build_task_defaults_to_classification():
     assert type(build_task(OmegaConf.create({}))) is Classification
-    task = build_task(OmegaConf.create({"task": {"_target_": "effitrain.train.tasks.CausalLM", "packing": True}}))
+    task = build_task(
+        OmegaConf.create({"task": {"_target_": "effitrain.train.tasks.CausalLM", "packing": True}})
+    )
     assert type(task) is CausalLM and task.packing is True
 
 
