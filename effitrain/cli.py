@@ -1,5 +1,14 @@
-"""The ``effitrain`` console script: ``train`` (the same as ``python train.py``), ``check``,
-``compare``, ``estimate`` and ``plan``. The Hydra side is :mod:`effitrain.commands.train`."""
+"""effitrain: memory- and speed-efficient fine-tuning of Hugging Face transformers.
+
+  effitrain train optimizer=adam8bit         one run (the same as python train.py)
+  effitrain check -m optimizer=adamw,lion    validate a run or a sweep, run nothing
+  effitrain compare multirun/<study>/<time>  verdict, table, plots, one HTML page
+  effitrain estimate model=tiny              a run's memory by category, beforehand
+  effitrain plan --memory-budget 8GiB        the fastest combination that fits
+
+'effitrain <command> --help' tells more about one command.
+"""
+# This docstring is the --help text, so it is plain text; the Hydra side is effitrain/commands/train.py.
 
 from __future__ import annotations
 
@@ -220,11 +229,18 @@ def main(argv: list[str] | None = None) -> None:
         return
     from effitrain import __version__
 
-    parser = argparse.ArgumentParser(prog="effitrain", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="effitrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"effitrain {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("train", help="train one configuration, or sweep with -m (as python train.py)")
-    check = commands.add_parser("check", help="compose and validate a run config without running it")
+    check = commands.add_parser(
+        "check",
+        help="validate a run's configuration (or every job of a sweep, with -m) without running it",
+        description="Compose and validate the configuration train.py would run, and run nothing: every "
+        "problem is one line naming the key, its value and what is allowed (exit code 2).",
+    )
     check.add_argument(
         "overrides",
         nargs=argparse.REMAINDER,
@@ -232,7 +248,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     check.set_defaults(handler=_check)
     comparison = commands.add_parser(
-        "compare", help="table, plots and one HTML page comparing the jobs of one or more sweep folders"
+        "compare",
+        help="table, plots and one HTML page comparing the jobs of one or more sweep folders",
+        description="Compare the jobs of one or more sweep folders: a verdict, a table (comparison.md, "
+        "comparison.csv), plots and one self-contained comparison.html, written into the first folder.",
     )
     comparison.add_argument("folders", nargs="+", type=Path, help="sweep folders (multirun/...)")
     comparison.add_argument(
@@ -246,18 +265,27 @@ def main(argv: list[str] | None = None) -> None:
     comparison.set_defaults(handler=_compare)
     estimate = commands.add_parser(
         "estimate",
-        help="weights, gradients and optimizer state of a run, for every optimizer, without weights",
+        help="predict a run's memory by category, for every optimizer, before running it",
+        description="Predict the memory of the run these overrides describe, for every optimizer of "
+        "conf/optimizer: weights, gradients, optimizer state, activations and temporaries at the step "
+        "peak, and the run's peak by phase. The model is built from its config on the meta device and "
+        "one step is replayed on fake tensors at the worst case (every sample max_length tokens): no "
+        "weights or data are loaded and nothing is allocated.",
     )
     estimate.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     estimate.add_argument("--json", action="store_true", help="exact bytes as JSON, for scripts")
     estimate.add_argument(
         "--device",
         choices=DEVICES,
-        help="whose kernels to predict for (default: cuda where available, else cpu)",
+        help="predict what this device holds, with its kernels (default: cuda where available, else cpu)",
     )
     estimate.set_defaults(handler=_estimate)
     planning = commands.add_parser(
-        "plan", help="the fastest optimizer x micro batch x precision whose predicted step peak fits a budget"
+        "plan",
+        help="the fastest optimizer x micro batch x precision whose predicted peak fits a memory budget",
+        description="Find the fastest combination of optimizer, precision, micro batch (accumulation "
+        "follows) and gradient checkpointing whose predicted run peak, plus a margin for the allocator, "
+        "fits a memory budget; ranked by rules of thumb, or by measured step time with --probe-steps.",
     )
     planning.add_argument("--memory-budget", required=True, help="e.g. 8GiB, 500MiB, 24GB")
     planning.add_argument(
@@ -265,13 +293,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     planning.add_argument("--optimizers", help="comma-separated options of conf/optimizer (default: all)")
     planning.add_argument(
-        "--probe-steps", type=int, default=0, help="run K real steps of the top 3, rank by time"
+        "--probe-steps",
+        type=int,
+        default=0,
+        help="run K real steps (at least 4) of the top three and rank them by measured step time",
     )
     planning.add_argument("--json", action="store_true", help="every candidate as JSON, for scripts")
     planning.add_argument(
         "--device",
         choices=DEVICES,
-        help="whose kernels to predict for (default: cuda where available, else cpu)",
+        help="plan for this device, with its kernels (default: cuda where available, else cpu)",
     )
     planning.add_argument(
         "--margin",

@@ -1,4 +1,4 @@
-"""What the README's "Extending" section promises: an optimizer or a model is one YAML file in
+"""What docs/extending.md promises: an optimizer or a model is one YAML file in
 conf/, a task is two files (its YAML and its class). Each is added to a copy of the package, and
 ``effitrain check`` and a run use it from there, with no other file changed."""
 

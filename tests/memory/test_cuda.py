@@ -1,6 +1,6 @@
 """The CUDA profile of the memory replay (``--device cuda``), pinned on a CPU-only machine: the
 kernels CUDA would pick, what they keep for backward, and the step peaks an NVIDIA H100 measured
-(../shared/reference/h100-step-peak.md)."""
+(tests/data/h100-step-peak.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from effitrain.memory.cuda import EFFICIENT, FLASH, MATH, cuda_kernels, sdpa_ker
 from tests.helpers.run import REPO, compose, run_job
 
 MIB = 2**20
-REFERENCE = REPO.parent / "shared" / "reference" / "h100-step-peak.md"
+REFERENCE = REPO / "tests" / "data" / "h100-step-peak.md"
 CATEGORIES = ["weights", "gradients", "optimizer_state", "activations", "temporaries"]
 # The published rows of the reference (MiB, measured by MemTracker on the H100's tensors):
 # distilbert, model.init=random, vocabulary 30,522, 16 x 128 tokens (no padding), fp32, accelerate.
@@ -35,7 +35,6 @@ DISTILBERT = ["model=distilbert_base_cased", "model.init=random", "model.archite
               "max_length=128", "micro_batch_size=16"]  # fmt: skip
 
 
-@pytest.mark.skipif(not REFERENCE.exists(), reason="the reference lives in the steering repo's shared/")
 def test_the_pinned_rows_are_the_published_ones():
     rows = re.findall(r"^\| (\w+) \| (\d+) \| (true|false) \|", REFERENCE.read_text(), re.M)
     values = [

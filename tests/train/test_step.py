@@ -1,7 +1,7 @@
 """The shared step's pieces (effitrain.train.step) on hand-made inputs, each figure computed here:
 the loss normalization, accumulation windows, the resumed epoch's iterator, the step meter's lines
 and summary (train/loss_mean across a resume included). No model is trained: these run in
-milliseconds, so the mutation run (README, "Mutation testing") can afford them per mutant."""
+milliseconds, so the mutation run (docs/testing.md, "Mutation testing") can afford them per mutant."""
 
 from __future__ import annotations
 

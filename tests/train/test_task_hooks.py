@@ -1,7 +1,7 @@
 """The tasks' hooks (effitrain.train.tasks) on hand-made logits, labels and rows, each figure computed here
 with ``math`` (no torch loss): the summed losses, the items that normalize them, the evaluation
 metrics of both tasks, the causal collator's labels, tokenizing and packing, the unigram baseline.
-No model is trained: these run in milliseconds, so the mutation run (README, "Mutation testing")
+No model is trained: these run in milliseconds, so the mutation run (docs/testing.md, "Mutation testing")
 can afford them per mutant."""
 
 from __future__ import annotations
