@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 from effitrain.compare.labels import identical_groups, job_labels, joined_numbers, merged_label
-from effitrain.compare.load import MIB, JobResult, _is_value
+from effitrain.compare.load import MIB, STEADY_SPEED, JobResult, _finite, _is_value
 from effitrain.memory.replay import CATEGORIES
 
 
@@ -33,10 +34,33 @@ def _save(plt, fig, path: Path, tight: bool = True) -> None:
 COLORS = {
     "weights": "#4c72b0",
     "gradients": "#55a868",
-    "optimizer_state": "#c44e52",
+    "optimizer state": "#c44e52",
+    "optimizer update temporaries": "#eba3a5",
+    "optimizer state and update temporaries": "#c44e52",
     "activations": "#dd8452",
     "temporaries": "#937860",
 }
+
+
+def step_peak_parts(summary: dict) -> dict[str, float]:
+    """The step peak's bytes by what holds them. The tracker's optimizer category holds the state
+    and the tensors the update makes while it runs (foreach intermediates, Adafactor's factored
+    products): split at the state's own bytes (``mem/optimizer_state_bytes``), so a bar never says
+    state where it is the update's temporaries."""
+    parts = {}
+    for category in CATEGORIES:
+        value = summary.get(f"mem/step_peak/{category}_bytes")
+        value = value if _finite(value) else 0
+        if category != "optimizer_state":
+            parts[category.replace("_", " ")] = value
+            continue
+        state = summary.get("mem/optimizer_state_bytes")
+        if not _finite(state):
+            parts["optimizer state and update temporaries"] = value
+            continue
+        parts["optimizer state"] = min(value, state)
+        parts["optimizer update temporaries"] = value - min(value, state)
+    return parts
 
 
 def _plain_axes(ax, ticks: int = 6) -> None:
@@ -62,11 +86,11 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     ax, side = fig.add_subplot(grid[0, :3]), fig.add_subplot(grid[0, 3])
     ys = list(range(len(jobs)))
     left = [0.0] * len(jobs)
-    for category in CATEGORIES:
-        widths = [(job.summary.get(f"mem/step_peak/{category}_bytes") or 0) / MIB for job in jobs]
+    parts = [step_peak_parts(job.summary) for job in jobs]
+    for label in dict.fromkeys(name for part in parts for name in part):
+        widths = [part.get(label, 0) / MIB for part in parts]
         if any(widths):
-            label = category.replace("_", " ")
-            ax.barh(ys, widths, height=0.6, left=left, color=COLORS[category], label=label)
+            ax.barh(ys, widths, height=0.6, left=left, color=COLORS[label], label=label)
             left = [a + b for a, b in zip(left, widths)]
     predicted = [(y, job.summary.get("mem/step_peak_bytes_predicted")) for y, job in zip(ys, jobs)]
     predicted = [(y, p / MIB) for y, p in predicted if _is_value(p)]
@@ -113,6 +137,9 @@ def _curves(job: JobResult):
     return steps, seconds, [m["train/loss"] for m in lines]
 
 
+MARKERS = ["o", "s", "^", "v", "D", "x", "+", "*"]
+
+
 def _colors(count: int) -> list:
     import matplotlib
 
@@ -145,11 +172,15 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
     groups = identical_groups(jobs, lambda job: _curves(job)[2])
     colors = _colors(len(groups))
     styles = ["-", "--", ":", "-."]
-    for group, color in zip(groups, colors):
+    for number, (group, color) in enumerate(zip(groups, colors)):
         numbers = joined_numbers(group)
         first = jobs[group[0]]
         steps, _, losses = _curves(first)
-        axes[0].plot(steps, losses, "-", color=color, linewidth=1.8,
+        # curves that nearly coincide (not identical, so not merged) stay visible: each its own
+        # line style and marker, the markers staggered so that one does not sit on the other
+        axes[0].plot(steps, losses, styles[number % len(styles)], color=color, linewidth=1.8,
+                     marker=MARKERS[number % len(MARKERS)], markersize=5, fillstyle="none",
+                     markevery=(number % 3, 3) if len(steps) > 6 else None,
                      label=f"{numbers}. {merged_label([labels[i] for i in group])}")  # fmt: skip
         for member, index in enumerate(group):
             job = jobs[index]
@@ -177,8 +208,12 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
 
     axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps are whole numbers
     merged = [joined_numbers(group) for group in groups if len(group) > 1]
-    # the title names what this plot merged (the first such line), not an example
-    axes[0].set_title("Loss against steps" + (f" (identical curves: one line, {merged[0]})" if merged else ""))
+    # the title names every line that stands for several jobs
+    title = "Loss against steps"
+    if merged:
+        title += f"\nidentical curves, one line each: {', '.join(merged)}"
+    axes[0].set_title("\n".join(textwrap.wrap(title, 60, replace_whitespace=False)) if merged else title,
+                      fontsize=10 if merged else None)  # fmt: skip
     axes[1].set_title("Loss against time (each job)")
     if groups:
         _legend(axes[0], len(groups))
@@ -217,38 +252,27 @@ def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
     _save(plt, fig, path)
 
 
-def pareto_front(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point beats on both axes (lower is better on both)."""
-    front = []
-    for i, (x, y) in enumerate(points):
-        beaten = any((a <= x and b <= y) and (a < x or b < y) for j, (a, b) in enumerate(points) if j != i)
-        if not beaten:
-            front.append(i)
-    return sorted(front, key=lambda i: points[i])
+def plot_pareto(jobs: list[JobResult], path: Path, front: set[int] | None = None) -> list[dict]:
+    """Step peak against eval loss, and throughput against step peak; the jobs of the verdict's
+    front (``front``: their numbers, :attr:`effitrain.compare.verdict.Verdict.front_numbers`; the
+    verdict is taken here when not given) ringed in both. Points are numbered as in the other plots,
+    labels placed where they overlap no other label; the key below names the numbers."""
+    if front is None:
+        from effitrain.compare.verdict import verdict
 
-
-def plot_pareto(jobs: list[JobResult], path: Path) -> None:
-    """Step peak against eval loss (the front: jobs nothing beats on both), and throughput against
-    step peak. Points are numbered as in the other plots, labels placed where they overlap no other
-    label; the key below names the numbers."""
+        front = verdict(jobs).front_numbers
     plt, fig, axes = _figure(4.8, columns=2)
     labels = job_labels(jobs)
-    numbered = [(i + 1, job) for i, job in enumerate(jobs)]
+    numbered = [(i + 1, job) for i, job in enumerate(jobs) if job.ranked]  # a NaN is no point
     panels = []
-    placed = [(n, j) for n, j in numbered if _is_value(j.summary.get("mem/step_peak_bytes"))
-              and _is_value(j.summary.get("eval/loss"))]  # fmt: skip
+    placed = [(n, j) for n, j in numbered if _finite(j.summary.get("mem/step_peak_bytes"))
+              and _finite(j.summary.get("eval/loss"))]  # fmt: skip
     ax = axes[0]
     if placed:
         points = [(j.summary["mem/step_peak_bytes"] / MIB, j.summary["eval/loss"]) for _, j in placed]
-        front = pareto_front(points)
-        ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post", color="#c44e52",
-                linewidth=1.5, zorder=1, label="Pareto front")  # fmt: skip
-        # ringed too: a front of one point draws no line
-        ax.scatter([points[i][0] for i in front], [points[i][1] for i in front], s=110, facecolors="none",
-                   edgecolors="#c44e52", zorder=3)  # fmt: skip
+        _ring_front(ax, placed, points, front)
         ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
         panels.append((ax, placed, points))
-        ax.legend(fontsize=7, loc="upper right")
     else:
         ax.text(0.5, 0.5, "no job has a step peak and an eval loss", ha="center", va="center",
                 transform=ax.transAxes)  # fmt: skip
@@ -256,16 +280,15 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
     ax.set_ylabel("eval loss")
     ax.set_title("Memory vs eval loss (lower left is better)")
     ax = axes[1]
-    placed = [(n, j) for n, j in numbered if _is_value(j.summary.get("mem/step_peak_bytes"))
-              and _is_value(j.summary.get("speed/samples_per_s"))]  # fmt: skip
+    placed = [(n, j) for n, j in numbered if _finite(j.summary.get("mem/step_peak_bytes"))
+              and _finite(j.figures.get(STEADY_SPEED))]  # fmt: skip
     if placed:
-        points = [
-            (j.summary["mem/step_peak_bytes"] / MIB, j.summary["speed/samples_per_s"]) for _, j in placed
-        ]
+        points = [(j.summary["mem/step_peak_bytes"] / MIB, j.figures[STEADY_SPEED]) for _, j in placed]
+        _ring_front(ax, placed, points, front)
         ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
         panels.append((ax, placed, points))
     ax.set_xlabel("step peak (MiB)")
-    ax.set_ylabel("samples / s")
+    ax.set_ylabel("samples / s (median of the steady steps)")
     ax.set_title("Throughput vs memory (upper left is better)")
     for ax in axes:
         ax.margins(0.2)
@@ -283,9 +306,23 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
     for c, column in enumerate(columns):
         text = "\n".join(f"{i + 1:>2}. {labels[i][: int(110 * width)]}" for i in column)
         fig.text(0.01 + c * width, 0.1 / height, text, fontsize=7, va="bottom", family="monospace")
-    boxes = [_numbered_points(fig, ax, placed, points) for ax, placed, points in panels]
+    drawn = [
+        {"boxes": _numbered_points(fig, ax, placed, points),  # the labels' boxes in pixels
+         "points": {n: point for (n, _), point in zip(placed, points)},
+         "ringed": {n for n, _ in placed if n in front}}
+        for ax, placed, points in panels
+    ]  # fmt: skip
     _save(plt, fig, path, tight=False)
-    return boxes  # per panel the labels' boxes in pixels (the tests check that none overlap)
+    return drawn  # per panel what it shows, by job number: what the tests hold against the verdict
+
+
+def _ring_front(ax, placed, points, front: set[int]) -> None:
+    """Ring the points of the jobs on the verdict's front (the same list the verdict writes)."""
+    ringed = [point for (n, _), point in zip(placed, points) if n in front]
+    if ringed:
+        ax.scatter([p[0] for p in ringed], [p[1] for p in ringed], s=110, facecolors="none",
+                   edgecolors="#c44e52", zorder=3, label="the verdict's front")  # fmt: skip
+        ax.legend(fontsize=7, loc="upper right")
 
 
 def _numbered_points(fig, ax, placed, points) -> list[tuple]:
@@ -337,12 +374,14 @@ def _at_least_a_thousandth(ax) -> None:
         ax.set_ylim(middle - span / 2, middle + span / 2)
 
 
-PLOTS = {
-    "memory.png": plot_memory,
-    "loss.png": plot_losses,
-    "pareto.png": plot_pareto,
-    "lr_grad_norm.png": plot_lr_and_grad_norm,
-}
+def plot_all(jobs: list[JobResult], output: Path, front: set[int]) -> list[Path]:
+    """Every figure of the page into ``output``; the Pareto plot rings ``front`` (the verdict's)."""
+    paths = [output / name for name in ("memory.png", "loss.png", "pareto.png", "lr_grad_norm.png")]
+    plot_memory(jobs, paths[0])
+    plot_losses(jobs, paths[1])
+    plot_pareto(jobs, paths[2], front)
+    plot_lr_and_grad_norm(jobs, paths[3])
+    return paths
 
 
 def plot_seeds(exact: list[dict], path: Path) -> None:

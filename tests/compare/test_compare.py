@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from effitrain.cli import main
-from effitrain.compare import CSV_KEYS, pareto_front
+from effitrain.compare import CSV_KEYS
 from tests.helpers.run import REPO, train_py
 
 SWEEP = ["model=tiny", "data=synthetic", "max_steps=3", "micro_batch_size=8", "progress_bar=false"]
@@ -246,11 +246,6 @@ def test_missing_folder_and_read_only_output_are_one_line(wandb_sweep, tmp_path,
     )
 
 
-def test_pareto_front_keeps_points_nothing_beats_on_both_axes():
-    points = [(300, 0.72), (250, 0.75), (400, 0.70), (350, 0.80), (250, 0.76)]
-    assert pareto_front(points) == [1, 0, 2]
-
-
 @pytest.mark.slow
 def test_a_sweep_without_wandb_logs_no_table(failing_sweep):
     main(["compare", str(failing_sweep), "--wandb-mode", "offline"])
@@ -437,8 +432,8 @@ def test_pareto_labels_never_overlap(verdict_sweep, tmp_path, count):
     points = {
         (round(j.summary["mem/step_peak_bytes"] / 2**20, 3), round(j.summary["eval/loss"], 5)) for j in jobs
     }
-    assert len(panels) == 2 and len(panels[0]) == len(points)  # one label per distinct point
-    for boxes in panels:
+    assert len(panels) == 2 and len(panels[0]["boxes"]) == len(points)  # one label per distinct point
+    for boxes in (panel["boxes"] for panel in panels):
         for i, a in enumerate(boxes):
             assert not any(_overlap(a, b) for b in boxes[i + 1 :]), (count, a)
 
