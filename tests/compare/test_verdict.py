@@ -76,7 +76,9 @@ def test_a_combination_dominates_only_beyond_the_noise():
         gap, noise = 1.000 - 0.995, 2 * math.hypot(sem, sem)
         assert (gap > noise) is beaten
         decided = verdict([_job("worse", loss=1.000, sem=sem), _job("better", loss=0.995, sem=sem)])
-        assert [c.label.split("=")[1] for c in decided.front] == (["better"] if beaten else ["worse", "better"])
+        assert [c.label.split("=")[1] for c in decided.front] == (
+            ["better"] if beaten else ["worse", "better"]
+        )
     # an exact step peak 0.05% lower is the same (less than 0.1% apart); 5% lower is less
     for peak, beaten in ((99.95, False), (95.0, True)):
         decided = verdict([_job("worse", peak_mib=100), _job("better", peak_mib=peak)])
@@ -86,7 +88,9 @@ def test_a_combination_dominates_only_beyond_the_noise():
 def test_jobs_that_did_not_finish_ok_or_hold_a_non_finite_figure_are_never_ranked():
     jobs = [
         _job("nan", loss=None, optimizer="adamw"),  # ok, but its eval loss is NaN (null in JSON)
-        _job("failed", peak_mib=1, loss=0.01, status="failed", optimizer="adamw"),  # the best, had it finished
+        _job(
+            "failed", peak_mib=1, loss=0.01, status="failed", optimizer="adamw"
+        ),  # the best, had it finished
         _job("inf", peak_mib=float("inf"), optimizer="adamw"),
         _job("fine", peak_mib=300, loss=0.8, optimizer="adafactor"),
         _job("adamw", peak_mib=400, loss=0.9, optimizer="adamw"),
@@ -114,7 +118,9 @@ def test_ratios_are_each_combination_over_the_baseline():
     other = decided.combos[0]
     assert other.ratios["memory"].value == pytest.approx(100 / 400, rel=1e-12)
     assert other.ratios["quality"].value == pytest.approx(0.6 / 0.8, rel=1e-12)
-    assert other.ratios["speed"].value == pytest.approx(_steady_rate(other_s) / _steady_rate(base_s), rel=1e-12)
+    assert other.ratios["speed"].value == pytest.approx(
+        _steady_rate(other_s) / _steady_rate(base_s), rel=1e-12
+    )
     assert decided.combos[1].ratios["memory"].base
     assert decided.rows[0][3] == f"{100 / 400:.3f}"
 
@@ -143,7 +149,10 @@ def test_nothing_learned_is_judged_against_the_unigram_loss_of_a_language_model(
     learned = [_job("a", loss=math.log(unigram) - 0.5, sem=0.01, **lm), flat[1]]
     decided = verdict(learned)
     assert not decided.lines[0].startswith("No job learned")
-    assert any(note.endswith(f"{math.log(unigram):.4f}; below it beyond noise (learned): 1.") for note in decided.notes)
+    assert any(
+        note.endswith(f"{math.log(unigram):.4f}; below it beyond noise (learned): 1.")
+        for note in decided.notes
+    )
 
 
 def test_nothing_learned_is_judged_against_a_prediction_that_ignores_the_text():
@@ -162,7 +171,10 @@ def test_nothing_learned_is_judged_against_a_prediction_that_ignores_the_text():
     jobs = [_job("a", loss=reference + 0.0001, sem=0.002, **{"eval/accuracy": 0.28}, **config),
             _job("b", loss=reference - 0.0002, sem=0.002, **{"eval/accuracy": 0.58}, **config)]  # fmt: skip
     line = verdict(jobs).lines[0]
-    assert line.startswith("No job learned anything measurable: eval loss") and "accuracy 0.2800 to 0.5800" in line
+    assert (
+        line.startswith("No job learned anything measurable: eval loss")
+        and "accuracy 0.2800 to 0.5800" in line
+    )
     assert f"({reference:.4f}) beyond noise" in line
     jobs[1].summary["eval/loss"] = reference - 0.05
     assert not verdict(jobs).lines[0].startswith("No job learned")
