@@ -211,9 +211,11 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
     # the title names every line that stands for several jobs
     title = "Loss against steps"
     if merged:
-        title += f"\nidentical curves, one line each: {', '.join(merged)}"
-    axes[0].set_title("\n".join(textwrap.wrap(title, 60, replace_whitespace=False)) if merged else title,
-                      fontsize=10 if merged else None)  # fmt: skip
+        title += f" (identical curves, one line each: {', '.join(merged)})"
+    if merged:  # a long list wraps, in a smaller font
+        axes[0].set_title("\n".join(textwrap.wrap(title, 60)), fontsize=10)
+    else:
+        axes[0].set_title(title)
     axes[1].set_title("Loss against time (each job)")
     if groups:
         _legend(axes[0], len(groups))

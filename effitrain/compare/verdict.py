@@ -262,12 +262,15 @@ def _learning(combos: list[Combination]) -> tuple[str | None, list[str]]:
     if learned or len(known) < len(combos):
         return None, [note]
     scores = []
-    for key in ("eval/loss", *QUALITY_KEYS):  # accuracy may differ by chance where no job learned (0.28 against 0.58)
+    for key in (
+        "eval/loss",
+        *QUALITY_KEYS,
+    ):  # accuracy may differ by chance where no job learned (0.28 against 0.58)
         values = [job.summary[key] for c in combos for job in c.jobs if _finite(job.summary.get(key))]
         if values:
             scores.append(_span(key.removeprefix("eval/").replace("loss", "eval loss"), values))
-    flat = (f"No job learned anything measurable: {', '.join(scores)}; no eval loss is below {what} "
-            f"({shown}) beyond noise. Quality cannot decide here: train longer (max_steps, epochs), raise "
+    flat = (f"No job learned anything measurable: {', '.join(scores)}; no eval loss is below {shown}, "
+            f"{what}, beyond noise. Quality cannot decide here: train longer (max_steps, epochs), raise "
             "optimizer.lr, or give the model a task it can learn (more data.num_train), then compare again.")  # fmt: skip
     return flat, [note]
 

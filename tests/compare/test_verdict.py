@@ -175,7 +175,7 @@ def test_nothing_learned_is_judged_against_a_prediction_that_ignores_the_text():
         line.startswith("No job learned anything measurable: eval loss")
         and "accuracy 0.2800 to 0.5800" in line
     )
-    assert f"({reference:.4f}) beyond noise" in line
+    assert f"below {reference:.4f}, the loss of a prediction that ignores the text" in line
     jobs[1].summary["eval/loss"] = reference - 0.05
     assert not verdict(jobs).lines[0].startswith("No job learned")
 
