@@ -112,7 +112,9 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     _plain_axes(ax)
     if ax.get_legend_handles_labels()[0]:  # below the bars and the axis title, never over them
         below = 0.62 / (fig.get_figheight() * 0.85)  # in axes height: the same distance at 2 or 24 jobs
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -below), ncol=6, frameon=False)
+        entries = len(ax.get_legend_handles_labels()[0])  # rows of equal length: 7 entries in 4 + 3
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -below), ncol=math.ceil(entries / math.ceil(entries / 6)),
+                  frameon=False)  # fmt: skip
     key, title = ("mem/cuda_max_reserved_bytes", "CUDA reserved")
     if not any(_is_value(job.summary.get(key)) for job in jobs):
         key, title = ("mem/process_peak_rss_bytes", "process RSS")
@@ -123,7 +125,7 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     side.set_title(f"{title}\n(context only)", fontsize=8)
     side.set_xlabel("MiB", fontsize=8)
     side.tick_params(labelsize=7)
-    _plain_axes(side, ticks=3)  # a narrow panel: three plain numbers never run together
+    _plain_axes(side, ticks=2)  # a narrow panel: two plain numbers never run together
     _save(plt, fig, path)
 
 
@@ -138,6 +140,14 @@ def _curves(job: JobResult):
 
 
 MARKERS = ["o", "s", "^", "v", "D", "x", "+", "*"]
+LINE_STYLES = ["-", "--", ":", "-."]
+
+
+def _line_style(number: int, points: int) -> dict:
+    """The ``number``-th line's style and marker: curves that nearly coincide (not identical, so
+    not merged) stay visible, the markers staggered so that one does not sit on the other."""
+    return {"linestyle": LINE_STYLES[number % len(LINE_STYLES)], "marker": MARKERS[number % len(MARKERS)],
+            "markersize": 5, "fillstyle": "none", "markevery": (number % 3, 3) if points > 6 else None}  # fmt: skip
 
 
 def _colors(count: int) -> list:
@@ -178,9 +188,7 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
         steps, _, losses = _curves(first)
         # curves that nearly coincide (not identical, so not merged) stay visible: each its own
         # line style and marker, the markers staggered so that one does not sit on the other
-        axes[0].plot(steps, losses, styles[number % len(styles)], color=color, linewidth=1.8,
-                     marker=MARKERS[number % len(MARKERS)], markersize=5, fillstyle="none",
-                     markevery=(number % 3, 3) if len(steps) > 6 else None,
+        axes[0].plot(steps, losses, color=color, linewidth=1.8, **_line_style(number, len(steps)),
                      label=f"{numbers}. {merged_label([labels[i] for i in group])}")  # fmt: skip
         for member, index in enumerate(group):
             job = jobs[index]
@@ -230,6 +238,8 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
 def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
     """Learning rate and gradient norm per optimizer step; identical curves drawn once, named by
     all their jobs' numbers."""
+    from matplotlib.ticker import MaxNLocator
+
     plt, fig, axes = _figure(4.2, columns=2)
     labels = job_labels(jobs)
 
@@ -238,11 +248,12 @@ def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
 
     for ax, key in ((axes[0], "lr"), (axes[1], "grad_norm")):
         groups = identical_groups(jobs, lambda job, key=key: [v for pair in points(job, key) for v in pair])
-        for group, color in zip(groups, _colors(len(groups))):
+        for number, (group, color) in enumerate(zip(groups, _colors(len(groups)))):
             name = "all jobs" if len(group) == len(jobs) > 1 else merged_label([labels[i] for i in group])
             if name.endswith("(named on the right)"):
                 name = f"{len(group)} jobs"
-            ax.plot(*zip(*points(jobs[group[0]], key)), color=color, linewidth=1.4,
+            xs, ys = zip(*points(jobs[group[0]], key))
+            ax.plot(xs, ys, color=color, linewidth=1.4, **_line_style(number, len(xs)),
                     label=f"{joined_numbers(group)}. {name}")  # fmt: skip
         if groups:
             _legend(ax, len(groups))
@@ -251,6 +262,7 @@ def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
     for ax in axes:
         ax.set_xlabel("optimizer step")
         _plain_axes(ax)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps are whole numbers
     _save(plt, fig, path)
 
 

@@ -312,7 +312,7 @@ def html_table(headers: list[str], rows: list[list[str]], row_classes: list[str]
     (row, column) are the best of their column."""
     numeric = _numeric(headers, rows)
     head = "".join(
-        f'<th class="{"num" if n else "text"}">{html.escape(v)}</th>' for v, n in zip(headers, numeric)
+        f'<th class="{"num" if n else "text"}">{_breakable(v)}</th>' for v, n in zip(headers, numeric)
     )
     body = [f"<tr>{head}</tr>"]
     for r, (row, css) in enumerate(zip(rows, row_classes or [""] * len(rows))):
@@ -331,6 +331,13 @@ BEST = ("better than every other job beyond noise (2 standard deviations of the 
 SPEED = ("the median over the job's steady optimizer steps (warm-up left out), as in the verdict and "
          "the plots; comparison.csv also holds the summary's speed/samples_per_s, over all steps. A "
          "negative first-step overhead (the first step no slower than the median) is left empty.")  # fmt: skip
+
+
+def _breakable(header: str) -> str:
+    """A header that may wrap after ``_`` and ``.`` (``gradient_accumulation_steps``), so that a
+    12-job table's columns fit a 1,400-pixel window instead of scrolling sideways."""
+    return html.escape(header).replace("_", "_<wbr>").replace(".", ".<wbr>")
+
 
 # One line per figure: what a reader looks at and which way is better.
 HOW_TO_READ = {
@@ -356,8 +363,9 @@ HOW_TO_READ = {
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
-table { border-collapse: collapse; font-size: 13px; margin: 0.5em 0; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; }
+table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; }
+td.text { max-width: 24em; overflow-wrap: anywhere; }
 th { background: #f3f3f3; }
 .num { text-align: right; } .text { text-align: left; }
 td.best { font-weight: bold; background: #e3f4e1; }
