@@ -299,11 +299,11 @@ def failures(jobs: list[JobResult]) -> list[str]:
             for job in jobs if not job.ranked]  # fmt: skip
 
 
-def combination_label(job: JobResult) -> str:
-    """The job's combination: every choice but the seed ("defaults" when only the seed varies)."""
-    return (
-        choices_label({k: v for k, v in job.choices.items() if k not in ("seed", "cfg/seed")}) or "defaults"
-    )
+def combination_label(job: JobResult, shared: frozenset[str] = frozenset()) -> str:
+    """The job's combination: every choice but the seed and the ``shared`` ones (those its kind's
+    jobs all share), "defaults" when nothing else varies."""
+    skip = {"seed", "cfg/seed", *shared}
+    return choices_label({k: v for k, v in job.choices.items() if k not in skip}) or "defaults"
 
 
 def seed_groups(jobs: list[JobResult]) -> dict[str, list[JobResult]]:

@@ -42,7 +42,8 @@ from effitrain.compare.load import (
 from effitrain.train.tasks import reported_metrics
 
 # The quality metrics whose equality across all jobs means nothing was learned measurably: the tasks'.
-QUALITY_KEYS = tuple(metric.key for metric in reported_metrics())
+METRICS = reported_metrics()
+QUALITY_KEYS = tuple(metric.key for metric in METRICS)
 AXES = ("memory", "quality", "speed")
 LOWER_IS_BETTER = {"memory": True, "quality": True, "speed": False}
 
@@ -118,6 +119,13 @@ def combinations(jobs: list[JobResult]) -> list[Combination]:
         group = groups.setdefault((job_kind(job), label), Combination([], label, [], job_kind(job)))
         group.numbers.append(number)
         group.jobs.append(job)
+    kinds_seen = {c.kind for c in groups.values()}
+    for kind in kinds_seen if len(kinds_seen) > 1 else []:  # named by what differs within their kind
+        mine = [c for c in groups.values() if c.kind == kind]
+        members = [job for c in mine for job in c.jobs]
+        shared = frozenset(k for k in members[0].choices if len({job.choices.get(k) for job in members}) == 1)
+        for combo in mine if len(mine) > 1 else []:  # one combination keeps every choice as its name
+            combo.label = combination_label(combo.jobs[0], shared)
     for group in groups.values():
         summaries = [job.summary for job in group.jobs]
         # bytes of tensors: exact for one run
@@ -261,23 +269,21 @@ def _learning(combos: list[Combination]) -> tuple[str | None, list[str]]:
     note = (f"learning: judged against {what}, {shown}; below it beyond noise (learned): {learners}.")  # fmt: skip
     if learned or len(known) < len(combos):
         return None, [note]
+    # accuracy may differ by chance where no job learned (0.28 against 0.58): each range is said
     scores = []
-    for key in (
-        "eval/loss",
-        *QUALITY_KEYS,
-    ):  # accuracy may differ by chance where no job learned (0.28 against 0.58)
+    for key, name, digits in (("eval/loss", "eval loss", 4), *((m.key, m.label, m.digits) for m in METRICS)):
         values = [job.summary[key] for c in combos for job in c.jobs if _finite(job.summary.get(key))]
         if values:
-            scores.append(_span(key.removeprefix("eval/").replace("loss", "eval loss"), values))
+            scores.append(_span(name, values, digits))
     flat = (f"No job learned anything measurable: {', '.join(scores)}; no eval loss is below {shown}, "
             f"{what}, beyond noise. Quality cannot decide here: train longer (max_steps, epochs), raise "
             "optimizer.lr, or give the model a task it can learn (more data.num_train), then compare again.")  # fmt: skip
     return flat, [note]
 
 
-def _span(name: str, values: list[float]) -> str:
-    low, high = min(values), max(values)
-    return f"{name} {low:.4f}" if f"{low:.4f}" == f"{high:.4f}" else f"{name} {low:.4f} to {high:.4f}"
+def _span(name: str, values: list[float], digits: int) -> str:
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return f"{name} {low}" if low == high else f"{name} {low} to {high}"
 
 
 def _all_the_same(combos: list[Combination]) -> str | None:

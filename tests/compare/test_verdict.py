@@ -186,8 +186,12 @@ def test_jobs_of_different_kinds_are_decided_apart():
             _job("c2", peak_mib=50, loss=0.9, optimizer="adafactor"),
             _job("l1", peak_mib=900, loss=9.0, optimizer="adamw", **lm),
             _job("l2", peak_mib=600, loss=8.0, optimizer="adafactor", **lm)]  # fmt: skip
+    for job in jobs:  # the model is a choice that differs between the jobs, not within a kind
+        job.choices["model"] = job.summary["cfg/model"]
     decided = verdict(jobs)
     assert decided.lines[0].startswith("These jobs are of 2 kinds (task | model | data)")
+    assert [c.label for c in decided.combos] == ["adamw | lr=c1", "adafactor | lr=c2", "adamw | lr=l1",
+                                                 "adafactor | lr=l2"]  # fmt: skip
     assert "classification | tiny | synthetic (jobs 1, 2; ratios x AdamW):" in decided.lines
     assert "causal_lm | llama_tiny | drug_reviews (jobs 3, 4; ratios x AdamW):" in decided.lines
     combos = {c.numbers[0]: c for c in decided.combos}
