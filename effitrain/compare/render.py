@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from effitrain.compare.load import (
     choice_headers,
     combination_label,
     failures,
+    job_kind,
     kinds,
     seed_groups,
     seed_stats,
@@ -176,23 +178,26 @@ def best_cells(
     rows: list[list[str]],
     ok: list[bool] | None = None,
     estimates: dict[tuple[int, int], Estimate] | None = None,
+    kind: list[str] | None = None,
 ) -> set[tuple[int, int]]:
     """(row, column) of each column's best values among the jobs that finished ok (``ok``, one per
     row; all when None): a failed or interrupted job's short wall time or partial state is no
     best. A cell is best when it is within noise of the column's top value and every other cell is
     worse than it beyond noise (:func:`effitrain.compare.load.beyond_noise`, the verdict's rule),
     the noise from ``estimates`` (:func:`table_estimates`; a cell not in it counts as exact). A
-    column whose top values are within noise of all others, or whose noise is unknown, marks none."""
+    column whose top values are within noise of all others, or whose noise is unknown, marks none.
+    ``kind`` (one per row): rows are compared only with the rows of their kind (task, model, data)."""
     estimates = estimates or {}
+    kind = kind or [""] * len(rows)
     best = set()
-    for col, title in enumerate(headers):
+    for (col, title), group in itertools.product(enumerate(headers), dict.fromkeys(kind)):
         if title not in LOWER_IS_BETTER | HIGHER_IS_BETTER:
             continue
         lower = title in LOWER_IS_BETTER
         values = {
             r: estimates.get((r, col), Estimate(float(row[col]), 0.0))
             for r, row in enumerate(rows)
-            if row[col] not in ("", "nan") and (ok is None or ok[r])
+            if row[col] not in ("", "nan") and (ok is None or ok[r]) and kind[r] == group
         }
         if len({v.value for v in values.values()}) < 2:
             continue
@@ -202,6 +207,13 @@ def best_cells(
         if rest and all(beyond_noise(values[t], values[o], lower) for t in tops for o in rest):
             best |= {(r, col) for r in tops}
     return best
+
+
+def table_best(jobs: list[JobResult], headers: list[str], rows: list[list[str]]) -> set[tuple[int, int]]:
+    """The page's bold cells (:func:`table_rows`' ``headers`` and ``rows``): among the ranked jobs,
+    by their noise, each kind apart."""
+    ok, kind = [job.ranked for job in jobs], [job_kind(job) for job in jobs]
+    return best_cells(headers, rows, ok, table_estimates(jobs), kind)
 
 
 def write_csv(jobs: list[JobResult], path: Path) -> None:
@@ -286,7 +298,7 @@ def write_markdown(headers, rows, jobs: list[JobResult], plots: list[Path], path
         if verdict.rows:
             lines += [markdown_table(verdict.headers, verdict.rows), ""]
         lines += [f"- {note}" for note in verdict.notes] + ["", "## All jobs", ""]
-    marked = best_cells(headers, rows, [job.ranked for job in jobs], table_estimates(jobs))
+    marked = table_best(jobs, headers, rows)
     shown = [
         [f"**{cell}**" if (r, c) in marked else cell for c, cell in enumerate(row)]
         for r, row in enumerate(rows)
@@ -365,7 +377,7 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
 table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0; }
 th, td { border: 1px solid #ccc; padding: 2px 6px; }
-td.text { max-width: 24em; overflow-wrap: anywhere; }
+td.text { max-width: 24em; overflow-wrap: break-word; }
 th { background: #f3f3f3; }
 .num { text-align: right; } .text { text-align: left; }
 td.best { font-weight: bold; background: #e3f4e1; }
@@ -403,7 +415,7 @@ def write_html(headers, rows, jobs: list[JobResult], plots: list[Path], path: Pa
         headers,
         rows,
         ["" if job.ranked else "failed" for job in jobs],
-        best_cells(headers, rows, [job.ranked for job in jobs], table_estimates(jobs)),
+        table_best(jobs, headers, rows),
     )
     seeds_table = ""
     if seeds:

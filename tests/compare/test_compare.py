@@ -481,10 +481,10 @@ def _page_job(index, loss, sem=0.001, step_s=(2.0, 1.0, 0.1, 0.1, 0.1, 0.1), **s
 
 def _bold(jobs):
     """The table's bold cells by column title: the rows (1-based job numbers) marked best."""
-    from effitrain.compare.render import best_cells, table_estimates, table_rows
+    from effitrain.compare.render import table_best, table_rows
 
     headers, rows = table_rows(jobs)
-    marked = best_cells(headers, rows, [job.ranked for job in jobs], table_estimates(jobs))
+    marked = table_best(jobs, headers, rows)
     return {headers[c]: {r + 1 for r, col in marked if col == c} for _, c in marked}
 
 
@@ -493,6 +493,9 @@ def test_the_table_marks_a_best_eval_loss_only_beyond_the_sampling_error():
     assert "eval loss" not in _bold([_page_job(1, 1.0974), _page_job(2, 1.0973)])
     # 2 x hypot(0.001, 0.001) = 0.0028 < 0.05: job 2 is better beyond noise
     assert _bold([_page_job(1, 1.0974), _page_job(2, 1.0474)])["eval loss"] == {2}
+    # a language model's loss beside them is of another kind: it makes neither of them best
+    lm = _page_job(3, 10.29, **{"cfg/task": "causal_lm"})
+    assert "eval loss" not in _bold([_page_job(1, 1.0974), _page_job(2, 1.0973), lm])
     # two within noise of each other, both beyond noise of the third: both marked
     jobs = [_page_job(1, 1.0974), _page_job(2, 0.9001), _page_job(3, 0.9000)]
     assert _bold(jobs)["eval loss"] == {2, 3}
