@@ -201,3 +201,89 @@ def test_jobs_of_different_kinds_are_decided_apart():
     assert combos[3].ratios["memory"].base and combos[1].ratios["memory"].base
     # job 2 beats job 1 and job 4 beats job 3, each within its kind; nothing across kinds
     assert decided.front_numbers == {2, 4}
+
+
+def _rates_of(step_s):
+    rates = [SAMPLES_PER_STEP / t for t in step_s[2:]]
+    middle = statistics.median(rates)
+    return middle, 1.4826 * statistics.median(abs(r - middle) for r in rates)
+
+
+def test_one_winner_is_named_with_its_figures_and_the_table_and_notes_hold_them():
+    steps = (2, 1, 0.10, 0.11, 0.12, 0.13, 0.14)
+    jobs = [_job("x", peak_mib=400, loss=0.8, step_s=steps, optimizer="adamw", **{"eval/samples": 64}),
+            _job("y", peak_mib=100, loss=0.6, step_s=steps, optimizer="adafactor", **{"eval/samples": 64})]  # fmt: skip
+    decided = verdict(jobs)
+    assert decided.lines == [
+        "Use 2. adafactor | lr=y (against AdamW: 75% less memory, 25% lower eval loss, speed within noise); "
+        "no other combination beats it beyond noise on memory, quality or speed.",
+        "Front (memory/quality/speed): 2. adafactor | lr=y; beaten: 1.",
+    ]
+    speed, spread = _rates_of(steps)
+    quality = 0.75 * math.hypot(0.001 / 0.6, 0.001 / 0.8)
+    assert decided.headers == ["#", "combination", "step peak MiB", "step peak x AdamW", "eval loss",
+                               "eval loss x AdamW", "samples/s", "samples/s x AdamW", "front"]  # fmt: skip
+    assert decided.rows == [
+        ["1", "adamw | lr=x", "400.0", "1 (base)", "0.8000 ± 0.0010", "1 (base)", f"{speed:.1f} ± {spread:.1f}",
+         "1 (base)", ""],
+        ["2", "adafactor | lr=y", "100.0", "0.250", "0.6000 ± 0.0010", f"0.75 ± {quality:.2f}",
+         f"{speed:.1f} ± {spread:.1f}", f"1.00 ± {math.sqrt(2) * spread / speed:.2f} ~", "yes"],
+    ]  # fmt: skip
+    assert decided.notes == [
+        "ratios: x AdamW (1 = same; step peak and eval loss: lower is better, samples/s: higher); ± one "
+        "standard deviation; ~ within noise (less than 2 of them, or 0.1%, from 1).",
+        "one seed per combination: quality differences below the eval split's sampling error (64 examples, "
+        "eval loss ± 0.0010) are not evidence; repeat seeds (seed=1,2,3) to measure them.",
+        "samples/s, here as in the All-jobs table and the plots: the median over each job's steady optimizer "
+        "steps (metrics.jsonl, the warm-up steps left out), ± their spread: a busy machine widens it. The "
+        "summary's speed/samples_per_s (all steps) is in comparison.csv.",
+    ]
+    summary = decided.summary()
+    assert summary["verdict/baseline"] == "AdamW" and summary["verdict/front"] == ["2. adafactor | lr=y"]
+    assert summary["verdict/2. adafactor | lr=y/memory_x_base"] == pytest.approx(0.25, rel=1e-12)
+    assert summary["verdict/2. adafactor | lr=y/memory_x_base_std"] == 0.0
+    assert "Use 2. adafactor" in decided.text() and "samples/s x AdamW" in decided.text()
+
+
+def test_an_unknown_spread_is_marked_and_said_and_seeds_are_said():
+    short = (2, 1, 0.1, 0.1)  # two steady steps: no spread
+    jobs = [_job("x", step_s=short), _job("y", peak_mib=50, loss=0.9, step_s=short, optimizer="adafactor")]
+    decided = verdict(jobs)
+    assert decided.rows[1][7] == "1.00 ?" and decided.rows[1][6] == f"{SAMPLES_PER_STEP / 0.1:.1f}"
+    assert (
+        "? no spread (fewer than 3 steady steps, or no eval/loss_sem): not evidence either." in decided.notes
+    )
+    assert decided.lines[0].startswith("Use 2. adafactor | lr=y (against AdamW: 50% less memory, "
+                                       "10% lower eval loss, speed spread unknown)")  # fmt: skip
+    seeded = [_job("x", seed=1), _job("x", seed=2, loss=1.01)]
+    decided = verdict(seeded)
+    assert decided.lines == ["One combination (1=2. adamw | lr=x): nothing to choose between."]
+    assert "quality and samples/s: mean ± standard deviation over each combination's seeds." in decided.notes
+    assert decided.rows[0][4] == f"{statistics.fmean([1.0, 1.01]):.4f} ± {statistics.stdev([1.0, 1.01]):.4f}"
+
+
+def test_a_kind_without_adamw_takes_its_first_ranked_job_as_baseline():
+    lm = {"cfg/task": "causal_lm", "cfg/model": "llama_tiny"}
+    jobs = [_job("a", peak_mib=100, optimizer="adamw"), _job("b", peak_mib=80, optimizer="adafactor"),
+            _job("c", peak_mib=300, optimizer="lion", **lm), _job("d", peak_mib=200, optimizer="sgd", **lm)]  # fmt: skip
+    decided = verdict(jobs)
+    assert "causal_lm | llama_tiny | synthetic (jobs 3, 4; ratios x job 3):" in decided.lines
+    assert "  Use 4. sgd | lr=d (against job 3: 33% less memory, quality within noise, speed within noise); no " \
+           "other combination beats it beyond noise on memory, quality or speed." in decided.lines  # fmt: skip
+    assert decided.baseline == "base" and decided.headers[3] == "step peak x base"
+    assert decided.notes[0].startswith("ratios: x base (each kind's own baseline) (1 = same;")
+    assert decided.rows[3][3] == f"{200 / 300:.3f}"
+
+
+def test_without_a_reference_nothing_learned_means_every_score_the_same():
+    same = {"eval/accuracy": 0.34}
+    jobs = [_job("a", loss=1.0986, sem=0.001, **same), _job("b", loss=1.0990, sem=0.001, **same)]
+    assert verdict(jobs).lines[0] == (
+        "No job learned anything measurable: all 2 have eval loss 1.0986 to 1.0990, accuracy 0.3400. Quality "
+        "cannot decide here: train longer (max_steps, epochs), raise optimizer.lr, or give the model a task "
+        "it can learn (more data.num_train), then compare again."
+    )
+    jobs[1].summary["eval/accuracy"] = 0.35  # a score differs: something was learned
+    assert not verdict(jobs).lines[0].startswith("No job learned")
+    jobs[1].summary.update({"eval/accuracy": 0.34, "eval/loss": 1.0986 + 0.0012})  # beyond the sampling error
+    assert not verdict(jobs).lines[0].startswith("No job learned")
