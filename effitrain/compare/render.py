@@ -75,7 +75,9 @@ COLUMNS = [
     Column("wall s", "speed/wall_s", 1, 1),
 ]
 
-CSV_KEYS = list(dict.fromkeys(column.key for column in COLUMNS)) + [
+# the summaries' keys, exact (compare's own figures follow them: DERIVED_CSV_KEYS)
+CSV_KEYS = list(dict.fromkeys(column.key for column in COLUMNS if column.key != STEADY_SPEED)) + [
+    "speed/samples_per_s",  # over all steps, warm-up included: not the page's samples/s
     "error",
     "mem/params_bytes",
     "mem/grads_bytes",

@@ -581,6 +581,9 @@ def test_the_verdict_the_table_and_the_plots_show_the_same_speed_front_and_best(
         assert table[number - 1]["samples/s"] == f"{median:.1f}"
         assert verdict_rows[str(number)]["samples/s"] == f"{median:.1f} ± {spread:.1f}"
         assert speed_panel["points"][number][1] == pytest.approx(median, rel=1e-12)
+    exact = {row["job"]: row for row in csv.DictReader(open(verdict_sweep / "comparison.csv"))}
+    for folder, median in zip(folders, medians):  # the CSV's exact figure beside the summary's
+        assert float(exact[folder.name]["speed/steady_samples_per_s"]) == pytest.approx(median, rel=1e-12)
     front = {int(number) for number, row in verdict_rows.items() if row["front"] == "yes"}
     assert front and memory_panel["ringed"] == speed_panel["ringed"] == front
     jobs = jobs_by_number(verdict_sweep)
