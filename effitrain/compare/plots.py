@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 from effitrain.compare.labels import identical_groups, job_labels, joined_numbers, merged_label
-from effitrain.compare.load import MIB, STEADY_SPEED, JobResult, _finite, _is_value
+from effitrain.compare.load import MIB, STEADY_SPEED, JobResult, _finite, _is_value, job_kind
 from effitrain.memory.replay import CATEGORIES
 
 
@@ -285,7 +285,7 @@ def plot_pareto(jobs: list[JobResult], path: Path, front: set[int] | None = None
     if placed:
         points = [(j.summary["mem/step_peak_bytes"] / MIB, j.summary["eval/loss"]) for _, j in placed]
         _ring_front(ax, placed, points, front)
-        ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
+        _scatter_by_kind(ax, placed, points)
         panels.append((ax, placed, points))
     else:
         ax.text(0.5, 0.5, "no job has a step peak and an eval loss", ha="center", va="center",
@@ -299,7 +299,7 @@ def plot_pareto(jobs: list[JobResult], path: Path, front: set[int] | None = None
     if placed:
         points = [(j.summary["mem/step_peak_bytes"] / MIB, j.figures[STEADY_SPEED]) for _, j in placed]
         _ring_front(ax, placed, points, front)
-        ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
+        _scatter_by_kind(ax, placed, points)
         panels.append((ax, placed, points))
     ax.set_xlabel("step peak (MiB)")
     ax.set_ylabel("samples / s (median of the steady steps)")
@@ -330,13 +330,29 @@ def plot_pareto(jobs: list[JobResult], path: Path, front: set[int] | None = None
     return drawn  # per panel what it shows, by job number: what the tests hold against the verdict
 
 
+def _scatter_by_kind(ax, placed, points) -> None:
+    """The points, one marker and colour per kind (task | model | data) where the jobs are of
+    several, named in the legend: points of different kinds sit on one pair of axes, but only a
+    kind's own points compare."""
+    by_kind: dict[str, list] = {}
+    for (_, job), point in zip(placed, points):
+        by_kind.setdefault(job_kind(job), []).append(point)
+    several = len(by_kind) > 1
+    for index, (kind, mine) in enumerate(by_kind.items()):
+        ax.scatter([p[0] for p in mine], [p[1] for p in mine], zorder=2, marker=MARKERS[index % len(MARKERS)],
+                   color=["#4c72b0", "#dd8452", "#55a868", "#8172b3"][index % 4],
+                   label=f"{kind} (compare within it)" if several else None)  # fmt: skip
+    if several:
+        ax.legend(fontsize=7, loc="best")  # where it covers the fewest points
+
+
 def _ring_front(ax, placed, points, front: set[int]) -> None:
     """Ring the points of the jobs on the verdict's front (the same list the verdict writes)."""
     ringed = [point for (n, _), point in zip(placed, points) if n in front]
     if ringed:
         ax.scatter([p[0] for p in ringed], [p[1] for p in ringed], s=110, facecolors="none",
                    edgecolors="#c44e52", zorder=3, label="the verdict's front")  # fmt: skip
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=7, loc="best")  # where it covers the fewest points
 
 
 def _numbered_points(fig, ax, placed, points) -> list[tuple]:

@@ -368,7 +368,8 @@ HOW_TO_READ = {
     "pareto": "Each number is a job, as in the table. Left: lower left is less memory for a lower "
     "eval loss. Right: upper left is faster (samples/s as in the table) with less memory. Ringed in "
     "red: the jobs of the verdict's front (memory, quality and speed, beyond noise), the same list "
-    "the verdict writes.",
+    "the verdict writes. Jobs of several kinds (task, model, data) each have their own marker: compare "
+    "points of one marker only.",
     "lr_grad_norm": "The learning rate each step used, and the gradient norm before clipping: a norm "
     "that jumps or keeps growing warns of instability.",
     "seeds": "Mean and one standard deviation over each combination's seeds: where two bars "
