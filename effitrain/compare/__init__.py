@@ -11,7 +11,9 @@ and a self-contained ``comparison.html``.
 
     load.py    job folders -> JobResult (summary, metrics, the choices that differ), seed statistics
     verdict.py per combination its step peak, quality and speed against the baseline, with their
-               noise; the front; the decision in words (first in the terminal, Markdown and page)
+               noise; the front (the one the Pareto plot rings); whether anything was learned; the
+               decision in words, each kind of job (task, model, data) apart (first in the
+               terminal, Markdown and page)
     render.py  the table as text, Markdown, CSV and HTML
     plots.py   the figures
     labels.py  how the figures name jobs (short labels; one name for identical curves)

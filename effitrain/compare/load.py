@@ -1,5 +1,8 @@
 """Loading a comparison: every job folder of the sweeps, its summary.json and metrics.jsonl, the
-choices that tell the jobs apart, and the groups of repeated seeds.
+choices that tell the jobs apart, and the groups of repeated seeds; and what every part of the
+page (verdict, tables, plots) takes from one place so that none contradicts another: compare's
+one samples/s (:attr:`JobResult.speed`), the noise rule (:func:`beyond_noise`), which jobs are
+ranked (:attr:`JobResult.ranked`) and their kinds (:func:`job_kind`).
 
 Only what each job wrote about itself is read (``job/overrides``, ``cfg/*``); never Hydra's
 ``.hydra/hydra.yaml``, which holds unresolved interpolations such as ``${now:...}``.
