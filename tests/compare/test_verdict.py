@@ -287,3 +287,30 @@ def test_without_a_reference_nothing_learned_means_every_score_the_same():
     assert not verdict(jobs).lines[0].startswith("No job learned")
     jobs[1].summary.update({"eval/accuracy": 0.34, "eval/loss": 1.0986 + 0.0012})  # beyond the sampling error
     assert not verdict(jobs).lines[0].startswith("No job learned")
+
+
+def test_a_front_of_several_is_told_by_constraint_with_its_ties():
+    jobs = [_job("a", peak_mib=100, loss=0.90, step_s=(2, 1, 0.4, 0.4, 0.4, 0.4)),
+            _job("b", peak_mib=150, loss=0.50, step_s=(2, 1, 0.2, 0.2, 0.2, 0.2)),
+            _job("c", peak_mib=200, loss=0.5005, step_s=(2, 1, 0.1, 0.1, 0.1, 0.1))]  # fmt: skip
+    quality = 0.5 / 0.9 * math.hypot(0.001 / 0.5, 0.001 / 0.9)
+    assert verdict(jobs).lines == [
+        "The evidence does not decide between 3 combinations on the memory/quality/speed front; pick by the "
+        "constraint you have:",
+        "  least step peak: 1. adamw | lr=a (the baseline)",
+        f"  lowest eval loss: 2. adamw | lr=b ({0.5 / 0.9:.2f} ± {quality:.2f} x job 1); the same within noise: 3",
+        f"  fastest: 3. adamw | lr=c ({(SAMPLES_PER_STEP / 0.1) / (SAMPLES_PER_STEP / 0.4):.2f} x job 1)",
+        "Front (memory/quality/speed): 1. adamw | lr=a, 2. adamw | lr=b, 3. adamw | lr=c.",
+    ]
+    same_speed = [_job("x", peak_mib=100, loss=0.9), _job("y", peak_mib=200, loss=0.5)]
+    assert "  speed: the front's combinations are within noise of each other" in verdict(same_speed).lines
+    # a kind with one combination keeps every choice in its name
+    lm = _job("l", optimizer="lion", **{"cfg/task": "causal_lm"})
+    mixed = [*same_speed, lm]
+    for job in mixed:
+        job.choices["task"] = job.summary["cfg/task"]
+    assert [c.label for c in verdict(mixed).combos] == [
+        "adamw | lr=x",
+        "adamw | lr=y",
+        "lion | lr=l | causal_lm",
+    ]
