@@ -310,7 +310,7 @@ def test_a_front_of_several_is_told_by_constraint_with_its_ties():
     for job in mixed:
         job.choices["task"] = job.summary["cfg/task"]
     assert [c.label for c in verdict(mixed).combos] == [
-        "adamw | lr=x",
-        "adamw | lr=y",
+        "lr=x",
+        "lr=y",
         "lion | lr=l | causal_lm",
     ]
