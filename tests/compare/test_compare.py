@@ -615,3 +615,26 @@ def _markdown_line(folder, index):
     lines = (folder / "comparison.md").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| # | optimizer |"))
     return lines[start + 2 + index]
+
+
+def test_the_pareto_plot_shows_the_table_s_samples_per_s_and_rings_the_verdict_s_front(tmp_path):
+    import statistics
+
+    from effitrain.compare.plots import plot_pareto
+    from effitrain.compare.render import table_rows
+    from effitrain.compare.verdict import verdict
+
+    steps = {1: (2, 1, 0.1, 0.1, 0.1, 0.1), 2: (2, 1, 0.2, 0.3, 0.2, 0.2), 3: (2, 1, 0.4, 0.4, 0.4, 0.4)}
+    losses = {1: 0.9, 2: 0.95, 3: 0.7}
+    jobs = [_page_job(i, losses[i], **{"mem/step_peak_bytes": i * 2**20, "speed/samples_per_s": 1.0})
+            for i in steps]  # fmt: skip
+    for job, step_s in zip(jobs, steps.values()):
+        job.metrics = [{"step": i + 1, "train/loss": 1.0, "train/samples": 16 * (i + 1), "speed/step_s": t}
+                       for i, t in enumerate(step_s)]  # fmt: skip
+    medians = {n: statistics.median(16 / t for t in s[2:]) for n, s in steps.items()}
+    memory_panel, speed_panel = plot_pareto(jobs, tmp_path / "pareto.png")
+    assert {n: y for n, (_, y) in speed_panel["points"].items()} == pytest.approx(medians, rel=1e-12)
+    headers, rows = table_rows(jobs)
+    assert [row[headers.index("samples/s")] for row in rows] == [f"{medians[n]:.1f}" for n in steps]
+    # job 1: least memory and fastest; job 3: lowest loss: the front is 1 and 3, job 2 is beaten by 1
+    assert memory_panel["ringed"] == speed_panel["ringed"] == verdict(jobs).front_numbers == {1, 3}
