@@ -11,8 +11,10 @@ and a self-contained ``comparison.html``.
 
     load.py    job folders -> JobResult (summary, metrics, the choices that differ), seed statistics
     verdict.py per combination its step peak, quality and speed against the baseline, with their
-               noise; the front; the decision in words (first in the terminal, Markdown and page)
-    report.py  the table as text, Markdown, CSV and HTML
+               noise; the front (the one the Pareto plot rings); whether anything was learned; the
+               decision in words, each kind of job (task, model, data) apart (first in the
+               terminal, Markdown and page)
+    render.py  the table as text, Markdown, CSV and HTML
     plots.py   the figures
     labels.py  how the figures name jobs (short labels; one name for identical curves)
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from effitrain.compare.load import JobResult, failures, load_jobs, seed_groups, seed_stats
-from effitrain.compare.plots import PLOTS, pareto_front, plot_seeds
+from effitrain.compare.plots import plot_all, plot_seeds
 from effitrain.compare.render import (
     CSV_KEYS,
     seed_rows,
@@ -36,7 +38,7 @@ from effitrain.compare.render import (
 from effitrain.compare.verdict import Verdict, verdict
 from effitrain.config.errors import ConfigError
 
-__all__ = ["CSV_KEYS", "JobResult", "Verdict", "compare", "load_jobs", "pareto_front", "verdict"]
+__all__ = ["CSV_KEYS", "JobResult", "Verdict", "compare", "load_jobs", "verdict"]
 
 
 def log_to_wandb(jobs: list[JobResult], sweeps: list[Path], mode: str | None) -> None:
@@ -109,9 +111,9 @@ def compare(sweeps: list[Path], output: Path | None = None, wandb_mode: str | No
     headers, rows = table_rows(jobs)
     written = {name: output / f"comparison.{name}" for name in ("csv", "md", "html")}
     write_csv(jobs, written["csv"])
-    for name, plot in PLOTS.items():
-        plot(jobs, output / name)
-        written[name] = output / name
+    decided = verdict(jobs)  # once: its front is the one the page writes and the Pareto plot rings
+    for path in plot_all(jobs, output, decided.front_numbers):
+        written[path.name] = path
     seeds = None
     stats = seed_stats(seed_groups(jobs))
     if stats:  # repeated seeds: mean +- std per combination, in a table and a plot of their own
@@ -121,7 +123,6 @@ def compare(sweeps: list[Path], output: Path | None = None, wandb_mode: str | No
         plot_seeds(stats, output / "seeds.png")
         written["seeds.png"] = output / "seeds.png"
     plots = [path for name, path in written.items() if name.endswith(".png")]
-    decided = verdict(jobs)
     write_markdown(headers, rows, jobs, plots, written["md"], seeds, decided)
     write_html(headers, rows, jobs, plots, written["html"], sweeps, seeds, decided)
     print(decided.text())

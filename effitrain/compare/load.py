@@ -1,5 +1,8 @@
 """Loading a comparison: every job folder of the sweeps, its summary.json and metrics.jsonl, the
-choices that tell the jobs apart, and the groups of repeated seeds.
+choices that tell the jobs apart, and the groups of repeated seeds; and what every part of the
+page (verdict, tables, plots) takes from one place so that none contradicts another: compare's
+one samples/s (:attr:`JobResult.speed`), the noise rule (:func:`beyond_noise`), which jobs are
+ranked (:attr:`JobResult.ranked`) and their kinds (:func:`job_kind`).
 
 Only what each job wrote about itself is read (``job/overrides``, ``cfg/*``); never Hydra's
 ``.hydra/hydra.yaml``, which holds unresolved interpolations such as ``${now:...}``.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +21,7 @@ from effitrain.config.errors import ConfigError
 from effitrain.run import results
 from effitrain.sweep.report import job_folders
 from effitrain.train.loggers import read_metrics
+from effitrain.train.step import WARMUP_STEPS
 from effitrain.train.tasks import reported_metrics
 
 MIB = 2**20
@@ -28,6 +33,47 @@ CHOICE_PREFIX = "cfg/"
 
 def _is_value(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite(value) -> bool:
+    return _is_value(value) and math.isfinite(value)
+
+
+NOISE_SIGMAS = 2.0  # a difference smaller than this many standard deviations is noise
+# Closer than this (relative) is the same, whatever the spread: a step peak 4 bytes apart under
+# the other backend, float noise in the seventh digit of a loss.
+SAME = 1e-3
+
+# The figures compare ranks a job by: a job without a finite value of each is shown, never ranked.
+RANKED_KEYS = ("eval/loss", "mem/step_peak_bytes")
+# compare's one samples/s (the table's, the plots', the seeds table's and the verdict's): the median
+# over the steady optimizer steps, from metrics.jsonl; not the summary's speed/samples_per_s, whose
+# total time holds the warm-up steps and the slow memory-tracked one.
+STEADY_SPEED = "speed/steady_samples_per_s"
+
+
+@dataclass
+class Estimate:
+    """A value with one standard deviation (``None``: unknown)."""
+
+    value: float
+    std: float | None
+
+    @property
+    def relative(self) -> float | None:
+        return None if self.std is None or not self.value else abs(self.std / self.value)
+
+
+def beyond_noise(better: Estimate, worse: Estimate, lower_is_better: bool) -> bool:
+    """``better`` beats ``worse`` by more than :data:`NOISE_SIGMAS` of their combined standard
+    deviation and more than :data:`SAME` (an unknown spread never decides). The one rule of the
+    verdict's front and the table's best cells."""
+    if better.std is None or worse.std is None:
+        return False
+    gap = (worse.value - better.value) if lower_is_better else (better.value - worse.value)
+    return gap > max(
+        NOISE_SIGMAS * math.hypot(better.std, worse.std), SAME * max(abs(better.value), abs(worse.value))
+    )
 
 
 @dataclass
@@ -47,6 +93,57 @@ class JobResult:
     @property
     def ok(self) -> bool:
         return self.summary.get("status") == "ok"
+
+    @property
+    def unranked(self) -> str | None:
+        """Why a job that finished ok is still not ranked (a figure that is not finite); else None."""
+        # a key the summary lacks (an older summary) is unknown, not wrong: only a value that is
+        # there and not finite (NaN, infinite, null) stops the ranking
+        bad = [key for key in RANKED_KEYS if key in self.summary and not _finite(self.summary[key])]
+        return f"{' and '.join(bad)} not a finite number: not ranked" if self.ok and bad else None
+
+    @property
+    def ranked(self) -> bool:
+        """Finished ok with a finite eval loss and step peak: a job the verdict, the front and the
+        baseline may take."""
+        return self.ok and self.unranked is None
+
+    @functools.cached_property
+    def speed(self) -> Estimate | None:
+        """Samples per second: the median over the steady steps, with their spread (1.4826 x the
+        median absolute deviation, so one slow step, such as the memory-tracked one, does not widen
+        it; unknown under three steps). Without per-step lines, the summary's figure, spread unknown."""
+        rates = step_rates(self)
+        if not rates:
+            overall = self.summary.get("speed/samples_per_s")
+            return Estimate(overall, None) if _finite(overall) else None
+        middle = statistics.median(rates)
+        if len(rates) < 3:
+            return Estimate(middle, None)
+        return Estimate(middle, 1.4826 * statistics.median(abs(r - middle) for r in rates))
+
+    @functools.cached_property
+    def figures(self) -> dict:
+        """The summary with compare's own figures beside it: :data:`STEADY_SPEED` and its spread."""
+        speed = self.speed
+        return {
+            **self.summary,
+            STEADY_SPEED: speed and speed.value,
+            f"{STEADY_SPEED}_std": speed and speed.std,
+        }
+
+
+def step_rates(job: JobResult) -> list[float]:
+    """Samples per second of each steady optimizer step in ``metrics.jsonl`` (the first
+    :data:`~effitrain.train.step.WARMUP_STEPS` left out, as the step meter's median does)."""
+    lines = [m for m in job.metrics if "train/loss" in m and _is_value(m.get("speed/step_s"))]
+    rates, before = [], None
+    for index, line in enumerate(lines):
+        samples = line.get("train/samples")
+        if _is_value(samples) and before is not None and index >= WARMUP_STEPS and line["speed/step_s"] > 0:
+            rates.append((samples - before) / line["speed/step_s"])
+        before = samples if _is_value(samples) else None
+    return rates
 
 
 def choices_label(choices: dict[str, str]) -> str:
@@ -160,11 +257,39 @@ def choice_headers(jobs: list[JobResult]) -> list[str]:
     return headers or ["job"]
 
 
-def baseline(jobs: list[JobResult]) -> tuple[str, dict]:
-    """The job ratios are taken against: the first finished AdamW job (the usual reference) where
-    the optimizer varies, else the first finished job. Returns its name for the header and its
-    summary."""
-    finished = [job for job in jobs if job.ok] or jobs
+# What makes two jobs comparable at all: the same task, model and data. Jobs of different kinds
+# (a causal LM's 30k-token loss beside a 3-class loss) are compared only within their kind.
+KIND_KEYS = ("cfg/task", "cfg/model_name_or_path", "cfg/data")
+
+
+def job_kind(job: JobResult) -> str:
+    """``classification | tiny-bert | synthetic``: the task, model and data the job ran."""
+    summary = job.summary
+    parts = [summary.get(key) or (summary.get("cfg/model") if key == "cfg/model_name_or_path" else None)
+             for key in KIND_KEYS]  # fmt: skip
+    return " | ".join(str(part) for part in parts if part is not None)
+
+
+def kinds(jobs: list[JobResult]) -> dict[str, list[JobResult]]:
+    """The jobs by kind (:func:`job_kind`), in job order; jobs without a summary join the first kind."""
+    grouped: dict[str, list[JobResult]] = {}
+    for job in jobs:
+        if job.summary.get("status") != "missing":
+            grouped.setdefault(job_kind(job), []).append(job)
+    first = next(iter(grouped), "")
+    for job in jobs:
+        if job.summary.get("status") == "missing":
+            grouped.setdefault(first, []).append(job)
+    return grouped
+
+
+def baseline(jobs: list[JobResult], among: list[JobResult] | None = None) -> tuple[str, dict]:
+    """The job ratios are taken against, among ``among`` (default: all ``jobs``; one kind's jobs
+    when the jobs are of several): the first ranked AdamW job (the usual reference) where the
+    optimizer varies, else the first ranked job; a job whose eval loss or step peak is not finite
+    never. Returns its name for the header (numbered in ``jobs``) and its summary."""
+    among = jobs if among is None else among
+    finished = [job for job in among if job.ranked] or among
     adamw = [job for job in finished if job.summary.get("cfg/optimizer") == "adamw"]
     if adamw and len({job.summary.get("cfg/optimizer") for job in finished}) > 1:
         return "AdamW", adamw[0].summary
@@ -172,24 +297,24 @@ def baseline(jobs: list[JobResult]) -> tuple[str, dict]:
 
 
 def failures(jobs: list[JobResult]) -> list[str]:
-    return [
-        f"{job.label}: {job.summary.get('status')}: {job.summary.get('error')}" for job in jobs if not job.ok
-    ]
+    """One line per job that did not finish ok or is not ranked, with why."""
+    return [f"{job.label}: {job.summary.get('status')}: {job.summary.get('error') or job.unranked}"
+            for job in jobs if not job.ranked]  # fmt: skip
 
 
-def combination_label(job: JobResult) -> str:
-    """The job's combination: every choice but the seed ("defaults" when only the seed varies)."""
-    return (
-        choices_label({k: v for k, v in job.choices.items() if k not in ("seed", "cfg/seed")}) or "defaults"
-    )
+def combination_label(job: JobResult, shared: frozenset[str] = frozenset()) -> str:
+    """The job's combination: every choice but the seed and the ``shared`` ones (those its kind's
+    jobs all share), "defaults" when nothing else varies."""
+    skip = {"seed", "cfg/seed", *shared}
+    return choices_label({k: v for k, v in job.choices.items() if k not in skip}) or "defaults"
 
 
 def seed_groups(jobs: list[JobResult]) -> dict[str, list[JobResult]]:
-    """Finished jobs grouped by every choice but the seed: the combinations a seeds study repeats.
+    """Ranked jobs grouped by every choice but the seed: the combinations a seeds study repeats.
     Empty unless some combination ran with more than one seed."""
     groups: dict[str, list[JobResult]] = {}
     for job in jobs:
-        if job.ok:
+        if job.ranked:
             groups.setdefault(combination_label(job), []).append(job)
     return groups if any(len(group) > 1 for group in groups.values()) else {}
 
@@ -201,7 +326,7 @@ SEED_KEYS = [
     *(metric.key for metric in reported_metrics()),
     "train/loss_mean",
     "mem/step_peak_bytes",
-    "speed/samples_per_s",
+    STEADY_SPEED,
 ]
 
 
@@ -212,7 +337,7 @@ def seed_stats(groups: dict[str, list[JobResult]]) -> list[dict]:
     for label, group in groups.items():
         numbers = {"combination": label, "seeds": len(group)}
         for key in SEED_KEYS:
-            values = [job.summary[key] for job in group if _is_value(job.summary.get(key))]
+            values = [job.figures[key] for job in group if _finite(job.figures.get(key))]
             if values:
                 numbers[f"{key}/mean"] = statistics.fmean(values)
                 numbers[f"{key}/std"] = statistics.stdev(values) if len(values) > 1 else 0.0

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 from effitrain.compare.labels import identical_groups, job_labels, joined_numbers, merged_label
-from effitrain.compare.load import MIB, JobResult, _is_value
+from effitrain.compare.load import MIB, STEADY_SPEED, JobResult, _finite, _is_value, job_kind
 from effitrain.memory.replay import CATEGORIES
 
 
@@ -33,10 +34,33 @@ def _save(plt, fig, path: Path, tight: bool = True) -> None:
 COLORS = {
     "weights": "#4c72b0",
     "gradients": "#55a868",
-    "optimizer_state": "#c44e52",
+    "optimizer state": "#c44e52",
+    "optimizer update temporaries": "#eba3a5",
+    "optimizer state and update temporaries": "#c44e52",
     "activations": "#dd8452",
     "temporaries": "#937860",
 }
+
+
+def step_peak_parts(summary: dict) -> dict[str, float]:
+    """The step peak's bytes by what holds them. The tracker's optimizer category holds the state
+    and the tensors the update makes while it runs (foreach intermediates, Adafactor's factored
+    products): split at the state's own bytes (``mem/optimizer_state_bytes``), so a bar never says
+    state where it is the update's temporaries."""
+    parts = {}
+    for category in CATEGORIES:
+        value = summary.get(f"mem/step_peak/{category}_bytes")
+        value = value if _finite(value) else 0
+        if category != "optimizer_state":
+            parts[category.replace("_", " ")] = value
+            continue
+        state = summary.get("mem/optimizer_state_bytes")
+        if not _finite(state):
+            parts["optimizer state and update temporaries"] = value
+            continue
+        parts["optimizer state"] = min(value, state)
+        parts["optimizer update temporaries"] = value - min(value, state)
+    return parts
 
 
 def _plain_axes(ax, ticks: int = 6) -> None:
@@ -62,11 +86,11 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     ax, side = fig.add_subplot(grid[0, :3]), fig.add_subplot(grid[0, 3])
     ys = list(range(len(jobs)))
     left = [0.0] * len(jobs)
-    for category in CATEGORIES:
-        widths = [(job.summary.get(f"mem/step_peak/{category}_bytes") or 0) / MIB for job in jobs]
+    parts = [step_peak_parts(job.summary) for job in jobs]
+    for label in dict.fromkeys(name for part in parts for name in part):
+        widths = [part.get(label, 0) / MIB for part in parts]
         if any(widths):
-            label = category.replace("_", " ")
-            ax.barh(ys, widths, height=0.6, left=left, color=COLORS[category], label=label)
+            ax.barh(ys, widths, height=0.6, left=left, color=COLORS[label], label=label)
             left = [a + b for a, b in zip(left, widths)]
     predicted = [(y, job.summary.get("mem/step_peak_bytes_predicted")) for y, job in zip(ys, jobs)]
     predicted = [(y, p / MIB) for y, p in predicted if _is_value(p)]
@@ -88,7 +112,9 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     _plain_axes(ax)
     if ax.get_legend_handles_labels()[0]:  # below the bars and the axis title, never over them
         below = 0.62 / (fig.get_figheight() * 0.85)  # in axes height: the same distance at 2 or 24 jobs
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -below), ncol=6, frameon=False)
+        entries = len(ax.get_legend_handles_labels()[0])  # rows of equal length: 7 entries in 4 + 3
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -below), ncol=math.ceil(entries / math.ceil(entries / 6)),
+                  frameon=False)  # fmt: skip
     key, title = ("mem/cuda_max_reserved_bytes", "CUDA reserved")
     if not any(_is_value(job.summary.get(key)) for job in jobs):
         key, title = ("mem/process_peak_rss_bytes", "process RSS")
@@ -99,7 +125,7 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     side.set_title(f"{title}\n(context only)", fontsize=8)
     side.set_xlabel("MiB", fontsize=8)
     side.tick_params(labelsize=7)
-    _plain_axes(side, ticks=3)  # a narrow panel: three plain numbers never run together
+    _plain_axes(side, ticks=2)  # a narrow panel: two plain numbers never run together
     _save(plt, fig, path)
 
 
@@ -111,6 +137,17 @@ def _curves(job: JobResult):
         total += m.get("speed/step_s") or 0.0
         seconds.append(total)
     return steps, seconds, [m["train/loss"] for m in lines]
+
+
+MARKERS = ["o", "s", "^", "v", "D", "x", "+", "*"]
+LINE_STYLES = ["-", "--", ":", "-."]
+
+
+def _line_style(number: int, points: int) -> dict:
+    """The ``number``-th line's style and marker: curves that nearly coincide (not identical, so
+    not merged) stay visible, the markers staggered so that one does not sit on the other."""
+    return {"linestyle": LINE_STYLES[number % len(LINE_STYLES)], "marker": MARKERS[number % len(MARKERS)],
+            "markersize": 5, "fillstyle": "none", "markevery": (number % 3, 3) if points > 6 else None}  # fmt: skip
 
 
 def _colors(count: int) -> list:
@@ -145,11 +182,13 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
     groups = identical_groups(jobs, lambda job: _curves(job)[2])
     colors = _colors(len(groups))
     styles = ["-", "--", ":", "-."]
-    for group, color in zip(groups, colors):
+    for number, (group, color) in enumerate(zip(groups, colors)):
         numbers = joined_numbers(group)
         first = jobs[group[0]]
         steps, _, losses = _curves(first)
-        axes[0].plot(steps, losses, "-", color=color, linewidth=1.8,
+        # curves that nearly coincide (not identical, so not merged) stay visible: each its own
+        # line style and marker, the markers staggered so that one does not sit on the other
+        axes[0].plot(steps, losses, color=color, linewidth=1.8, **_line_style(number, len(steps)),
                      label=f"{numbers}. {merged_label([labels[i] for i in group])}")  # fmt: skip
         for member, index in enumerate(group):
             job = jobs[index]
@@ -177,10 +216,14 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
 
     axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps are whole numbers
     merged = [joined_numbers(group) for group in groups if len(group) > 1]
-    # the title names what this plot merged (the first such line), not an example
-    axes[0].set_title(
-        "Loss against steps" + (f" (identical curves: one line, {merged[0]})" if merged else "")
-    )
+    # the title names every line that stands for several jobs
+    title = "Loss against steps"
+    if merged:
+        title += f" (identical curves, one line each: {', '.join(merged)})"
+    if merged:  # a long list wraps, in a smaller font
+        axes[0].set_title("\n".join(textwrap.wrap(title, 60)), fontsize=10)
+    else:
+        axes[0].set_title(title)
     axes[1].set_title("Loss against time (each job)")
     if groups:
         _legend(axes[0], len(groups))
@@ -195,6 +238,8 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
 def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
     """Learning rate and gradient norm per optimizer step; identical curves drawn once, named by
     all their jobs' numbers."""
+    from matplotlib.ticker import MaxNLocator
+
     plt, fig, axes = _figure(4.2, columns=2)
     labels = job_labels(jobs)
 
@@ -203,11 +248,12 @@ def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
 
     for ax, key in ((axes[0], "lr"), (axes[1], "grad_norm")):
         groups = identical_groups(jobs, lambda job, key=key: [v for pair in points(job, key) for v in pair])
-        for group, color in zip(groups, _colors(len(groups))):
+        for number, (group, color) in enumerate(zip(groups, _colors(len(groups)))):
             name = "all jobs" if len(group) == len(jobs) > 1 else merged_label([labels[i] for i in group])
             if name.endswith("(named on the right)"):
                 name = f"{len(group)} jobs"
-            ax.plot(*zip(*points(jobs[group[0]], key)), color=color, linewidth=1.4,
+            xs, ys = zip(*points(jobs[group[0]], key))
+            ax.plot(xs, ys, color=color, linewidth=1.4, **_line_style(number, len(xs)),
                     label=f"{joined_numbers(group)}. {name}")  # fmt: skip
         if groups:
             _legend(ax, len(groups))
@@ -216,41 +262,31 @@ def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
     for ax in axes:
         ax.set_xlabel("optimizer step")
         _plain_axes(ax)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps are whole numbers
     _save(plt, fig, path)
 
 
-def pareto_front(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point beats on both axes (lower is better on both)."""
-    front = []
-    for i, (x, y) in enumerate(points):
-        beaten = any((a <= x and b <= y) and (a < x or b < y) for j, (a, b) in enumerate(points) if j != i)
-        if not beaten:
-            front.append(i)
-    return sorted(front, key=lambda i: points[i])
+def plot_pareto(jobs: list[JobResult], path: Path, front: set[int] | None = None) -> list[dict]:
+    """Step peak against eval loss, and throughput against step peak; the jobs of the verdict's
+    front (``front``: their numbers, :attr:`effitrain.compare.verdict.Verdict.front_numbers`; the
+    verdict is taken here when not given) ringed in both. Points are numbered as in the other plots,
+    labels placed where they overlap no other label; the key below names the numbers."""
+    if front is None:
+        from effitrain.compare.verdict import verdict
 
-
-def plot_pareto(jobs: list[JobResult], path: Path) -> None:
-    """Step peak against eval loss (the front: jobs nothing beats on both), and throughput against
-    step peak. Points are numbered as in the other plots, labels placed where they overlap no other
-    label; the key below names the numbers."""
+        front = verdict(jobs).front_numbers
     plt, fig, axes = _figure(4.8, columns=2)
     labels = job_labels(jobs)
-    numbered = [(i + 1, job) for i, job in enumerate(jobs)]
+    numbered = [(i + 1, job) for i, job in enumerate(jobs) if job.ranked]  # a NaN is no point
     panels = []
-    placed = [(n, j) for n, j in numbered if _is_value(j.summary.get("mem/step_peak_bytes"))
-              and _is_value(j.summary.get("eval/loss"))]  # fmt: skip
+    placed = [(n, j) for n, j in numbered if _finite(j.summary.get("mem/step_peak_bytes"))
+              and _finite(j.summary.get("eval/loss"))]  # fmt: skip
     ax = axes[0]
     if placed:
         points = [(j.summary["mem/step_peak_bytes"] / MIB, j.summary["eval/loss"]) for _, j in placed]
-        front = pareto_front(points)
-        ax.step([points[i][0] for i in front], [points[i][1] for i in front], where="post", color="#c44e52",
-                linewidth=1.5, zorder=1, label="Pareto front")  # fmt: skip
-        # ringed too: a front of one point draws no line
-        ax.scatter([points[i][0] for i in front], [points[i][1] for i in front], s=110, facecolors="none",
-                   edgecolors="#c44e52", zorder=3)  # fmt: skip
-        ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
+        _ring_front(ax, placed, points, front)
+        _scatter_by_kind(ax, placed, points)
         panels.append((ax, placed, points))
-        ax.legend(fontsize=7, loc="upper right")
     else:
         ax.text(0.5, 0.5, "no job has a step peak and an eval loss", ha="center", va="center",
                 transform=ax.transAxes)  # fmt: skip
@@ -258,16 +294,15 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
     ax.set_ylabel("eval loss")
     ax.set_title("Memory vs eval loss (lower left is better)")
     ax = axes[1]
-    placed = [(n, j) for n, j in numbered if _is_value(j.summary.get("mem/step_peak_bytes"))
-              and _is_value(j.summary.get("speed/samples_per_s"))]  # fmt: skip
+    placed = [(n, j) for n, j in numbered if _finite(j.summary.get("mem/step_peak_bytes"))
+              and _finite(j.figures.get(STEADY_SPEED))]  # fmt: skip
     if placed:
-        points = [
-            (j.summary["mem/step_peak_bytes"] / MIB, j.summary["speed/samples_per_s"]) for _, j in placed
-        ]
-        ax.scatter([p[0] for p in points], [p[1] for p in points], color="#4c72b0", zorder=2)
+        points = [(j.summary["mem/step_peak_bytes"] / MIB, j.figures[STEADY_SPEED]) for _, j in placed]
+        _ring_front(ax, placed, points, front)
+        _scatter_by_kind(ax, placed, points)
         panels.append((ax, placed, points))
     ax.set_xlabel("step peak (MiB)")
-    ax.set_ylabel("samples / s")
+    ax.set_ylabel("samples / s (median of the steady steps)")
     ax.set_title("Throughput vs memory (upper left is better)")
     for ax in axes:
         ax.margins(0.2)
@@ -285,9 +320,39 @@ def plot_pareto(jobs: list[JobResult], path: Path) -> None:
     for c, column in enumerate(columns):
         text = "\n".join(f"{i + 1:>2}. {labels[i][: int(110 * width)]}" for i in column)
         fig.text(0.01 + c * width, 0.1 / height, text, fontsize=7, va="bottom", family="monospace")
-    boxes = [_numbered_points(fig, ax, placed, points) for ax, placed, points in panels]
+    drawn = [
+        {"boxes": _numbered_points(fig, ax, placed, points),  # the labels' boxes in pixels
+         "points": {n: point for (n, _), point in zip(placed, points)},
+         "ringed": {n for n, _ in placed if n in front}}
+        for ax, placed, points in panels
+    ]  # fmt: skip
     _save(plt, fig, path, tight=False)
-    return boxes  # per panel the labels' boxes in pixels (the tests check that none overlap)
+    return drawn  # per panel what it shows, by job number: what the tests hold against the verdict
+
+
+def _scatter_by_kind(ax, placed, points) -> None:
+    """The points, one marker and colour per kind (task | model | data) where the jobs are of
+    several, named in the legend: points of different kinds sit on one pair of axes, but only a
+    kind's own points compare."""
+    by_kind: dict[str, list] = {}
+    for (_, job), point in zip(placed, points):
+        by_kind.setdefault(job_kind(job), []).append(point)
+    several = len(by_kind) > 1
+    for index, (kind, mine) in enumerate(by_kind.items()):
+        ax.scatter([p[0] for p in mine], [p[1] for p in mine], zorder=2, marker=MARKERS[index % len(MARKERS)],
+                   color=["#4c72b0", "#dd8452", "#55a868", "#8172b3"][index % 4],
+                   label=f"{kind} (compare within it)" if several else None)  # fmt: skip
+    if several:
+        ax.legend(fontsize=7, loc="best")  # where it covers the fewest points
+
+
+def _ring_front(ax, placed, points, front: set[int]) -> None:
+    """Ring the points of the jobs on the verdict's front (the same list the verdict writes)."""
+    ringed = [point for (n, _), point in zip(placed, points) if n in front]
+    if ringed:
+        ax.scatter([p[0] for p in ringed], [p[1] for p in ringed], s=110, facecolors="none",
+                   edgecolors="#c44e52", zorder=3, label="the verdict's front")  # fmt: skip
+        ax.legend(fontsize=7, loc="best")  # where it covers the fewest points
 
 
 def _numbered_points(fig, ax, placed, points) -> list[tuple]:
@@ -339,12 +404,14 @@ def _at_least_a_thousandth(ax) -> None:
         ax.set_ylim(middle - span / 2, middle + span / 2)
 
 
-PLOTS = {
-    "memory.png": plot_memory,
-    "loss.png": plot_losses,
-    "pareto.png": plot_pareto,
-    "lr_grad_norm.png": plot_lr_and_grad_norm,
-}
+def plot_all(jobs: list[JobResult], output: Path, front: set[int]) -> list[Path]:
+    """Every figure of the page into ``output``; the Pareto plot rings ``front`` (the verdict's)."""
+    paths = [output / name for name in ("memory.png", "loss.png", "pareto.png", "lr_grad_norm.png")]
+    plot_memory(jobs, paths[0])
+    plot_losses(jobs, paths[1])
+    plot_pareto(jobs, paths[2], front)
+    plot_lr_and_grad_norm(jobs, paths[3])
+    return paths
 
 
 def plot_seeds(exact: list[dict], path: Path) -> None:

@@ -6,10 +6,29 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from effitrain.compare.load import MIB, SEED_KEYS, JobResult, _is_value, baseline, choice_headers, failures
+from effitrain.compare.load import (
+    MIB,
+    SEED_KEYS,
+    STEADY_SPEED,
+    Estimate,
+    JobResult,
+    _finite,
+    _is_value,
+    baseline,
+    beyond_noise,
+    choice_headers,
+    combination_label,
+    failures,
+    job_kind,
+    kinds,
+    seed_groups,
+    seed_stats,
+)
 from effitrain.memory.replay import CATEGORIES
 from effitrain.train.tasks import reported_metrics
 
@@ -20,13 +39,17 @@ class Column:
     key: str
     scale: float = 1.0
     digits: int = 4
-    ratio: bool = False  # shown as a multiple of the first job's value
+    ratio: bool = False  # shown as a multiple of the baseline's value
+    # a difference that can only be positive (the first step's time over the median): a negative
+    # one is timing noise, not a figure, and is left empty
+    positive: bool = False
 
     def text(self, summary: dict, first: dict | None = None) -> str:
+        """The cell of a job's figures (:attr:`JobResult.figures`), ratios against ``first``'s."""
         value = summary.get(self.key)
         if self.key == "status":
             return str(value or "missing")
-        if not _is_value(value):
+        if not _is_value(value) or (self.positive and value < 0):
             return ""
         if self.ratio:
             base = (first or {}).get(self.key)
@@ -46,13 +69,15 @@ COLUMNS = [
     Column("train loss (mean)", "train/loss_mean"),
     Column("eval loss", "eval/loss"),
     *(Column(metric.label, metric.key, digits=metric.digits) for metric in reported_metrics()),  # the tasks'
-    Column("samples/s", "speed/samples_per_s", 1, 1),
-    Column("first-step overhead s", "speed/first_step_overhead_s", 1, 2),
+    Column("samples/s", STEADY_SPEED, 1, 1),  # compare's one samples/s (load.STEADY_SPEED)
+    Column("first-step overhead s", "speed/first_step_overhead_s", 1, 2, positive=True),
     Column("compile s", "speed/compile_s", 1, 2),
     Column("wall s", "speed/wall_s", 1, 1),
 ]
 
-CSV_KEYS = list(dict.fromkeys(column.key for column in COLUMNS)) + [
+# the summaries' keys, exact (compare's own figures follow them: DERIVED_CSV_KEYS)
+CSV_KEYS = list(dict.fromkeys(column.key for column in COLUMNS if column.key != STEADY_SPEED)) + [
+    "speed/samples_per_s",  # over all steps, warm-up included: not the page's samples/s
     "error",
     "mem/params_bytes",
     "mem/grads_bytes",
@@ -69,18 +94,77 @@ CSV_KEYS = list(dict.fromkeys(column.key for column in COLUMNS)) + [
 ]
 
 
+# compare's figures in comparison.csv beside the summaries' (CSV_KEYS): samples/s as the page shows it
+DERIVED_CSV_KEYS = [STEADY_SPEED, f"{STEADY_SPEED}_std"]
+
+
+def _bases(jobs: list[JobResult]) -> tuple[str, list[dict]]:
+    """The name the ratio columns are headed by, and per job the summary its ratios divide by: its
+    kind's baseline (:func:`effitrain.compare.load.kinds`), "base" when the kinds are several."""
+    names, base_of = [], {}
+    for members in kinds(jobs).values():
+        name, base = baseline(jobs, members)
+        names.append(name)
+        base_of.update({id(job): base for job in members})
+    return (names[0] if len(names) == 1 else "base"), [base_of.get(id(job), {}) for job in jobs]
+
+
+def _columns(jobs: list[JobResult], bases: list[dict]) -> list[Column]:
+    """The columns some job has a value for (perplexity only for language models, compile s only with compile)."""
+    return [c for c in COLUMNS if c.key == "status" or any(c.text(j.figures, b) for j, b in zip(jobs, bases))]
+
+
 def table_rows(jobs: list[JobResult]) -> tuple[list[str], list[list[str]]]:
     """The page's table: the job's number (as in every plot), its choices, then the figures."""
     headers = choice_headers(jobs)
-    name, base = baseline(jobs)
-    # the columns some job has a value for (perplexity only for language models, compile s only with compile)
-    columns = [c for c in COLUMNS if c.key == "status" or any(c.text(job.summary, base) for job in jobs)]
+    name, bases = _bases(jobs)
+    columns = _columns(jobs, bases)
     rows = []
-    for number, job in enumerate(jobs, 1):
+    for number, (job, base) in enumerate(zip(jobs, bases), 1):
         choices = [job.choices.get(h, "") if h != "job" else job.folder.name for h in headers]
-        rows.append([str(number)] + choices + [column.text(job.summary, base) for column in columns])
+        rows.append([str(number)] + choices + [column.text(job.figures, base) for column in columns])
     titles = [f"x {name}" if column.ratio else column.header for column in columns]
     return ["#"] + headers + titles, rows
+
+
+def _spread(job: JobResult, key: str, seeds: dict | None) -> float | None:
+    """One standard deviation of a job's figure: the larger of its own (the eval split's sampling
+    error, the steady steps' spread; bytes are exact) and its combination's spread over seeds;
+    None where neither is known (one seed: F1, train loss, times)."""
+    figures = job.figures
+    sem, samples = figures.get("eval/loss_sem"), figures.get("eval/samples")
+    own = None
+    if key.startswith("mem/"):
+        own = 0.0
+    elif key == "eval/loss":
+        own = sem if _finite(sem) else None
+    elif key == "eval/perplexity" and _finite(sem) and _finite(figures.get(key)):
+        own = figures[key] * sem  # exp(loss): d ppl = ppl d loss
+    elif key == "eval/accuracy" and _finite(figures.get(key)) and _finite(samples) and samples > 0:
+        own = math.sqrt(figures[key] * (1 - figures[key]) / samples)  # binomial sampling error
+    elif key == STEADY_SPEED:
+        own = figures.get(f"{key}_std")
+    between = seeds.get(f"{key}/std") if seeds and seeds["seeds"] > 1 else None
+    known = [value for value in (own, between) if value is not None]
+    return max(known) if known else None
+
+
+def table_estimates(jobs: list[JobResult]) -> dict[tuple[int, int], Estimate]:
+    """(row, column) of the table's figures -> the exact value with its noise (:func:`_spread`):
+    what :func:`best_cells` marks by."""
+    _, bases = _bases(jobs)
+    columns = _columns(jobs, bases)
+    offset = 1 + len(choice_headers(jobs))
+    seeds = {row["combination"]: row for row in seed_stats(seed_groups(jobs))}
+    estimates = {}
+    for r, job in enumerate(jobs):
+        for c, column in enumerate(columns, offset):
+            value = job.figures.get(column.key)
+            if not column.ratio and column.key != "status" and _finite(value):
+                estimates[(r, c)] = Estimate(
+                    value, _spread(job, column.key, seeds.get(combination_label(job)))
+                )
+    return estimates
 
 
 # Which way is better, by column title (ratio columns repeat the figure before them: not marked).
@@ -92,35 +176,57 @@ HIGHER_IS_BETTER = {"samples/s"} | {m.label for m in reported_metrics() if m.hig
 
 
 def best_cells(
-    headers: list[str], rows: list[list[str]], ok: list[bool] | None = None
+    headers: list[str],
+    rows: list[list[str]],
+    ok: list[bool] | None = None,
+    estimates: dict[tuple[int, int], Estimate] | None = None,
+    kind: list[str] | None = None,
 ) -> set[tuple[int, int]]:
-    """(row, column) of each column's best value among the jobs that finished ok (``ok``, one per
+    """(row, column) of each column's best values among the jobs that finished ok (``ok``, one per
     row; all when None): a failed or interrupted job's short wall time or partial state is no
-    best. Only where the values differ; ties are all marked."""
+    best. A cell is best when it is within noise of the column's top value and every other cell is
+    worse than it beyond noise (:func:`effitrain.compare.load.beyond_noise`, the verdict's rule),
+    the noise from ``estimates`` (:func:`table_estimates`; a cell not in it counts as exact). A
+    column whose top values are within noise of all others, or whose noise is unknown, marks none.
+    ``kind`` (one per row): rows are compared only with the rows of their kind (task, model, data)."""
+    estimates = estimates or {}
+    kind = kind or [""] * len(rows)
     best = set()
-    for col, title in enumerate(headers):
+    for (col, title), group in itertools.product(enumerate(headers), dict.fromkeys(kind)):
         if title not in LOWER_IS_BETTER | HIGHER_IS_BETTER:
             continue
+        lower = title in LOWER_IS_BETTER
         values = {
-            r: float(row[col])
+            r: estimates.get((r, col), Estimate(float(row[col]), 0.0))
             for r, row in enumerate(rows)
-            if row[col] not in ("", "nan") and (ok is None or ok[r])
+            if row[col] not in ("", "nan") and (ok is None or ok[r]) and kind[r] == group
         }
-        if len(set(values.values())) < 2:
+        if len({v.value for v in values.values()}) < 2:
             continue
-        top = (min if title in LOWER_IS_BETTER else max)(values.values())
-        best |= {(r, col) for r, value in values.items() if value == top}
+        top = (min if lower else max)(values.values(), key=lambda v: v.value)
+        tops = {r for r, v in values.items() if not beyond_noise(top, v, lower)}
+        rest = set(values) - tops
+        if rest and all(beyond_noise(values[t], values[o], lower) for t in tops for o in rest):
+            best |= {(r, col) for r in tops}
     return best
+
+
+def table_best(jobs: list[JobResult], headers: list[str], rows: list[list[str]]) -> set[tuple[int, int]]:
+    """The page's bold cells (:func:`table_rows`' ``headers`` and ``rows``): among the ranked jobs,
+    by their noise, each kind apart."""
+    ok, kind = [job.ranked for job in jobs], [job_kind(job) for job in jobs]
+    return best_cells(headers, rows, ok, table_estimates(jobs), kind)
 
 
 def write_csv(jobs: list[JobResult], path: Path) -> None:
     headers = choice_headers(jobs)
+    keys = CSV_KEYS + DERIVED_CSV_KEYS
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["sweep", "job"] + [h for h in headers if h not in ("sweep", "job")] + CSV_KEYS)
+        writer.writerow(["sweep", "job"] + [h for h in headers if h not in ("sweep", "job")] + keys)
         for job in jobs:
             choices = [job.choices.get(h, "") for h in headers if h not in ("sweep", "job")]
-            values = ["" if job.summary.get(key) is None else job.summary.get(key) for key in CSV_KEYS]
+            values = ["" if job.figures.get(key) is None else job.figures.get(key) for key in keys]
             writer.writerow([str(job.sweep), job.folder.relative_to(job.sweep).as_posix()] + choices + values)
 
 
@@ -194,18 +300,22 @@ def write_markdown(headers, rows, jobs: list[JobResult], plots: list[Path], path
         if verdict.rows:
             lines += [markdown_table(verdict.headers, verdict.rows), ""]
         lines += [f"- {note}" for note in verdict.notes] + ["", "## All jobs", ""]
-    marked = best_cells(headers, rows, [job.ok for job in jobs])
+    marked = table_best(jobs, headers, rows)
     shown = [
         [f"**{cell}**" if (r, c) in marked else cell for c, cell in enumerate(row)]
         for r, row in enumerate(rows)
     ]
     lines += [markdown_table(headers, shown, numeric=_numeric(headers, rows)), "",
-              "Bold: the best value of its column.", ""]  # fmt: skip
+              f"Bold: {BEST}", ""]  # fmt: skip
     if seeds:
         lines += ["Repeated seeds (mean +- standard deviation):", "", markdown_table(*seeds), ""]
     problems = failures(jobs)
     if problems:
-        lines += ["Jobs that did not finish ok:", ""] + [f"- {line}" for line in problems] + [""]
+        lines += (
+            ["Jobs not ranked (not finished ok, or a figure not finite):", ""]
+            + [f"- {line}" for line in problems]
+            + [""]
+        )
     lines += [f"![{plot.stem}]({plot.name})" for plot in plots]
     path.write_text("\n".join(lines) + "\n")
 
@@ -216,7 +326,7 @@ def html_table(headers: list[str], rows: list[list[str]], row_classes: list[str]
     (row, column) are the best of their column."""
     numeric = _numeric(headers, rows)
     head = "".join(
-        f'<th class="{"num" if n else "text"}">{html.escape(v)}</th>' for v, n in zip(headers, numeric)
+        f'<th class="{"num" if n else "text"}">{_breakable(v)}</th>' for v, n in zip(headers, numeric)
     )
     body = [f"<tr>{head}</tr>"]
     for r, (row, css) in enumerate(zip(rows, row_classes or [""] * len(rows))):
@@ -228,17 +338,38 @@ def html_table(headers: list[str], rows: list[list[str]], row_classes: list[str]
     return f"<table>{''.join(body)}</table>"
 
 
+BEST = ("better than every other job beyond noise (2 standard deviations of the eval split's sampling "
+        "error, the steady steps' spread or the seeds' spread; bytes are exact); a column whose values "
+        "are within noise of each other, or whose noise is unknown (one seed: F1, train loss, times), "
+        "marks none.")  # fmt: skip
+SPEED = ("the median over the job's steady optimizer steps (warm-up left out), as in the verdict and "
+         "the plots; comparison.csv also holds the summary's speed/samples_per_s, over all steps. A "
+         "negative first-step overhead (the first step no slower than the median) is left empty.")  # fmt: skip
+
+
+def _breakable(header: str) -> str:
+    """A header that may wrap after ``_`` and ``.`` (``gradient_accumulation_steps``), so that a
+    12-job table's columns fit a 1,400-pixel window instead of scrolling sideways."""
+    return html.escape(header).replace("_", "_<wbr>").replace(".", ".<wbr>")
+
+
 # One line per figure: what a reader looks at and which way is better.
 HOW_TO_READ = {
     "memory": "Each bar is one job's tensor memory at its step peak, split by what holds it: shorter "
-    "is better. The diamond is the peak predicted before running; the grey panel is the whole "
+    "is better. Optimizer state is the state's own bytes; optimizer update temporaries are the "
+    "tensors the optimizer's update makes while it runs (counted in the tracker's optimizer "
+    "category). The diamond is the peak predicted before running; the grey panel is the whole "
     "process, context only.",
     "loss": "Train loss per optimizer step (left) and per training second (right), eval losses as "
     "dots; lower is better. Jobs whose losses are identical are one line, named by all their numbers "
-    "(such as 1=4). On the right, the curve that drops first reaches a loss soonest.",
+    "(such as 1=4, each such line in the title); each line has its own style and marker, so curves "
+    "that nearly coincide stay visible. On the right, the curve that drops first reaches a loss "
+    "soonest.",
     "pareto": "Each number is a job, as in the table. Left: lower left is less memory for a lower "
-    "eval loss; the red line joins the jobs nothing beats on both. Right: upper left is faster with "
-    "less memory.",
+    "eval loss. Right: upper left is faster (samples/s as in the table) with less memory. Ringed in "
+    "red: the jobs of the verdict's front (memory, quality and speed, beyond noise), the same list "
+    "the verdict writes. Jobs of several kinds (task, model, data) each have their own marker: compare "
+    "points of one marker only.",
     "lr_grad_norm": "The learning rate each step used, and the gradient norm before clipping: a norm "
     "that jumps or keeps growing warns of instability.",
     "seeds": "Mean and one standard deviation over each combination's seeds: where two bars "
@@ -247,8 +378,9 @@ HOW_TO_READ = {
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
-table { border-collapse: collapse; font-size: 13px; margin: 0.5em 0; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; }
+table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; }
+td.text { max-width: 24em; overflow-wrap: break-word; }
 th { background: #f3f3f3; }
 .num { text-align: right; } .text { text-align: left; }
 td.best { font-weight: bold; background: #e3f4e1; }
@@ -285,8 +417,8 @@ def write_html(headers, rows, jobs: list[JobResult], plots: list[Path], path: Pa
     table = html_table(
         headers,
         rows,
-        ["" if job.ok else "failed" for job in jobs],
-        best_cells(headers, rows, [job.ok for job in jobs]),
+        ["" if job.ranked else "failed" for job in jobs],
+        table_best(jobs, headers, rows),
     )
     seeds_table = ""
     if seeds:
@@ -307,11 +439,11 @@ def write_html(headers, rows, jobs: list[JobResult], plots: list[Path], path: Pa
 <p class="note">{html.escape(", ".join(str(s) for s in sources))}: {len(jobs)} jobs, {sum(not j.ok for j in jobs)} not ok.</p>
 {verdict_html(verdict) if verdict is not None else ""}
 <h2>All jobs</h2>
-<p class="how">How to read this: one row per job, numbered as in every plot; the best value of each
-column is bold on green; x columns are multiples of the baseline's value.</p>
+<p class="how">How to read this: one row per job, numbered as in every plot. Bold on green: {html.escape(BEST)}
+x columns are multiples of the baseline's value. samples/s: {html.escape(SPEED)}</p>
 {table}
 {seeds_table}
-{f"<h2>Jobs that did not finish ok</h2><ul>{errors}</ul>" if errors else ""}
+{f"<h2>Jobs not ranked (not finished ok, or a figure not finite)</h2><ul>{errors}</ul>" if errors else ""}
 {"".join(images)}
 </body></html>
 """
