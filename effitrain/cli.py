@@ -8,7 +8,7 @@
 
 'effitrain <command> --help' tells more about one command.
 """
-# This docstring is the --help text, so it is plain text; the Hydra side is effitrain/commands/train.py.
+# This docstring is the --help text, so it is plain text; the Hydra side is effitrain/commands/front_door.py.
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from effitrain.commands.plan import DEFAULT_MARGIN
-from effitrain.commands.train import MULTIRUN_FLAGS, preflight, train
+from effitrain.commands.front_door import MULTIRUN_FLAGS, preflight, train
 from effitrain.config.compose import compose
 from effitrain.config.errors import ConfigError, fail
 from effitrain.config.schema import DEVICES

@@ -1,5 +1,5 @@
 """The job side of a multirun: what each job's process does before its run (under effitrain's
-launcher and under ``submitit_slurm`` alike), called by the Hydra task (:mod:`effitrain.commands.train`)."""
+launcher and under ``submitit_slurm`` alike), called by the Hydra task (:mod:`effitrain.commands.front_door`)."""
 
 from __future__ import annotations
 

@@ -252,7 +252,7 @@ def _planted_ok_run(folder):
 def test_a_run_locked_by_a_preflight_refuses_the_second_before_hydra_writes(tmp_path):
     """Two runs started at the same moment into one folder: the first's preflight holds the folder
     (as it does across its Hydra run), so the second is refused before its Hydra writes .hydra/."""
-    from effitrain.commands.train import check_overrides_or_exit
+    from effitrain.commands.front_door import check_overrides_or_exit
     from tests.helpers.run import TINY, train_py
 
     folder = tmp_path / "run"

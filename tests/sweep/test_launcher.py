@@ -355,7 +355,7 @@ def test_launcher_settings_are_typed_when_composed():
     while the sweep's config is composed, in one line (the sweep's, not each job's)."""
     from omegaconf import OmegaConf
 
-    from effitrain.commands.train import preflight
+    from effitrain.commands.front_door import preflight
     from effitrain.config.compose import compose
     from effitrain.config.schema import LauncherConfig
 

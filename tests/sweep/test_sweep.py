@@ -366,7 +366,7 @@ def test_a_job_whose_folder_holds_another_config_s_ok_run_is_failed_never_report
     flags = ["--config-dir", str(alt), "--config-name", "alt"]
     refused = train_py(*common, *flags)
     assert refused.returncode == 2 and _summaries(sweep) == {name: before}, refused.stderr[-2000:]
-    code = "import sys, effitrain.commands.train as c\nc.MAX_JOBS_CHECKED = 0\nc.train(sys.argv[1:])"
+    code = "import sys, effitrain.commands.front_door as c\nc.MAX_JOBS_CHECKED = 0\nc.train(sys.argv[1:])"
     command = [sys.executable, "-c", code, *common, *flags]
     changed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert changed.returncode == 1, changed.stdout[-2000:] + changed.stderr[-2000:]
