@@ -52,7 +52,7 @@ fi
 [[ $command == start ]] || { echo "cluster.sh: unknown command $command" >&2; exit 2; }
 
 node=$(hostname -s)
-cpus=$(nproc)
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc honours OMP_NUM_THREADS, which the tests set per worker
 memory_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
 user=$(id -un)
 mkdir -p "$dir/state" "$dir/spool" "$dir/munge"
