@@ -16,8 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from effitrain.commands.plan import DEFAULT_MARGIN
 from effitrain.commands.front_door import MULTIRUN_FLAGS, preflight, train
+from effitrain.commands.plan import DEFAULT_MARGIN
 from effitrain.config.compose import compose
 from effitrain.config.errors import ConfigError, fail
 from effitrain.config.schema import DEVICES

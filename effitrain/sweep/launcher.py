@@ -58,6 +58,11 @@ class LocalSweep:
         self.sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
         (self.sweep_dir / LAUNCHER_DIR).mkdir(parents=True, exist_ok=True)
         self.jobs = [self._prepare(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
+        shared, labels = split_shared([job.overrides for job in self.jobs])
+        for job, label in zip(self.jobs, labels):
+            job.label = label
+        if shared:  # said once: a job's own lines then name what differs
+            print(f"effitrain: {len(self.jobs)} jobs, each with: {' '.join(shared)}", flush=True)
         devices = self.settings["devices"]
         devices = visible_gpus() if devices is None else devices
         per_job = self.settings["gpus_per_job"]
@@ -149,7 +154,7 @@ class LocalSweep:
         self._record(
             job, status=outcome.status, pid=job.process.pid, returncode=code, ended=ended, error=outcome.error
         )
-        line = f"effitrain: job {job.idx} {outcome.status}: {job.name} ({ended - job.started:.1f} s)"
+        line = f"effitrain: job {job.idx} {outcome.status}: {job.label} ({ended - job.started:.1f} s)"
         print(line if outcome.status == "ok" else f"{line}: {outcome.error}", flush=True)
 
     def _start(self, job: LaunchedJob, specs: Path) -> None:
@@ -192,7 +197,7 @@ class LocalSweep:
         where = [f"pid {job.process.pid}"]
         where += [f"CUDA_VISIBLE_DEVICES={','.join(job.gpus)}"] if job.gpus is not None else []
         where += [f"cpus {','.join(map(str, job.cpus))}"] if job.cpus is not None else []
-        print(f"effitrain: job {job.idx} started ({', '.join(where)}): {job.name}", flush=True)
+        print(f"effitrain: job {job.idx} started ({', '.join(where)}): {job.label}", flush=True)
 
     def _send(self, job: LaunchedJob, signum: int, wait: bool = False) -> int | None:
         """``signum`` to a running job (SIGKILL to its whole process group: nothing it started
@@ -275,6 +280,16 @@ class LocalSweep:
         ret.status = JobStatus.COMPLETED
         ret.return_value = job.value
         return ret
+
+
+def split_shared(job_overrides: list[list[str]]) -> tuple[list[str], list[str]]:
+    """The overrides every job of a sweep has (in the first job's order), and for each job what
+    sets it apart (its overrides, space-separated; a lone job: all of them, or "the defaults")."""
+    if len(job_overrides) < 2:
+        return [], [" ".join(o) or "the defaults" for o in job_overrides]
+    common = set.intersection(*(set(o) for o in job_overrides))
+    shared = [o for o in job_overrides[0] if o in common]
+    return shared, [" ".join(o for o in overrides if o not in common) for overrides in job_overrides]
 
 
 def _read_result(path: Path) -> dict | None:

@@ -36,6 +36,7 @@ class LaunchedJob:
     config: DictConfig
     folder: Path
     name: str  # the folder relative to the sweep's
+    label: str = ""  # what sets it apart from the sweep's other jobs, for its console lines
     lock: contextlib.ExitStack | None = None  # the folder's, held while the job runs
     process: subprocess.Popen | None = None
     gpus: list | None = None

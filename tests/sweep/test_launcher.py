@@ -430,3 +430,15 @@ def test_a_job_result_crosses_as_json_never_as_a_pickle(tmp_path):
     result.write_text(json.dumps({"completed": True, "return_value": 0.5}))
     assert _read_result(result) == {"completed": True, "return_value": 0.5}
     assert _read_result(tmp_path / "none.json") is None
+
+
+def test_a_sweep_says_the_shared_overrides_once_and_each_job_what_differs():
+    from effitrain.sweep.launcher import split_shared
+
+    jobs = [["model=tiny", "data=synthetic", "seed=1", "optimizer=adamw"],
+            ["model=tiny", "data=synthetic", "seed=2", "optimizer=adamw"],
+            ["data=synthetic", "model=tiny", "seed=1", "optimizer=lion"]]  # fmt: skip
+    shared, labels = split_shared(jobs)
+    assert shared == ["model=tiny", "data=synthetic"]
+    assert labels == ["seed=1 optimizer=adamw", "seed=2 optimizer=adamw", "seed=1 optimizer=lion"]
+    assert split_shared([["seed=1"]]) == ([], ["seed=1"])
