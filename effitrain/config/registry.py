@@ -182,6 +182,7 @@ def check_allowed(path: str, target: str, allowed: dict[str, Allowed] = GROUP_TA
         raise invalid(f"{path}._target_", target, f"nothing builds a _target_ under {group}: leave it out")
     parts = target.split(".")
     inside = any(target == name or target.startswith(f"{name}.") for name in rule.names)
+    inside = inside or project_module(parts[0])
     if not inside or any(not part or part.startswith("_") for part in parts):
         raise invalid(f"{path}._target_", target, f"{group} takes {rule.kind} from {', '.join(rule.names)}")
 
@@ -205,7 +206,9 @@ def check_kind(path: str, target: str, found, allowed: dict[str, Allowed] = GROU
     else:
         is_class = inspect.isclass(found)
         home = str(getattr(found, "__module__", ""))
-        fits = any(home == m or home.startswith(f"{m}.") for m in rule.names)
+        fits = any(home == m or home.startswith(f"{m}.") for m in rule.names) or project_module(
+            home.split(".")[0]
+        )
         fits = fits and (is_class or inspect.isfunction(found))
         if fits and rule.base is not None:
             module, _, name = rule.base.rpartition(".")
@@ -214,6 +217,31 @@ def check_kind(path: str, target: str, found, allowed: dict[str, Allowed] = GROU
         raise invalid(
             f"{path}._target_", target, f"{path.split('.')[0]} takes {rule.kind}, and this is not one"
         )
+
+
+@functools.cache
+def project_module(top: str) -> bool:
+    """``top`` is a module of the user's own project, so its group's targets may come from it (a task
+    class beside the configs: docs/extending.md): found, not imported, in a file under the working
+    directory and outside the interpreter's installed packages and standard library. effitrain's own
+    modules are held to the list."""
+    import importlib.util
+    import sysconfig
+
+    if top == "effitrain":
+        return False
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    where = spec.origin if spec.has_location else next(iter(spec.submodule_search_locations or []), None)
+    if where is None:
+        return False
+    path = Path(where).resolve()
+    installed = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib", "stdlib")}
+    return path.is_relative_to(Path.cwd().resolve()) and not any(path.is_relative_to(i) for i in installed)
 
 
 def target_definition(target: str):

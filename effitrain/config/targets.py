@@ -267,6 +267,7 @@ def check_config_overrides(cfg: DictConfig) -> None:
         config_class = CONFIG_MAPPING[model_type]
         known = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}))
         known |= set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+        known.add("attn_implementation")  # every config takes it (PretrainedConfig stores it privately)
     except Exception:  # noqa: BLE001 - a type transformers does not know (remote code): unchecked
         return
     for key, value in overrides.items():

@@ -256,7 +256,7 @@ def test_a_run_locked_by_a_preflight_refuses_the_second_before_hydra_writes(tmp_
     from tests.helpers.run import TINY, train_py
 
     folder = tmp_path / "run"
-    held, argv = check_overrides_or_exit([*TINY, f"hydra.run.dir={folder}"])
+    held, argv, _ = check_overrides_or_exit([*TINY, f"hydra.run.dir={folder}"])
     with held:
         assert argv == [*TINY, f"hydra.run.dir={folder}"]
         done = train_py(*TINY, "seed=7", f"hydra.run.dir={folder}")
