@@ -120,7 +120,8 @@ def prepare(
     """
     if not validated:
         validate(cfg, num_processes)
-    folders.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
+    if cfg.get("resume") != "auto":  # resume=auto asked the folder policy already (finished_and_kept)
+        folders.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
     return checkpoint.find_resume(cfg, output_dir)
 
 
