@@ -20,6 +20,10 @@ import torch
 # fp32 on NVIDIA is the TF32 tensor-core figure torch uses for matmuls when allowed, else the FMA one.
 GPU_PEAKS = {
     "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
+    # the H100's PCIe and NVL boards run slower clocks than the SXM board that "H100" alone names;
+    # matched first (the first fragment found in the device's name is taken)
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12},
+    "H100 NVL": {"bf16": 835e12, "fp16": 835e12, "fp32": 60e12},
     "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
     "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
     "A10G": {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12},

@@ -22,6 +22,21 @@ def test_mfu_divides_by_the_h100_peak_of_the_run_s_precision(monkeypatch, precis
     assert keys["speed/mfu"] == pytest.approx(12e12 / peak, rel=1e-3)
 
 
+# NVIDIA H100 PCIe and NVL data sheets: BF16 tensor core 1,513 and 1,671 TFLOPS with sparsity; FP32 51
+# and 60 TFLOPS: a PCIe card divided by the SXM board's peak would under-report its MFU by a quarter
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 PCIe", 1513e12 / 2),
+        ("NVIDIA H100 NVL", 1671e12 / 2),
+        ("NVIDIA H100 80GB HBM3", H100_BF16_DENSE),
+    ],
+)
+def test_each_h100_board_has_its_own_peak(monkeypatch, name, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert flops.device_peak(torch.device("cuda"), "bf16")[0] == pytest.approx(peak, rel=1e-3)
+
+
 def test_the_cpu_peak_is_two_flops_per_multiply_add_of_the_timed_matmul(monkeypatch, tmp_path):
     """A 1024 x 1024 by 1024 x 1024 product is 1024^3 multiply-adds; timed (here) at 0.25 s."""
     monkeypatch.setattr(flops, "_timed", lambda fn: 0.25)
