@@ -42,6 +42,7 @@ class LaunchedJob:
     gpus: list | None = None
     cpus: list | None = None
     started: float = 0.0
+    deadline: float = 0.0  # when it is sent SIGTERM (timeout_min), or SIGKILL (kill_grace_s after a signal)
     summary_before: tuple | None = None
     metrics_before: tuple | None = None
     stop_signal: int | None = None  # what the launcher sent it (a timeout or the sweep's stop)
@@ -49,27 +50,29 @@ class LaunchedJob:
     outcome: JobOutcome | None = None
     value: object = None
 
+    def result(self, specs: Path) -> Path:
+        return specs / f"job-{self.idx}.json"
+
 
 def job_outcome(job: LaunchedJob, code: int, result: dict | None, timeout_min) -> JobOutcome:
     """How the job ended, from its exit and what it wrote; a job that could not write its own
     summary (killed outright, timed out) gets one written here."""
     log = job.folder / JOB_LOG
-    written = file_id(job.folder / results.SUMMARY) != job.summary_before  # by this attempt
     summary = results.read_summary(job.folder)
-    if written and summary is not None and summary.get("status") == "ok":
+    rewritten = file_id(job.folder / results.SUMMARY) != job.summary_before  # by this attempt
+    written = summary if rewritten else None
+    if written is not None and written.get("status") == "ok":
         return JobOutcome(job.folder, "ok", False, None, log)
     signum = -code if code < 0 else None
     stopped = None
     if job.timed_out:
         error = f"ran longer than hydra.launcher.timeout_min={timeout_min}: stopped by "
         stopped = ("timeout", signum or job.stop_signal, error + signal_name(signum or job.stop_signal))
-    elif job.stop_signal is not None and signum != signal.SIGKILL and not written:
+    elif job.stop_signal is not None and signum != signal.SIGKILL and not rewritten:
         # the sweep stopped it (Ctrl-C, SIGTERM) before it could say so itself (still starting)
         error = f"interrupted by {signal_name(job.stop_signal)} (the sweep was stopped)"
         stopped = ("interrupted", job.stop_signal, error)
-    elif signum is not None and not (
-        written and summary is not None and summary.get("status") == "interrupted"
-    ):
+    elif signum is not None and not (written is not None and written.get("status") == "interrupted"):
         error = f"killed by {signal_name(signum)}"
         if signum == signal.SIGKILL and job.stop_signal is None:
             error += " (from outside: the kernel's OOM killer sends it when memory runs out)"
@@ -79,10 +82,10 @@ def job_outcome(job: LaunchedJob, code: int, result: dict | None, timeout_min) -
             )
         stopped = ("killed", signum, error)
     if stopped is not None:
-        _write_stopped(job, *stopped, summary if written else None)
+        _write_stopped(job, *stopped, written)
         return JobOutcome(job.folder, stopped[0], False, stopped[2], log)
-    if written and summary is not None:
-        return JobOutcome(job.folder, summary.get("status", "failed"), False, summary.get("error"), log)
+    if written is not None:
+        return JobOutcome(job.folder, written.get("status", "failed"), False, written.get("error"), log)
     if result is not None and not result.get("completed"):
         return JobOutcome(job.folder, "failed", False, result.get("error"), log)
     if code == 0 and result is not None:
