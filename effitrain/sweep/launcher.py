@@ -51,12 +51,12 @@ class LocalSweep:
             fail(str(error))
         self.sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
         (self.sweep_dir / LAUNCHER_DIR).mkdir(parents=True, exist_ok=True)
+        shared, labels = split_shared([list(o) for o in job_overrides])
+        if shared:  # said once: a job's own lines then name what differs
+            print(f"effitrain: {len(labels)} jobs, each with: {' '.join(shared)}", flush=True)
         self.jobs = [self._prepare(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
-        shared, labels = split_shared([job.overrides for job in self.jobs])
         for job, label in zip(self.jobs, labels):
             job.label = label
-        if shared:  # said once: a job's own lines then name what differs
-            print(f"effitrain: {len(self.jobs)} jobs, each with: {' '.join(shared)}", flush=True)
         devices, per_job = self.settings["devices"], self.settings["gpus_per_job"]
         devices = visible_gpus() if devices is None else devices
         self.gpu_groups = [devices[i : i + per_job] for i in range(0, len(devices) - per_job + 1, per_job)]
@@ -98,16 +98,17 @@ class LocalSweep:
         job.lock.close()
         job.lock = None
         if decision.action == "skip":
-            job.outcome = JobOutcome(job.folder, "ok", True, None)
             job.value = decision.previous.get(job.config.get("optimized_metric", "eval/loss"))
-            self._record(job, status="ok", skipped=True)
+            job.outcome, fields = JobOutcome(job.folder, "ok", True, None), {"skipped": True}
         elif decision.action == "refuse":
-            job.outcome = JobOutcome(job.folder, "failed", False, decision.reason)
-            self._record(job, status="failed", error=decision.reason)
+            job.outcome, fields = (
+                JobOutcome(job.folder, "failed", False, decision.reason),
+                {"error": decision.reason},
+            )
         else:  # another sweep (or run) writes there now: it is left to that one
             error = f"in use by another sweep or run (pid {decision.owner}): left to it"
-            job.outcome = JobOutcome(job.folder, "busy", False, error)
-            self._record(job, status="busy", owner=decision.owner)
+            job.outcome, fields = JobOutcome(job.folder, "busy", False, error), {"owner": decision.owner}
+        self._record(job, status=job.outcome.status, **fields)
         return True
 
     def _start(self, job: LaunchedJob, specs: Path) -> None:
@@ -163,12 +164,12 @@ class LocalSweep:
     def _finish(self, job: LaunchedJob, specs: Path) -> None:
         """A job whose process has ended: how it ended, its slots back (to the back: every GPU gets used)."""
         code, result = job.process.returncode, _read_result(job.result(specs))
-        job.outcome = job_outcome(job, code, result, self.settings["timeout_min"])
+        job.outcome = outcome = job_outcome(job, code, result, self.settings["timeout_min"])
         job.lock.close()  # let go only after a killed job's summary is written under it
         self.cpu_slots.append(job.cpus)
         self.gpu_groups += [job.gpus] if job.gpus is not None else []
         job.value = result.get("return_value") if result is not None and result.get("completed") else None
-        ended, outcome = time.time(), job.outcome
+        ended = time.time()
         self._record(
             job, status=outcome.status, pid=job.process.pid, returncode=code, ended=ended, error=outcome.error
         )
@@ -177,17 +178,18 @@ class LocalSweep:
 
     def _stop(self, signum: int, running: list[LaunchedJob]) -> None:
         """The sweep's first signal to every running job; a second one as SIGKILL."""
-        if self.stop_signal is not None:
-            signum = signal.SIGKILL
-        else:
+        first = self.stop_signal is None
+        if first:
             self.stop_signal = signum
             stopping = f"stopping {len(running)} running job(s), which record status interrupted"
             stopping += "; no new job starts (again to kill them at once)"
             print(f"\neffitrain: {signal_name(signum)}: {stopping}", file=sys.stderr, flush=True)
         for job in running:
-            self._send(job, signum)
+            self._send(job, signum if first else signal.SIGKILL)
 
     def run(self) -> list:
+        from hydra.core.utils import JobReturn, JobStatus
+
         signals: list[int] = []  # acted on in the loop below, not inside the handler
         handlers = {}
         if threading.current_thread() is threading.main_thread():
@@ -197,8 +199,8 @@ class LocalSweep:
         specs = Path(tempfile.mkdtemp(prefix="specs-", dir=self.sweep_dir / LAUNCHER_DIR))
         pending, running = list(self.jobs), []
         try:
-            while pending or running:
-                if signals:
+            while running or (pending and self.stop_signal is None):
+                while signals:
                     self._stop(signals.pop(0), running)
                 for job in running:  # past timeout_min (SIGTERM), or past kill_grace_s after a signal
                     if job.process.poll() is None and time.time() > job.deadline:
@@ -207,13 +209,9 @@ class LocalSweep:
                 for job in [job for job in running if job.process.poll() is not None]:
                     running.remove(job)
                     self._finish(job, specs)
-                while pending and (len(running) < self.parallel or self.stop_signal is not None):
+                while pending and len(running) < self.parallel and self.stop_signal is None:
                     job = pending.pop(0)
-                    if self.stop_signal is not None:
-                        job.outcome = JobOutcome(
-                            job.folder, "not started", False, "the sweep was stopped first"
-                        )
-                    elif not self._decide_without_process(job):
+                    if not self._decide_without_process(job):
                         self._start(job, specs)
                         running.append(job)
                 time.sleep(0.05)
@@ -223,10 +221,24 @@ class LocalSweep:
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
             shutil.rmtree(specs, ignore_errors=True)
+        for job in pending:
+            job.outcome = JobOutcome(job.folder, "not started", False, "the sweep was stopped first")
         RECORD.launched = True
         RECORD.jobs += [job.outcome for job in self.jobs]
         RECORD.signal = self.stop_signal if self.stop_signal is not None else RECORD.signal
-        return [self._job_return(job) for job in self.jobs]
+        # COMPLETED also for a failed or killed job: the sweep reports it and goes on; Hydra's
+        # sweeper would stop the whole multirun at the first FAILED with a traceback
+        done = {"status": JobStatus.COMPLETED, "working_dir": os.getcwd()}
+        return [
+            JobReturn(
+                job.overrides,
+                job.config,
+                task_name=str(job.config.hydra.job.name),
+                _return_value=job.value,
+                **done,
+            )
+            for job in self.jobs
+        ]
 
     def _record(self, job: LaunchedJob, **fields) -> None:
         """A line of ``<sweep>/.effitrain/launches.jsonl``: where and when each job ran."""
@@ -236,18 +248,6 @@ class LocalSweep:
             line.update(started=job.started, cuda_visible_devices=gpus, cpus=job.cpus)
         with open(self.sweep_dir / LAUNCHER_DIR / LAUNCHES, "a") as handle:
             handle.write(json.dumps({**line, **fields}) + "\n")
-
-    def _job_return(self, job: LaunchedJob):
-        from hydra.core.utils import JobReturn, JobStatus
-
-        # COMPLETED also for a failed or killed job: the sweep reports it and goes on; Hydra's
-        # sweeper would stop the whole multirun at the first FAILED with a traceback
-        ret = JobReturn(
-            job.overrides, job.config, working_dir=os.getcwd(), task_name=str(job.config.hydra.job.name)
-        )
-        ret.status = JobStatus.COMPLETED
-        ret.return_value = job.value
-        return ret
 
 
 def split_shared(job_overrides: list[list[str]]) -> tuple[list[str], list[str]]:

@@ -10,6 +10,7 @@ import shlex
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,27 +100,19 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        if RECORD.launched:  # effitrain's launcher: the jobs Hydra handed it, whatever is on disk
-            outcomes = [_recheck(job) for job in RECORD.jobs]
-        else:
-            outcomes = sweep_outcomes(sweep_dir, self.started)
+        # effitrain's launcher: the jobs Hydra handed it, whatever is on disk
+        outcomes = [_recheck(job) for job in RECORD.jobs] if RECORD.launched else None
+        outcomes = outcomes if outcomes is not None else sweep_outcomes(sweep_dir, self.started)
         for job in outcomes:
             how = "ok (skipped: ok before)" if job.skipped else job.status
             line = f"effitrain: {how}: {os.path.relpath(job.folder, sweep_dir)}"
-            if job.status != "ok":
-                line += f": {job.error}"
-            if job.log is not None and job.log.exists():
-                line += f" (log: {job.log})"
-            print(line)
-        busy = sum(job.status == "busy" for job in outcomes)
-        not_started = sum(job.status == "not started" for job in outcomes)
-        failed = sum(job.status not in ("ok", "busy", "not started") for job in outcomes)
-        skipped = sum(job.skipped for job in outcomes)
-        notes = [f"{skipped} skipped: ok before"]
-        if busy:
-            notes.append(f"{busy} in use by another sweep, not run")
-        if not_started:
-            notes.append(f"{not_started} not started")
+            line += f": {job.error}" if job.status != "ok" else ""
+            print(line + (f" (log: {job.log})" if job.log is not None and job.log.exists() else ""))
+        count = Counter(job.status for job in outcomes)
+        notes = [f"{sum(job.skipped for job in outcomes)} skipped: ok before"]
+        notes += [f"{count['busy']} in use by another sweep, not run"] if count["busy"] else []
+        notes += [f"{count['not started']} not started"] if count["not started"] else []
+        failed = len(outcomes) - count["ok"] - count["busy"] - count["not started"]
         print(f"effitrain: {failed} of {len(outcomes)} jobs failed ({', '.join(notes)}) in {sweep_dir}")
         print(f"effitrain: compare: effitrain compare {shlex.quote(str(sweep_dir))}")
         from effitrain.train.loggers import offline_sync_hint
@@ -127,7 +120,9 @@ class SweepReport(Callback):
         hint = offline_sync_hint(sweep_dir)
         if hint:  # once for the sweep, not once per job
             print(hint)
-        failed += busy + not_started  # not done by this sweep either: the exit status says so
+        failed += (
+            count["busy"] + count["not started"]
+        )  # not done by this sweep either: the exit status says so
         if failed:
             args = [arg for arg in sys.argv if not arg.startswith("hydra.sweep.dir=")]
             if not any(arg.startswith("resume=") for arg in args) and _left_checkpoints(outcomes):
