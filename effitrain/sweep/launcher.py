@@ -8,7 +8,8 @@ in ``<job>/job.log``; one loop in the sweep's process starts, watches and stops 
 the folder policy before a process starts (:func:`effitrain.run.folders.claimed`: skip, refuse or
 busy; the folder stays locked while its job runs), one slot per running job (its GPUs, its CPU cores:
 :mod:`effitrain.sweep.slots`), timeouts, Ctrl-C and SIGTERM forwarded to every running job (again:
-SIGKILL), how each job ended (:mod:`effitrain.sweep.outcome`) and the record the closing report reads.
+SIGKILL), how each job ended (:func:`job_outcome`, which writes the summary of a job stopped from
+outside) and the record the closing report reads (:mod:`effitrain.sweep.report`).
 """
 
 from __future__ import annotations
@@ -23,17 +24,56 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from effitrain.config.errors import ConfigError, fail
 from effitrain.run import folders, results
-from effitrain.sweep.outcome import JOB_LOG, LaunchedJob, file_id, job_outcome
 from effitrain.sweep.report import RECORD, JobOutcome, signal_name
 from effitrain.sweep.slots import cpu_sets, launcher_settings, visible_gpus
+from effitrain.train.loggers import read_metrics
 
 LAUNCHER_DIR = ".effitrain"  # <sweep>/.effitrain: launches.jsonl, and the running jobs' specs (0700)
 LAUNCHES = "launches.jsonl"  # one line per job: folder, pid, devices, start and end, how it ended
 ROOT = Path(__file__).resolve().parents[2]  # holds effitrain and hydra_plugins in a source checkout
+JOB_LOG = "job.log"  # a job's stdout and stderr, in its own folder
+
+
+def file_id(path: Path):
+    """What tells a file rewritten by the job (an atomic write makes a new inode) from the old one."""
+    with contextlib.suppress(OSError):
+        stat = path.stat()
+        return stat.st_ino, stat.st_mtime_ns, stat.st_size
+    return None
+
+
+@dataclass
+class LaunchedJob:
+    """One job of a local sweep, as the launcher starts, watches and records it."""
+
+    idx: int
+    overrides: list
+    config: DictConfig
+    folder: Path
+    name: str  # the folder relative to the sweep's
+    label: str = ""  # what sets it apart from the sweep's other jobs, for its console lines
+    lock: contextlib.ExitStack | None = None  # the folder's, held while the job runs
+    process: subprocess.Popen | None = None
+    gpus: list | None = None
+    cpus: list | None = None
+    started: float = 0.0
+    deadline: float = 0.0  # when it is sent SIGTERM (timeout_min), or SIGKILL (kill_grace_s after a signal)
+    summary_before: tuple | None = None
+    metrics_before: tuple | None = None
+    stop_signal: int | None = None  # what the launcher sent it (a timeout or the sweep's stop)
+    timed_out: bool = False
+    outcome: JobOutcome | None = None
+    value: object = None
+
+    def result(self, specs: Path) -> Path:
+        return specs / f"job-{self.idx}.json"
 
 
 class LocalSweep:
@@ -223,8 +263,7 @@ class LocalSweep:
             shutil.rmtree(specs, ignore_errors=True)
         for job in pending:
             job.outcome = JobOutcome(job.folder, "not started", False, "the sweep was stopped first")
-        RECORD.launched = True
-        RECORD.jobs += [job.outcome for job in self.jobs]
+        RECORD.jobs = (RECORD.jobs or []) + [job.outcome for job in self.jobs]
         RECORD.signal = self.stop_signal if self.stop_signal is not None else RECORD.signal
         # COMPLETED also for a failed or killed job: the sweep reports it and goes on; Hydra's
         # sweeper would stop the whole multirun at the first FAILED with a traceback
@@ -248,6 +287,67 @@ class LocalSweep:
             line.update(started=job.started, cuda_visible_devices=gpus, cpus=job.cpus)
         with open(self.sweep_dir / LAUNCHER_DIR / LAUNCHES, "a") as handle:
             handle.write(json.dumps({**line, **fields}) + "\n")
+
+
+def job_outcome(job: LaunchedJob, code: int, result: dict | None, timeout_min) -> JobOutcome:
+    """How the job ended, from its exit and what it wrote; a job that could not write its own
+    summary (killed outright, timed out) gets one written here."""
+    log = job.folder / JOB_LOG
+    summary = results.read_summary(job.folder)
+    rewritten = file_id(job.folder / results.SUMMARY) != job.summary_before  # by this attempt
+    written = summary if rewritten else None
+    if written is not None and written.get("status") == "ok":
+        return JobOutcome(job.folder, "ok", False, None, log)
+    signum = -code if code < 0 else None
+    stopped = None
+    if job.timed_out:
+        error = f"ran longer than hydra.launcher.timeout_min={timeout_min}: stopped by "
+        stopped = ("timeout", signum or job.stop_signal, error + signal_name(signum or job.stop_signal))
+    elif job.stop_signal is not None and signum != signal.SIGKILL and not rewritten:
+        # the sweep stopped it (Ctrl-C, SIGTERM) before it could say so itself (still starting)
+        error = f"interrupted by {signal_name(job.stop_signal)} (the sweep was stopped)"
+        stopped = ("interrupted", job.stop_signal, error)
+    elif signum is not None and not (written is not None and written.get("status") == "interrupted"):
+        error = f"killed by {signal_name(signum)}"
+        if signum == signal.SIGKILL and job.stop_signal is None:
+            error += " (from outside: the kernel's OOM killer sends it when memory runs out)"
+        elif signum == signal.SIGKILL:
+            error += (
+                f" after {signal_name(job.stop_signal)}: it did not stop within hydra.launcher.kill_grace_s"
+            )
+        stopped = ("killed", signum, error)
+    if stopped is not None:
+        _write_stopped(job, *stopped, written)
+        return JobOutcome(job.folder, stopped[0], False, stopped[2], log)
+    if written is not None:
+        return JobOutcome(job.folder, written.get("status", "failed"), False, written.get("error"), log)
+    if result is not None and not result.get("completed"):
+        return JobOutcome(job.folder, "failed", False, result.get("error"), log)
+    if code == 0 and result is not None:
+        # the task wrote no new summary: a finished run resume=auto kept, or a task that writes none
+        status = summary.get("status", "failed") if summary else "ok"
+        return JobOutcome(job.folder, status, False, summary.get("error") if summary else None, log)
+    error = f"its process exited with code {code} and no summary.json: see {log}"
+    return JobOutcome(job.folder, "failed", False, error, log)
+
+
+def _write_stopped(job: LaunchedJob, status: str, signum: int, error: str, summary: dict | None) -> None:
+    """The summary of a job stopped from outside: what it wrote itself, if anything (an
+    interrupted run's measurements), else its config keys and the steps its metrics show."""
+    if summary is None:
+        summary = {}
+        with contextlib.suppress(Exception):  # the keys are context; the status is written regardless
+            from effitrain.run.summary_keys import summary_config_keys
+
+            summary.update(summary_config_keys(job.config, job.folder, 1))
+        if file_id(job.folder / results.METRICS) != job.metrics_before:
+            steps = [r["step"] for r in read_metrics(job.folder / results.METRICS) if "train/loss" in r]
+            summary["train/steps"] = max(steps, default=0)
+        summary["env/pid"] = job.process.pid
+        summary["env/cuda_visible_devices"] = ",".join(job.gpus) if job.gpus is not None else None
+        summary["env/cpu_affinity"] = job.cpus
+    summary.update({"status": status, "error": error, "signal": int(signum)})
+    results.write_json_atomic(job.folder / results.SUMMARY, summary)
 
 
 def split_shared(job_overrides: list[list[str]]) -> tuple[list[str], list[str]]:
@@ -280,8 +380,3 @@ def expose_launcher_plugin() -> None:
         hydra_plugins.__path__
     ):
         hydra_plugins.__path__.append(folder)
-
-
-def launch_local(launcher, job_overrides, initial_job_idx: int) -> list:
-    """``EffitrainLauncher.launch``: run the batch, return one JobReturn per job, in order."""
-    return LocalSweep(launcher, job_overrides, initial_job_idx).run()

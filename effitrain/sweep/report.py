@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -46,11 +46,10 @@ class JobOutcome:
 
 @dataclass
 class SweepRecord:
-    """What effitrain's launcher did in this process, for :class:`SweepReport`: every job Hydra
-    handed it, in order, and the signal that stopped the sweep, if one did."""
+    """For :class:`SweepReport`: every job effitrain's launcher was handed in this process (None: it
+    ran none, another launcher did), and the signal that stopped the sweep, if one did."""
 
-    launched: bool = False
-    jobs: list[JobOutcome] = field(default_factory=list)
+    jobs: list[JobOutcome] | None = None
     signal: int | None = None
 
 
@@ -96,13 +95,13 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.started = time.time()
-        RECORD.launched, RECORD.jobs, RECORD.signal = False, [], None
+        RECORD.jobs, RECORD.signal = None, None
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        # effitrain's launcher: the jobs Hydra handed it, whatever is on disk
-        outcomes = [_recheck(job) for job in RECORD.jobs] if RECORD.launched else None
-        outcomes = outcomes if outcomes is not None else sweep_outcomes(sweep_dir, self.started)
+        # effitrain's launcher: the jobs Hydra handed it, whatever is on disk; another: what is on disk
+        outcomes = RECORD.jobs if RECORD.jobs is not None else sweep_outcomes(sweep_dir, self.started)
+        outcomes = [_recheck(job) for job in outcomes]
         for job in outcomes:
             how = "ok (skipped: ok before)" if job.skipped else job.status
             line = f"effitrain: {how}: {os.path.relpath(job.folder, sweep_dir)}"
@@ -120,10 +119,7 @@ class SweepReport(Callback):
         hint = offline_sync_hint(sweep_dir)
         if hint:  # once for the sweep, not once per job
             print(hint)
-        failed += (
-            count["busy"] + count["not started"]
-        )  # not done by this sweep either: the exit status says so
-        if failed:
+        if count["ok"] < len(outcomes):  # busy and not started too: not done by this sweep either
             args = [arg for arg in sys.argv if not arg.startswith("hydra.sweep.dir=")]
             if not any(arg.startswith("resume=") for arg in args) and _left_checkpoints(outcomes):
                 args.append("resume=auto")  # a fresh start into a folder with checkpoints is refused
@@ -133,7 +129,7 @@ class SweepReport(Callback):
         if RECORD.signal is not None:
             print(f"effitrain: error: the sweep was stopped by {signal_name(RECORD.signal)}", file=sys.stderr)
             sys.exit(128 + RECORD.signal)
-        if failed:
+        if count["ok"] < len(outcomes):
             sys.exit(1)
 
 

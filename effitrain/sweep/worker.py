@@ -1,4 +1,7 @@
-"""One job of effitrain's launcher, in its own process: ``python -m effitrain.sweep.worker <spec>``.
+"""A sweep's job in its own process: what every job does before its run, under effitrain's launcher
+and ``submitit_slurm`` alike (:func:`start_job`, called by the Hydra task in
+:mod:`effitrain.commands.front_door`), and the process effitrain's launcher starts for each job:
+``python -m effitrain.sweep.worker <spec>``.
 
 The sweep's process (:mod:`effitrain.sweep.launcher`) pickles Hydra's task function, the job's config and
 Hydra's state into ``<spec>``, in a folder only its user may write (read from nowhere else: unpickling
@@ -12,6 +15,27 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+from omegaconf import DictConfig
+
+# Inductor's compile cache, shared by a sweep's jobs: a dot-folder of the sweep.
+INDUCTOR_CACHE = ".cache/inductor"
+
+
+def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
+    """Prepare one job of a multirun; return its earlier ok summary when it is to be skipped."""
+    from effitrain.run import folders
+
+    # Inductor's cache defaults to /tmp of each machine; under the sweep folder it is shared by all
+    # jobs of the sweep, on one box or across cluster nodes, so later compile=on jobs start faster.
+    os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR", str(Path(hydra_cfg.sweep.dir).resolve() / INDUCTOR_CACHE)
+    )
+    decision = folders.decide(Path(hydra_cfg.runtime.output_dir), cfg, job_of_sweep=True)
+    if decision.action != "skip":  # a refused one runs: the run itself refuses the folder, in its summary
+        return None
+    print(decision.reason)
+    return decision.previous
 
 
 def private(path: Path) -> bool:

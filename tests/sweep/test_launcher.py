@@ -218,7 +218,7 @@ def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, mo
     """The same decision where Hydra's own launchers (submitit) start the job: start_job."""
     from omegaconf import OmegaConf
 
-    from effitrain.sweep.job_start import INDUCTOR_CACHE, start_job
+    from effitrain.sweep.worker import INDUCTOR_CACHE, start_job
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored after the test")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
