@@ -4,12 +4,9 @@
     python train.py sweep=optimizers max_steps=20 hydra.sweep.dir=multirun/optimizers/<date_time>  # resume
 
 Each job runs Hydra's ``run_job`` in a process of its own (:mod:`effitrain.sweep.worker`), its output
-in ``<job>/job.log``; one loop in the sweep's process starts, watches and stops them. effitrain adds
-the folder policy before a process starts (:func:`effitrain.run.folders.claimed`: skip, refuse or
-busy; the folder stays locked while its job runs), one slot per running job (its GPUs, its CPU cores:
-:mod:`effitrain.sweep.slots`), timeouts, Ctrl-C and SIGTERM forwarded to every running job (again:
-SIGKILL), how each job ended (:func:`job_outcome`, which writes the summary of a job stopped from
-outside) and the record the closing report reads (:mod:`effitrain.sweep.report`).
+in ``<job>/job.log``, watched by one loop in the sweep's process. effitrain adds the folder policy
+before a process starts (:func:`effitrain.run.folders.claimed`), one slot per running job (its GPUs,
+its CPU cores: :mod:`effitrain.sweep.slots`), timeouts, signals forwarded, and how each job ended.
 """
 
 from __future__ import annotations
@@ -94,9 +91,9 @@ class LocalSweep:
         shared, labels = split_shared([list(o) for o in job_overrides])
         if shared:  # said once: a job's own lines then name what differs
             print(f"effitrain: {len(labels)} jobs, each with: {' '.join(shared)}", flush=True)
-        self.jobs = [self._prepare(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
-        for job, label in zip(self.jobs, labels):
-            job.label = label
+        self.jobs = [
+            self._prepare(list(o), initial_job_idx + i, labels[i]) for i, o in enumerate(job_overrides)
+        ]
         devices, per_job = self.settings["devices"], self.settings["gpus_per_job"]
         devices = visible_gpus() if devices is None else devices
         self.gpu_groups = [devices[i : i + per_job] for i in range(0, len(devices) - per_job + 1, per_job)]
@@ -105,7 +102,7 @@ class LocalSweep:
         self.cpu_slots = cpu_sets(self.parallel, self.settings["cpu_pinning"])
         self.stop_signal: int | None = None
 
-    def _prepare(self, overrides: list, idx: int) -> LaunchedJob:
+    def _prepare(self, overrides: list, idx: int, label: str) -> LaunchedJob:
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import open_dict
 
@@ -118,7 +115,7 @@ class LocalSweep:
             folder = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         finally:
             HydraConfig.instance().cfg = previous
-        return LaunchedJob(idx, overrides, config, folder, os.path.relpath(folder, self.sweep_dir))
+        return LaunchedJob(idx, overrides, config, folder, os.path.relpath(folder, self.sweep_dir), label)
 
     def _decide_without_process(self, job: LaunchedJob) -> bool:
         """Settle a job that needs no process (outside the sweep folder, skipped, refused or in use)
@@ -141,10 +138,8 @@ class LocalSweep:
             job.value = decision.previous.get(job.config.get("optimized_metric", "eval/loss"))
             job.outcome, fields = JobOutcome(job.folder, "ok", True, None), {"skipped": True}
         elif decision.action == "refuse":
-            job.outcome, fields = (
-                JobOutcome(job.folder, "failed", False, decision.reason),
-                {"error": decision.reason},
-            )
+            reason = decision.reason
+            job.outcome, fields = JobOutcome(job.folder, "failed", False, reason), {"error": reason}
         else:  # another sweep (or run) writes there now: it is left to that one
             error = f"in use by another sweep or run (pid {decision.owner}): left to it"
             job.outcome, fields = JobOutcome(job.folder, "busy", False, error), {"owner": decision.owner}

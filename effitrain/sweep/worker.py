@@ -1,12 +1,9 @@
-"""A sweep's job in its own process: what every job does before its run, under effitrain's launcher
-and ``submitit_slurm`` alike (:func:`start_job`, called by the Hydra task in
-:mod:`effitrain.commands.front_door`), and the process effitrain's launcher starts for each job:
-``python -m effitrain.sweep.worker <spec>``.
-
-The sweep's process (:mod:`effitrain.sweep.launcher`) pickles Hydra's task function, the job's config and
-Hydra's state into ``<spec>``, in a folder only its user may write (read from nowhere else: unpickling
-runs code); this process pins itself to its cores, runs the job as Hydra's own launchers do
-(``run_job``: the job folder, ``.hydra/``, logging, callbacks) and leaves its result as JSON.
+"""A sweep's job in its own process: :func:`start_job`, what every job does before its run (under
+effitrain's launcher and ``submitit_slurm`` alike), and ``python -m effitrain.sweep.worker <spec>``,
+the process effitrain's launcher starts: it reads ``<spec>`` (Hydra's task function, the job's config
+and Hydra's state, pickled by the sweep's process in a folder only its user may write: unpickling
+runs code), pins itself to its cores, runs the job as Hydra's own launchers do (``run_job``) and
+leaves its result as JSON.
 """
 
 from __future__ import annotations
