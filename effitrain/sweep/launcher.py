@@ -370,8 +370,6 @@ def expose_launcher_plugin() -> None:
     scan (a wheel installs it beside the other plugins, where it is found anyway)."""
     import hydra_plugins
 
-    folder = str(ROOT / "hydra_plugins")
-    if (ROOT / "hydra_plugins" / "effitrain_launcher").is_dir() and folder not in list(
-        hydra_plugins.__path__
-    ):
-        hydra_plugins.__path__.append(folder)
+    folder = ROOT / "hydra_plugins"
+    if (folder / "effitrain_launcher").is_dir() and str(folder) not in list(hydra_plugins.__path__):
+        hydra_plugins.__path__.append(str(folder))
