@@ -278,7 +278,7 @@ def train_job(cfg: DictConfig, validated: str | None = None) -> float | None:
     hydra_cfg = HydraConfig.get()  # the task is the one place that reads it: the run reads cfg.hydra
     cfg = with_hydra_node(cfg, hydra_cfg)  # the run derives and validates it (effitrain.run.recipe)
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        from effitrain.sweep.job_start import start_job
+        from effitrain.sweep.worker import start_job
 
         done = start_job(cfg, hydra_cfg)
         if done is not None:

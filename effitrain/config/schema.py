@@ -20,8 +20,9 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Annotated, Any, Dict, List, Optional, Tuple
+from typing import Annotated, Any, Dict, List, Optional, Tuple, Union
 
+import pydantic
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 from pydantic import BaseModel, ConfigDict, Field
@@ -131,18 +132,58 @@ class RunConfig:
     run_invariant_keys: List[str] = field(default_factory=list)
 
 
+def _device_ids(devices):
+    listed = [devices] if isinstance(devices, (int, str)) else devices
+    if devices is not None and (
+        not isinstance(listed, list) or not listed or len(set(map(str, listed))) != len(listed)
+    ):
+        raise ValueError(devices)  # the field's description names what is allowed
+    return None if devices is None else [str(d) for d in listed]
+
+
+# Typed Any for OmegaConf, checked by pydantic: an int or a float (0.5) above 0 (a float field would
+# show 1440 as 1440.0, OmegaConf names a Union badly), and one GPU id, a list of them or null.
+POSITIVE_NUMBER = Annotated[
+    ranged(Any, "a number > 0"),
+    pydantic.AfterValidator(
+        pydantic.TypeAdapter(
+            Annotated[Union[pydantic.StrictInt, pydantic.StrictFloat], Field(gt=0)]
+        ).validate_python
+    ),
+]
+DEVICE_IDS = Annotated[
+    ranged(Any, "a list of distinct GPU ids, e.g. [0,1]"), pydantic.AfterValidator(_device_ids)
+]
+
+
 @dataclass
 class LauncherConfig:
     """``hydra/launcher=effitrain``'s settings (``conf/hydra/launcher/effitrain.yaml`` merges into it),
-    as hydra_submitit_launcher types its own; ranges are ``sweep_slots.launcher_settings``'s."""
+    as hydra_submitit_launcher types its own, each with its range (:func:`launcher_values`)."""
 
     _target_: str = "hydra_plugins.effitrain_launcher.effitrain_launcher.EffitrainLauncher"
-    max_parallel: int = 1
-    devices: Any = None  # an id, a list of ids or null (OmegaConf has no Union): checked by hand
-    gpus_per_job: int = 1
-    cpu_pinning: bool = True
-    timeout_min: Any = 1440  # minutes, an int or a float (0.5): a float field would show 1440.0
-    kill_grace_s: Any = 30  # seconds, likewise
+    max_parallel: ranged(int, "a whole number >= 1", ge=1) = 1
+    devices: DEVICE_IDS = None  # null: every GPU this process sees
+    gpus_per_job: ranged(int, "a whole number >= 1", ge=1) = 1
+    cpu_pinning: ranged(bool, "true or false") = True
+    timeout_min: POSITIVE_NUMBER = 1440  # minutes
+    kill_grace_s: POSITIVE_NUMBER = 30  # seconds
+
+
+def launcher_values(values: dict) -> dict:
+    """``hydra.launcher``'s plain ``values`` typed (``"2"`` is 2, as OmegaConf types it) and checked
+    against their ranges; ``devices`` as a list of strings.
+
+    Raises:
+        ConfigError: the first value out of its range (one line naming it).
+    """
+    from dataclasses import asdict
+
+    try:
+        return asdict(pydantic.TypeAdapter(LauncherConfig).validate_python(values))
+    except pydantic.ValidationError as error:
+        name = str(error.errors()[0]["loc"][0])
+        raise invalid(f"hydra.launcher.{name}", values[name], _allowed_words(LauncherConfig, name)) from None
 
 
 def register() -> None:

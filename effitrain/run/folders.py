@@ -2,7 +2,7 @@
 lock that keeps the answer true while it runs (:func:`claimed`: lock, then decide, one step).
 
 Everyone asks here: ``train.py``'s preflight (before Hydra writes ``.hydra/``), effitrain's launcher
-(before it starts a process), a job started by another launcher (:mod:`effitrain.sweep.job_start`)
+(before it starts a process), a job started by another launcher (:func:`effitrain.sweep.worker.start_job`)
 and the run itself (:mod:`effitrain.run.recipe`).
 """
 

@@ -4,12 +4,9 @@
     python train.py sweep=optimizers max_steps=20 hydra.sweep.dir=multirun/optimizers/<date_time>  # resume
 
 Each job runs Hydra's ``run_job`` in a process of its own (:mod:`effitrain.sweep.worker`), its output
-in ``<job>/job.log``; a pool of ``max_parallel`` threads each owns one job's process at a time.
-effitrain adds the folder policy before a process starts (:func:`effitrain.run.folders.claimed`:
-skip, refuse or busy; the folder stays locked while its job runs), one slot per running job (its
-GPUs, its CPU cores: :mod:`effitrain.sweep.slots`), timeouts, Ctrl-C and SIGTERM forwarded to every
-running job (again: SIGKILL), how each job ended (:mod:`effitrain.sweep.outcome`) and the record the
-closing report reads (:mod:`effitrain.sweep.report`).
+in ``<job>/job.log``, watched by one loop in the sweep's process. effitrain adds the folder policy
+before a process starts (:func:`effitrain.run.folders.claimed`), one slot per running job (its GPUs,
+its CPU cores: :mod:`effitrain.sweep.slots`), timeouts, signals forwarded, and how each job ended.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import shutil
 import signal
 import subprocess
@@ -25,25 +21,60 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from effitrain.config.errors import ConfigError, fail
 from effitrain.run import folders, results
-from effitrain.sweep.outcome import JOB_LOG, LaunchedJob, file_id, job_outcome
 from effitrain.sweep.report import RECORD, JobOutcome, signal_name
 from effitrain.sweep.slots import cpu_sets, launcher_settings, visible_gpus
+from effitrain.train.loggers import read_metrics
 
 LAUNCHER_DIR = ".effitrain"  # <sweep>/.effitrain: launches.jsonl, and the running jobs' specs (0700)
 LAUNCHES = "launches.jsonl"  # one line per job: folder, pid, devices, start and end, how it ended
-CPUS_ENV = "EFFITRAIN_CPUS"  # the cores a job's process pins itself to
-PARENT_ENV = "EFFITRAIN_LAUNCHER_PID"  # a job's process ends when this one dies
+ROOT = Path(__file__).resolve().parents[2]  # holds effitrain and hydra_plugins in a source checkout
+JOB_LOG = "job.log"  # a job's stdout and stderr, in its own folder
+
+
+def file_id(path: Path):
+    """What tells a file rewritten by the job (an atomic write makes a new inode) from the old one."""
+    with contextlib.suppress(OSError):
+        stat = path.stat()
+        return stat.st_ino, stat.st_mtime_ns, stat.st_size
+    return None
+
+
+@dataclass
+class LaunchedJob:
+    """One job of a local sweep, as the launcher starts, watches and records it."""
+
+    idx: int
+    overrides: list
+    config: DictConfig
+    folder: Path
+    name: str  # the folder relative to the sweep's
+    label: str = ""  # what sets it apart from the sweep's other jobs, for its console lines
+    lock: contextlib.ExitStack | None = None  # the folder's, held while the job runs
+    process: subprocess.Popen | None = None
+    gpus: list | None = None
+    cpus: list | None = None
+    started: float = 0.0
+    deadline: float = 0.0  # when it is sent SIGTERM (timeout_min), or SIGKILL (kill_grace_s after a signal)
+    summary_before: tuple | None = None
+    metrics_before: tuple | None = None
+    stop_signal: int | None = None  # what the launcher sent it (a timeout or the sweep's stop)
+    timed_out: bool = False
+    outcome: JobOutcome | None = None
+    value: object = None
+
+    def result(self, specs: Path) -> Path:
+        return specs / f"job-{self.idx}.json"
 
 
 class LocalSweep:
     """One batch of jobs on this machine: decide, start, watch, stop and record them."""
-
-    lock = threading.Lock()  # the GPU groups (freed ones to the back), the running jobs, launches.jsonl
 
     def __init__(self, launcher, job_overrides, initial_job_idx: int):
         from hydra.core.utils import configure_log, setup_globals
@@ -57,26 +88,21 @@ class LocalSweep:
             fail(str(error))
         self.sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
         (self.sweep_dir / LAUNCHER_DIR).mkdir(parents=True, exist_ok=True)
-        self.jobs = [self._prepare(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
-        shared, labels = split_shared([job.overrides for job in self.jobs])
-        for job, label in zip(self.jobs, labels):
-            job.label = label
+        shared, labels = split_shared([list(o) for o in job_overrides])
         if shared:  # said once: a job's own lines then name what differs
-            print(f"effitrain: {len(self.jobs)} jobs, each with: {' '.join(shared)}", flush=True)
-        devices = self.settings["devices"]
+            print(f"effitrain: {len(labels)} jobs, each with: {' '.join(shared)}", flush=True)
+        self.jobs = [
+            self._prepare(list(o), initial_job_idx + i, labels[i]) for i, o in enumerate(job_overrides)
+        ]
+        devices, per_job = self.settings["devices"], self.settings["gpus_per_job"]
         devices = visible_gpus() if devices is None else devices
-        per_job = self.settings["gpus_per_job"]
         self.gpu_groups = [devices[i : i + per_job] for i in range(0, len(devices) - per_job + 1, per_job)]
         parallel = self.settings["max_parallel"]
         self.parallel = min(parallel, len(self.gpu_groups)) if self.gpu_groups else parallel
-        self.cpu_slots = queue.Queue()
-        for cpus in cpu_sets(self.parallel, self.settings["cpu_pinning"]):
-            self.cpu_slots.put(cpus)
-        self.running: list[LaunchedJob] = []
+        self.cpu_slots = cpu_sets(self.parallel, self.settings["cpu_pinning"])
         self.stop_signal: int | None = None
-        self.kill_at = 0.0
 
-    def _prepare(self, overrides: list, idx: int) -> LaunchedJob:
+    def _prepare(self, overrides: list, idx: int, label: str) -> LaunchedJob:
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import open_dict
 
@@ -89,7 +115,7 @@ class LocalSweep:
             folder = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         finally:
             HydraConfig.instance().cfg = previous
-        return LaunchedJob(idx, overrides, config, folder, os.path.relpath(folder, self.sweep_dir))
+        return LaunchedJob(idx, overrides, config, folder, os.path.relpath(folder, self.sweep_dir), label)
 
     def _decide_without_process(self, job: LaunchedJob) -> bool:
         """Settle a job that needs no process (outside the sweep folder, skipped, refused or in use)
@@ -109,155 +135,144 @@ class LocalSweep:
         job.lock.close()
         job.lock = None
         if decision.action == "skip":
-            job.outcome = JobOutcome(job.folder, "ok", True, None)
             job.value = decision.previous.get(job.config.get("optimized_metric", "eval/loss"))
-            self._record(job, status="ok", skipped=True)
+            job.outcome, fields = JobOutcome(job.folder, "ok", True, None), {"skipped": True}
         elif decision.action == "refuse":
-            job.outcome = JobOutcome(job.folder, "failed", False, decision.reason)
-            self._record(job, status="failed", error=decision.reason)
+            reason = decision.reason
+            job.outcome, fields = JobOutcome(job.folder, "failed", False, reason), {"error": reason}
         else:  # another sweep (or run) writes there now: it is left to that one
             error = f"in use by another sweep or run (pid {decision.owner}): left to it"
-            job.outcome = JobOutcome(job.folder, "busy", False, error)
-            self._record(job, status="busy", owner=decision.owner)
+            job.outcome, fields = JobOutcome(job.folder, "busy", False, error), {"owner": decision.owner}
+        self._record(job, status=job.outcome.status, **fields)
         return True
 
-    def _run_job(self, job: LaunchedJob, specs: Path) -> None:
-        """In a pool thread: one job from its decision to how it ended."""
-        if self.stop_signal is not None:
-            job.outcome = JobOutcome(job.folder, "not started", False, "the sweep was stopped first")
+    def _start(self, job: LaunchedJob, specs: Path) -> None:
+        import cloudpickle
+        from hydra.core.singleton import Singleton
+
+        job.cpus = self.cpu_slots.pop(0)
+        job.gpus = self.gpu_groups.pop(0) if self.gpu_groups else None
+        state = {"task_function": self.launcher.task_function, "hydra_context": self.launcher.hydra_context}
+        state.update(config=job.config, singletons=Singleton.get_state(), result=str(job.result(specs)))
+        with open(specs / f"job-{job.idx}.pkl", "wb") as handle:
+            cloudpickle.dump(state, handle)
+        env = dict(os.environ, **{folders.LOCKED_ENV: str(job.folder.resolve())})
+        env["EFFITRAIN_LAUNCHER_PID"] = str(os.getpid())  # a job's process ends when this one dies
+        if job.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus)
+        if job.cpus is not None:
+            env["EFFITRAIN_CPUS"] = ",".join(map(str, job.cpus))  # the cores it pins itself to
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(len(job.cpus))  # one thread per core
+        # a job's process imports the same effitrain (and hydra_plugins) as the sweep, wherever started
+        roots = [] if ROOT.name in ("site-packages", "dist-packages") else [str(ROOT)]
+        env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in [env.get("PYTHONPATH")] if p])
+        job.summary_before = file_id(job.folder / results.SUMMARY)
+        job.metrics_before = file_id(job.folder / results.METRICS)
+        with open(job.folder / JOB_LOG, "wb") as log:
+            job.started = time.time()
+            job.deadline = job.started + self.settings["timeout_min"] * 60
+            # its own session: a Ctrl-C at the terminal reaches the sweep only, which forwards it
+            # once to every job (a job hit twice could be stopped while writing its summary)
+            command = [sys.executable, "-m", "effitrain.sweep.worker", str(specs / f"job-{job.idx}.pkl")]
+            job.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        where = [f"pid {job.process.pid}"]
+        where += [f"CUDA_VISIBLE_DEVICES={','.join(job.gpus)}"] if job.gpus is not None else []
+        where += [f"cpus {','.join(map(str, job.cpus))}"] if job.cpus is not None else []
+        print(f"effitrain: job {job.idx} started ({', '.join(where)}): {job.label}", flush=True)
+
+    def _send(self, job: LaunchedJob, signum: int) -> None:
+        """``signum`` to a running job (SIGKILL to its whole process group: nothing it started
+        outlives it); SIGKILL follows once ``kill_grace_s`` has run out."""
+        if job.process.poll() is not None:
             return
-        if self._decide_without_process(job):
-            return
-        job.cpus = self.cpu_slots.get()
-        with self.lock:
-            job.gpus = self.gpu_groups.pop(0) if self.gpu_groups else None
-        try:
-            with job.lock:  # let go only after a killed job's summary is written under it
-                self._start(job, specs)
-                try:
-                    code = job.process.wait(timeout=self.settings["timeout_min"] * 60)
-                except subprocess.TimeoutExpired:
-                    job.timed_out = True
-                    code = self._send(job, signal.SIGTERM, wait=True)
-                result = _read_result(specs / f"job-{job.idx}.json")
-                job.outcome = job_outcome(job, code, result, self.settings["timeout_min"])
-        finally:
-            with self.lock:
-                self.running = [other for other in self.running if other is not job]
-                self.gpu_groups += (
-                    [job.gpus] if job.gpus is not None else []
-                )  # to the back: every GPU gets used
-            self.cpu_slots.put(job.cpus)
+        job.stop_signal = job.stop_signal or signum
+        job.deadline = time.time() + self.settings["kill_grace_s"]
+        with contextlib.suppress(ProcessLookupError):
+            if signum == signal.SIGKILL:
+                os.killpg(job.process.pid, signum)
+            else:
+                job.process.send_signal(signum)
+
+    def _finish(self, job: LaunchedJob, specs: Path) -> None:
+        """A job whose process has ended: how it ended, its slots back (to the back: every GPU gets used)."""
+        code, result = job.process.returncode, _read_result(job.result(specs))
+        job.outcome = outcome = job_outcome(job, code, result, self.settings["timeout_min"])
+        job.lock.close()  # let go only after a killed job's summary is written under it
+        self.cpu_slots.append(job.cpus)
+        self.gpu_groups += [job.gpus] if job.gpus is not None else []
         job.value = result.get("return_value") if result is not None and result.get("completed") else None
         ended = time.time()
-        outcome = job.outcome
         self._record(
             job, status=outcome.status, pid=job.process.pid, returncode=code, ended=ended, error=outcome.error
         )
         line = f"effitrain: job {job.idx} {outcome.status}: {job.label} ({ended - job.started:.1f} s)"
         print(line if outcome.status == "ok" else f"{line}: {outcome.error}", flush=True)
 
-    def _start(self, job: LaunchedJob, specs: Path) -> None:
-        import cloudpickle
-        from hydra.core.singleton import Singleton
-
-        spec = specs / f"job-{job.idx}.pkl"
-        launcher = self.launcher
-        state = {"task_function": launcher.task_function, "hydra_context": launcher.hydra_context}
-        state.update(
-            config=job.config, singletons=Singleton.get_state(), result=str(specs / f"job-{job.idx}.json")
-        )
-        with open(spec, "wb") as handle:
-            cloudpickle.dump(state, handle)
-        env = dict(
-            os.environ, **{folders.LOCKED_ENV: str(job.folder.resolve()), PARENT_ENV: str(os.getpid())}
-        )
-        if job.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus)
-        if job.cpus is not None:
-            env[CPUS_ENV] = ",".join(map(str, job.cpus))
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(len(job.cpus))  # one thread per core
-        env["PYTHONPATH"] = os.pathsep.join(_import_roots() + [p for p in [env.get("PYTHONPATH")] if p])
-        job.summary_before = file_id(job.folder / results.SUMMARY)
-        job.metrics_before = file_id(job.folder / results.METRICS)
-        with open(job.folder / JOB_LOG, "wb") as log, self.lock:
-            job.started = time.time()
-            # its own session: a Ctrl-C at the terminal reaches the sweep only, which forwards it
-            # once to every job (a job hit twice could be stopped while writing its summary)
-            command = [sys.executable, "-m", "effitrain.sweep.worker", str(spec)]
-            job.process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-            self.running.append(job)
-        where = [f"pid {job.process.pid}"]
-        where += [f"CUDA_VISIBLE_DEVICES={','.join(job.gpus)}"] if job.gpus is not None else []
-        where += [f"cpus {','.join(map(str, job.cpus))}"] if job.cpus is not None else []
-        print(f"effitrain: job {job.idx} started ({', '.join(where)}): {job.label}", flush=True)
-
-    def _send(self, job: LaunchedJob, signum: int, wait: bool = False) -> int | None:
-        """``signum`` to a running job (SIGKILL to its whole process group: nothing it started
-        outlives it); ``wait``: until it ends, with SIGKILL once ``kill_grace_s`` has run out."""
-        if job.process.poll() is None:
-            job.stop_signal = job.stop_signal or signum
-            with contextlib.suppress(ProcessLookupError):
-                if signum == signal.SIGKILL:
-                    os.killpg(job.process.pid, signum)
-                else:
-                    job.process.send_signal(signum)
-        if not wait:
-            return None
-        try:
-            return job.process.wait(timeout=self.settings["kill_grace_s"])
-        except subprocess.TimeoutExpired:
-            return self._send(job, signal.SIGKILL) or job.process.wait()
-
-    def _forward(self, signum: int | None) -> None:
-        """In the sweep's thread: the first signal to every running job; a second one, or the first
-        one's ``kill_grace_s`` run out, as SIGKILL."""
-        with self.lock:
-            running = list(self.running)
-        if signum is not None and self.stop_signal is None:
-            self.stop_signal, self.kill_at = signum, time.time() + self.settings["kill_grace_s"]
+    def _stop(self, signum: int, running: list[LaunchedJob]) -> None:
+        """The sweep's first signal to every running job; a second one as SIGKILL."""
+        first = self.stop_signal is None
+        if first:
+            self.stop_signal = signum
             stopping = f"stopping {len(running)} running job(s), which record status interrupted"
             stopping += "; no new job starts (again to kill them at once)"
             print(f"\neffitrain: {signal_name(signum)}: {stopping}", file=sys.stderr, flush=True)
-            for job in running:
-                self._send(job, signum)
-        elif signum is not None or (self.stop_signal is not None and time.time() > self.kill_at):
-            for job in running:
-                self._send(job, signal.SIGKILL)
+        for job in running:
+            self._send(job, signum if first else signal.SIGKILL)
 
     def run(self) -> list:
-        pending: list[int] = []  # signals, acted on in the loop below, not inside the handler
+        from hydra.core.utils import JobReturn, JobStatus
+
+        signals: list[int] = []  # acted on in the loop below, not inside the handler
         handlers = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
-                handlers[signum] = signal.signal(signum, lambda signum, frame: pending.append(signum))
+                handlers[signum] = signal.signal(signum, lambda signum, frame: signals.append(signum))
         # the jobs' specs (code, unpickled by the job's process): a folder only this user may enter
         specs = Path(tempfile.mkdtemp(prefix="specs-", dir=self.sweep_dir / LAUNCHER_DIR))
-        pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="effitrain-job")
-        futures = [pool.submit(self._run_job, job, specs) for job in self.jobs]
+        pending, running = list(self.jobs), []
         try:
-            while wait(futures, timeout=0.05).not_done:
-                self._forward(pending.pop(0) if pending else None)
+            while running or (pending and self.stop_signal is None):
+                while signals:
+                    self._stop(signals.pop(0), running)
+                for job in running:  # past timeout_min (SIGTERM), or past kill_grace_s after a signal
+                    if job.process.poll() is None and time.time() > job.deadline:
+                        job.timed_out = job.timed_out or job.stop_signal is None
+                        self._send(job, signal.SIGTERM if job.stop_signal is None else signal.SIGKILL)
+                for job in [job for job in running if job.process.poll() is not None]:
+                    running.remove(job)
+                    self._finish(job, specs)
+                while pending and len(running) < self.parallel and self.stop_signal is None:
+                    job = pending.pop(0)
+                    if not self._decide_without_process(job):
+                        self._start(job, specs)
+                        running.append(job)
+                time.sleep(0.05)
         finally:
-            for job in list(self.running):  # only when the launcher itself fails: leave no job behind
+            for job in running:  # only when the launcher itself fails: leave no job behind
                 self._send(job, signal.SIGKILL)
-            pool.shutdown()
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
             shutil.rmtree(specs, ignore_errors=True)
-        for future in futures:
-            future.result()  # the launcher's own error, not a job's
-        RECORD.launched = True
-        RECORD.jobs += [job.outcome for job in self.jobs]
+        for job in pending:
+            job.outcome = JobOutcome(job.folder, "not started", False, "the sweep was stopped first")
+        RECORD.jobs = (RECORD.jobs or []) + [job.outcome for job in self.jobs]
         RECORD.signal = self.stop_signal if self.stop_signal is not None else RECORD.signal
-        return [self._job_return(job) for job in self.jobs]
+        # COMPLETED also for a failed or killed job: the sweep reports it and goes on; Hydra's
+        # sweeper would stop the whole multirun at the first FAILED with a traceback
+        done = {"status": JobStatus.COMPLETED, "working_dir": os.getcwd()}
+        return [
+            JobReturn(
+                job.overrides,
+                job.config,
+                task_name=str(job.config.hydra.job.name),
+                _return_value=job.value,
+                **done,
+            )
+            for job in self.jobs
+        ]
 
     def _record(self, job: LaunchedJob, **fields) -> None:
         """A line of ``<sweep>/.effitrain/launches.jsonl``: where and when each job ran."""
@@ -265,21 +280,69 @@ class LocalSweep:
         if job.process is not None:
             gpus = ",".join(job.gpus) if job.gpus is not None else None
             line.update(started=job.started, cuda_visible_devices=gpus, cpus=job.cpus)
-        line.update(fields)
-        with self.lock, open(self.sweep_dir / LAUNCHER_DIR / LAUNCHES, "a") as handle:
-            handle.write(json.dumps(line) + "\n")
+        with open(self.sweep_dir / LAUNCHER_DIR / LAUNCHES, "a") as handle:
+            handle.write(json.dumps({**line, **fields}) + "\n")
 
-    def _job_return(self, job: LaunchedJob):
-        from hydra.core.utils import JobReturn, JobStatus
 
-        # COMPLETED also for a failed or killed job: the sweep reports it and goes on; Hydra's
-        # sweeper would stop the whole multirun at the first FAILED with a traceback
-        ret = JobReturn(
-            job.overrides, job.config, working_dir=os.getcwd(), task_name=str(job.config.hydra.job.name)
-        )
-        ret.status = JobStatus.COMPLETED
-        ret.return_value = job.value
-        return ret
+def job_outcome(job: LaunchedJob, code: int, result: dict | None, timeout_min) -> JobOutcome:
+    """How the job ended, from its exit and what it wrote; a job that could not write its own
+    summary (killed outright, timed out) gets one written here."""
+    log = job.folder / JOB_LOG
+    summary = results.read_summary(job.folder)
+    rewritten = file_id(job.folder / results.SUMMARY) != job.summary_before  # by this attempt
+    written = summary if rewritten else None
+    if written is not None and written.get("status") == "ok":
+        return JobOutcome(job.folder, "ok", False, None, log)
+    signum = -code if code < 0 else None
+    stopped = None
+    if job.timed_out:
+        error = f"ran longer than hydra.launcher.timeout_min={timeout_min}: stopped by "
+        stopped = ("timeout", signum or job.stop_signal, error + signal_name(signum or job.stop_signal))
+    elif job.stop_signal is not None and signum != signal.SIGKILL and not rewritten:
+        # the sweep stopped it (Ctrl-C, SIGTERM) before it could say so itself (still starting)
+        error = f"interrupted by {signal_name(job.stop_signal)} (the sweep was stopped)"
+        stopped = ("interrupted", job.stop_signal, error)
+    elif signum is not None and not (written is not None and written.get("status") == "interrupted"):
+        error = f"killed by {signal_name(signum)}"
+        if signum == signal.SIGKILL and job.stop_signal is None:
+            error += " (from outside: the kernel's OOM killer sends it when memory runs out)"
+        elif signum == signal.SIGKILL:
+            error += (
+                f" after {signal_name(job.stop_signal)}: it did not stop within hydra.launcher.kill_grace_s"
+            )
+        stopped = ("killed", signum, error)
+    if stopped is not None:
+        _write_stopped(job, *stopped, written)
+        return JobOutcome(job.folder, stopped[0], False, stopped[2], log)
+    if written is not None:
+        return JobOutcome(job.folder, written.get("status", "failed"), False, written.get("error"), log)
+    if result is not None and not result.get("completed"):
+        return JobOutcome(job.folder, "failed", False, result.get("error"), log)
+    if code == 0 and result is not None:
+        # the task wrote no new summary: a finished run resume=auto kept, or a task that writes none
+        status = summary.get("status", "failed") if summary else "ok"
+        return JobOutcome(job.folder, status, False, summary.get("error") if summary else None, log)
+    error = f"its process exited with code {code} and no summary.json: see {log}"
+    return JobOutcome(job.folder, "failed", False, error, log)
+
+
+def _write_stopped(job: LaunchedJob, status: str, signum: int, error: str, summary: dict | None) -> None:
+    """The summary of a job stopped from outside: what it wrote itself, if anything (an
+    interrupted run's measurements), else its config keys and the steps its metrics show."""
+    if summary is None:
+        summary = {}
+        with contextlib.suppress(Exception):  # the keys are context; the status is written regardless
+            from effitrain.run.summary_keys import summary_config_keys
+
+            summary.update(summary_config_keys(job.config, job.folder, 1))
+        if file_id(job.folder / results.METRICS) != job.metrics_before:
+            steps = [r["step"] for r in read_metrics(job.folder / results.METRICS) if "train/loss" in r]
+            summary["train/steps"] = max(steps, default=0)
+        summary["env/pid"] = job.process.pid
+        summary["env/cuda_visible_devices"] = ",".join(job.gpus) if job.gpus is not None else None
+        summary["env/cpu_affinity"] = job.cpus
+    summary.update({"status": status, "error": error, "signal": int(signum)})
+    results.write_json_atomic(job.folder / results.SUMMARY, summary)
 
 
 def split_shared(job_overrides: list[list[str]]) -> tuple[list[str], list[str]]:
@@ -301,26 +364,12 @@ def _read_result(path: Path) -> dict | None:
     return result if isinstance(result, dict) else None
 
 
-def _import_roots() -> list[str]:
-    """Where this process found effitrain, when that is a source checkout: a job's process then
-    imports the same effitrain (and hydra_plugins) as the sweep, wherever it was started."""
-    root = Path(__file__).resolve().parent.parent.parent
-    return [] if root.name in ("site-packages", "dist-packages") else [str(root)]
-
-
 def expose_launcher_plugin() -> None:
     """Let Hydra's plugin discovery find effitrain's launcher also in a source checkout or an
     editable install, whose finder hides ``hydra_plugins/effitrain_launcher`` from the namespace
     scan (a wheel installs it beside the other plugins, where it is found anyway)."""
     import hydra_plugins
 
-    folder = str(Path(__file__).resolve().parent.parent.parent / "hydra_plugins")
-    if os.path.isdir(os.path.join(folder, "effitrain_launcher")) and folder not in list(
-        hydra_plugins.__path__
-    ):
-        hydra_plugins.__path__.append(folder)
-
-
-def launch_local(launcher, job_overrides, initial_job_idx: int) -> list:
-    """``EffitrainLauncher.launch``: run the batch, return one JobReturn per job, in order."""
-    return LocalSweep(launcher, job_overrides, initial_job_idx).run()
+    folder = ROOT / "hydra_plugins"
+    if (folder / "effitrain_launcher").is_dir() and str(folder) not in list(hydra_plugins.__path__):
+        hydra_plugins.__path__.append(str(folder))

@@ -10,7 +10,8 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -45,11 +46,10 @@ class JobOutcome:
 
 @dataclass
 class SweepRecord:
-    """What effitrain's launcher did in this process, for :class:`SweepReport`: every job Hydra
-    handed it, in order, and the signal that stopped the sweep, if one did."""
+    """For :class:`SweepReport`: every job effitrain's launcher was handed in this process (None: it
+    ran none, another launcher did), and the signal that stopped the sweep, if one did."""
 
-    launched: bool = False
-    jobs: list[JobOutcome] = field(default_factory=list)
+    jobs: list[JobOutcome] | None = None
     signal: int | None = None
 
 
@@ -95,31 +95,23 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.started = time.time()
-        RECORD.launched, RECORD.jobs, RECORD.signal = False, [], None
+        RECORD.jobs, RECORD.signal = None, None
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        if RECORD.launched:  # effitrain's launcher: the jobs Hydra handed it, whatever is on disk
-            outcomes = [_recheck(job) for job in RECORD.jobs]
-        else:
-            outcomes = sweep_outcomes(sweep_dir, self.started)
+        # effitrain's launcher: the jobs Hydra handed it, whatever is on disk; another: what is on disk
+        outcomes = RECORD.jobs if RECORD.jobs is not None else sweep_outcomes(sweep_dir, self.started)
+        outcomes = [_recheck(job) for job in outcomes]
         for job in outcomes:
             how = "ok (skipped: ok before)" if job.skipped else job.status
             line = f"effitrain: {how}: {os.path.relpath(job.folder, sweep_dir)}"
-            if job.status != "ok":
-                line += f": {job.error}"
-            if job.log is not None and job.log.exists():
-                line += f" (log: {job.log})"
-            print(line)
-        busy = sum(job.status == "busy" for job in outcomes)
-        not_started = sum(job.status == "not started" for job in outcomes)
-        failed = sum(job.status not in ("ok", "busy", "not started") for job in outcomes)
-        skipped = sum(job.skipped for job in outcomes)
-        notes = [f"{skipped} skipped: ok before"]
-        if busy:
-            notes.append(f"{busy} in use by another sweep, not run")
-        if not_started:
-            notes.append(f"{not_started} not started")
+            line += f": {job.error}" if job.status != "ok" else ""
+            print(line + (f" (log: {job.log})" if job.log is not None and job.log.exists() else ""))
+        count = Counter(job.status for job in outcomes)
+        notes = [f"{sum(job.skipped for job in outcomes)} skipped: ok before"]
+        notes += [f"{count['busy']} in use by another sweep, not run"] if count["busy"] else []
+        notes += [f"{count['not started']} not started"] if count["not started"] else []
+        failed = len(outcomes) - count["ok"] - count["busy"] - count["not started"]
         print(f"effitrain: {failed} of {len(outcomes)} jobs failed ({', '.join(notes)}) in {sweep_dir}")
         print(f"effitrain: compare: effitrain compare {shlex.quote(str(sweep_dir))}")
         from effitrain.train.loggers import offline_sync_hint
@@ -127,8 +119,7 @@ class SweepReport(Callback):
         hint = offline_sync_hint(sweep_dir)
         if hint:  # once for the sweep, not once per job
             print(hint)
-        failed += busy + not_started  # not done by this sweep either: the exit status says so
-        if failed:
+        if count["ok"] < len(outcomes):  # busy and not started too: not done by this sweep either
             args = [arg for arg in sys.argv if not arg.startswith("hydra.sweep.dir=")]
             if not any(arg.startswith("resume=") for arg in args) and _left_checkpoints(outcomes):
                 args.append("resume=auto")  # a fresh start into a folder with checkpoints is refused
@@ -138,7 +129,7 @@ class SweepReport(Callback):
         if RECORD.signal is not None:
             print(f"effitrain: error: the sweep was stopped by {signal_name(RECORD.signal)}", file=sys.stderr)
             sys.exit(128 + RECORD.signal)
-        if failed:
+        if count["ok"] < len(outcomes):
             sys.exit(1)
 
 

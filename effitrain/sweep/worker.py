@@ -1,9 +1,9 @@
-"""One job of effitrain's launcher, in its own process: ``python -m effitrain.sweep.worker <spec>``.
-
-The sweep's process (:mod:`effitrain.sweep.launcher`) pickles Hydra's task function, the job's config and
-Hydra's state into ``<spec>``, in a folder only its user may write (read from nowhere else: unpickling
-runs code); this process pins itself to its cores, runs the job as Hydra's own launchers do
-(``run_job``: the job folder, ``.hydra/``, logging, callbacks) and leaves its result as JSON.
+"""A sweep's job in its own process: :func:`start_job`, what every job does before its run (under
+effitrain's launcher and ``submitit_slurm`` alike), and ``python -m effitrain.sweep.worker <spec>``,
+the process effitrain's launcher starts: it reads ``<spec>`` (Hydra's task function, the job's config
+and Hydra's state, pickled by the sweep's process in a folder only its user may write: unpickling
+runs code), pins itself to its cores, runs the job as Hydra's own launchers do (``run_job``) and
+leaves its result as JSON.
 """
 
 from __future__ import annotations
@@ -12,6 +12,27 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+from omegaconf import DictConfig
+
+# Inductor's compile cache, shared by a sweep's jobs: a dot-folder of the sweep.
+INDUCTOR_CACHE = ".cache/inductor"
+
+
+def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
+    """Prepare one job of a multirun; return its earlier ok summary when it is to be skipped."""
+    from effitrain.run import folders
+
+    # Inductor's cache defaults to /tmp of each machine; under the sweep folder it is shared by all
+    # jobs of the sweep, on one box or across cluster nodes, so later compile=on jobs start faster.
+    os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR", str(Path(hydra_cfg.sweep.dir).resolve() / INDUCTOR_CACHE)
+    )
+    decision = folders.decide(Path(hydra_cfg.runtime.output_dir), cfg, job_of_sweep=True)
+    if decision.action != "skip":  # a refused one runs: the run itself refuses the folder, in its summary
+        return None
+    print(decision.reason)
+    return decision.previous
 
 
 def private(path: Path) -> bool:

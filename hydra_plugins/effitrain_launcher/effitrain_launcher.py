@@ -16,16 +16,11 @@ class EffitrainLauncher(Launcher):
 
     def __init__(self, **params: Any) -> None:
         self.params = params
-        self.config = None
-        self.task_function = None
-        self.hydra_context = None
 
     def setup(self, *, hydra_context, task_function, config) -> None:
-        self.config = config
-        self.hydra_context = hydra_context
-        self.task_function = task_function
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
-        from effitrain.sweep.launcher import launch_local
+        from effitrain.sweep.launcher import LocalSweep
 
-        return launch_local(self, job_overrides, initial_job_idx)
+        return LocalSweep(self, job_overrides, initial_job_idx).run()

@@ -1,6 +1,7 @@
 """A light Hydra app on effitrain's config and launcher, for the launcher's fast tests: each job
 sleeps, records what its process was given (devices, cores, threads, times) and writes an ok
-summary.json, or dies as told by a marker file (so the same command then runs normally).
+summary.json, or dies as told by a marker file (so the same command then runs normally), or
+ignores Ctrl-C (``+ignore_sigint=true``, once it has made ``<job>/ignoring``).
 
     python tests/helpers/launcher_app.py -m seed=1,2 +sleep_s=1 hydra.sweep.dir=D
 """
@@ -29,6 +30,9 @@ def task(cfg) -> float:
         if cfg.get("checkpoint_first"):  # as a run does at checkpoint_every before it is killed
             (folder / "checkpoints" / "step-00000001").mkdir(parents=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    if cfg.get("ignore_sigint"):  # a job that does not stop when the sweep forwards Ctrl-C
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        (folder / "ignoring").touch()
     time.sleep(float(cfg.get("sleep_s", 0)))
     record = {
         "seed": cfg.seed,

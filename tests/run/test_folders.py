@@ -12,8 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from effitrain.run import folders as results
-from effitrain.sweep.launcher import LAUNCHER_DIR, LAUNCHES, LocalSweep
-from effitrain.sweep.outcome import LaunchedJob
+from effitrain.sweep.launcher import LAUNCHER_DIR, LAUNCHES, LaunchedJob, LocalSweep
 from tests.helpers.run import compose
 
 
@@ -160,7 +159,7 @@ def test_a_folder_in_use_is_left_to_its_owner(tmp_path, cfg):
 
 
 def test_start_job_runs_an_ok_folder_of_another_config_again(tmp_path, cfg, capsys):
-    from effitrain.sweep.job_start import start_job
+    from effitrain.sweep.worker import start_job
 
     job = tmp_path / "j"
     hydra_cfg = OmegaConf.create({"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(job)}})

@@ -218,7 +218,7 @@ def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, mo
     """The same decision where Hydra's own launchers (submitit) start the job: start_job."""
     from omegaconf import OmegaConf
 
-    from effitrain.sweep.job_start import INDUCTOR_CACHE, start_job
+    from effitrain.sweep.worker import INDUCTOR_CACHE, start_job
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored after the test")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
@@ -273,6 +273,34 @@ def test_a_signal_to_the_sweep_reaches_every_running_job(tmp_path, signum):
     assert "effitrain: not started: +sleep_s=60,seed=3" in out
     assert "(0 skipped: ok before, 1 not started)" in out
     assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("again", [False, True])
+def test_a_job_that_ignores_the_sweep_s_signal_is_killed_after_kill_grace_s_or_a_second_one(tmp_path, again):
+    grace = 120 if again else 2
+    sweep = start_app(
+        tmp_path, "seed=1", "+sleep_s=120", "+ignore_sigint=true", f"hydra.launcher.kill_grace_s={grace}"
+    )
+    deadline = time.time() + 90
+    while not list(tmp_path.glob("*seed=1/ignoring")) and time.time() < deadline:
+        time.sleep(0.05)
+    sent = time.time()
+    sweep.send_signal(signal.SIGINT)
+    if again:
+        time.sleep(0.5)
+        sweep.send_signal(signal.SIGINT)
+    out, err = sweep.communicate(timeout=90)
+    assert sweep.returncode == 128 + signal.SIGINT, out + err
+    killed = summary(tmp_path, 1)
+    assert (killed["status"], killed["signal"]) == ("killed", signal.SIGKILL)
+    assert killed["error"] == (
+        "killed by SIGKILL after SIGINT: it did not stop within hydra.launcher.kill_grace_s"
+    )
+    (line,) = launches(tmp_path)
+    # killed once the grace ran out (not before it), or at the second signal, long before it would have
+    took = line["ended"] - sent
+    assert took < 30 if again else took >= grace
 
 
 @pytest.mark.slow
@@ -348,6 +376,25 @@ def test_launcher_settings_are_checked_in_one_line():
     for params, message in bad:
         with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
             launcher_settings(params)
+
+
+def test_launcher_settings_keep_a_whole_number_whole_and_refuse_what_is_not_a_number():
+    settings = launcher_settings({"timeout_min": 2, "kill_grace_s": 0.5, "devices": 3})
+    assert (settings["timeout_min"], type(settings["timeout_min"])) == (2, int)  # shown as given, not 2.0
+    assert (settings["kill_grace_s"], settings["devices"]) == (0.5, ["3"])
+    bad = [
+        ({"kill_grace_s": True}, "hydra.launcher.kill_grace_s=true is invalid: a number > 0"),
+        ({"timeout_min": "2"}, "hydra.launcher.timeout_min='2' is invalid: a number > 0"),
+        ({"devices": []}, "hydra.launcher.devices=[] is invalid: a list of distinct GPU ids, e.g. [0,1]"),
+        (
+            {"devices": [0, "0"]},
+            "hydra.launcher.devices=[0, '0'] is invalid: a list of distinct GPU ids, e.g. [0,1]",
+        ),
+    ]
+    for params, message in bad:
+        with pytest.raises(ConfigError) as error:
+            launcher_settings(params)
+        assert str(error.value) == message
 
 
 def test_launcher_settings_are_typed_when_composed():

@@ -308,7 +308,7 @@ def test_accumulation_that_does_not_divide_names_the_keys():
 
 def test_job_shares_the_sweep_compile_cache_and_skips_only_ok_summaries(tmp_path, monkeypatch, capsys):
     from effitrain.run.results import write_json_atomic
-    from effitrain.sweep.job_start import INDUCTOR_CACHE, start_job
+    from effitrain.sweep.worker import INDUCTOR_CACHE, start_job
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     job = tmp_path / "optimizer=adamw"
