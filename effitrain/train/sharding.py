@@ -91,7 +91,9 @@ def device_mesh(device: torch.device):
 
     if not torch.distributed.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+        torch.distributed.init_process_group(
+            backend, store=torch.distributed.HashStore(), rank=0, world_size=1
+        )
     return init_device_mesh(device.type, (torch.distributed.get_world_size(),))
 
 

@@ -76,4 +76,5 @@ def test_each_rank_holds_ceil_dim0_over_world_rows(fake_group, build):
 def test_bf16_gathers_in_bf16_and_reduces_in_fp32():
     policy = mixed_precision_policy("bf16")
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
-    assert (mixed_precision_policy("no").param_dtype, mixed_precision_policy("no").reduce_dtype) == (None, None)
+    plain = mixed_precision_policy("no")
+    assert (plain.param_dtype, plain.reduce_dtype) == (None, None)
