@@ -182,6 +182,69 @@ def test_each_rank_measures_its_shards(two_runs):
     assert ranks[0]["mem/optimizer_state_bytes"] - ranks[1]["mem/optimizer_state_bytes"] == 2 * 33 * 4
 
 
+def kill_at_step(run_dir, command: list[str], at_step: int) -> None:
+    """Start ``command`` (torchrun) and SIGKILL its workers, then it, once rank 0's metrics.jsonl
+    shows ``at_step``. The workers by their ids: torchrun starts each in a session of its own."""
+    import os
+    import subprocess
+    import time
+
+    import psutil
+
+    metrics = run_dir / "metrics.jsonl"
+    process = subprocess.Popen(command, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and process.poll() is None:
+            lines = metrics.read_text().splitlines() if metrics.exists() else []
+            if lines and json.loads(lines[-1])["step"] >= at_step:
+                break
+            time.sleep(0.005)
+        assert process.poll() is None, "the run ended before it could be killed"
+    finally:
+        for worker in psutil.Process(process.pid).children(recursive=True):
+            worker.kill()
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.slow
+def test_a_killed_fsdp_run_resumes_bit_identical_and_not_with_one_process(tmp_path):
+    """24 steps over 2 processes, killed after step 4 (checkpoints every 3 steps: the shards of step 3
+    are whole), resumed with resume=auto by 2 processes: the weights of the uninterrupted run, to
+    the bit. One process is refused that checkpoint, in one line (its data order is another)."""
+    import sys
+
+    from tests.helpers.run import REPO, read_metrics, train_py
+    from tests.train.test_distributed import DDP, torchrun
+
+    run = [*DDP, "data.num_train=192", "parallel=fsdp", "gradient_accumulation_steps=2"]
+    reference = torchrun(*run, "checkpoint_every=24", "hydra.run.dir=reference", cwd=tmp_path)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    killed = tmp_path / "killed"
+    run = [*run, "checkpoint_every=3", f"hydra.run.dir={killed}"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    kill_at_step(killed, [*launcher, str(REPO / "train.py"), *run], at_step=4)
+    assert not (killed / "summary.json").exists()
+
+    alone = train_py(*run, "resume=auto")
+    assert alone.returncode == 2
+    assert "written by 2 processes, resumed with 1" in alone.stderr and alone.stderr.count("\n") == 1
+
+    resumed = torchrun(*run, "resume=auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((killed / "summary.json").read_text())
+    assert 3 <= summary["train/resumed_from_step"] < 24
+    a, b = full_weights(tmp_path / "reference"), full_weights(killed)
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+    assert [line["train/loss"] for line in read_metrics(killed)] == [
+        line["train/loss"] for line in read_metrics(tmp_path / "reference")
+    ]
+
+
 @pytest.mark.slow
 def test_fsdp_causal_accumulation_stays_token_exact(tmp_path):
     """Each rank's micro-batches hold other numbers of real tokens; the sharded step divides by the
