@@ -155,6 +155,34 @@ def test_fsdp_over_two_processes_with_k_equals_one_process_with_2k(two_runs):
 
 
 @pytest.mark.slow
+def test_accelerate_launch_trains_the_same_sharded_run(two_runs, tmp_path):
+    """``accelerate launch --multi_gpu`` (its name for torchrun's launch; on a machine without
+    CUDA the ranks form a gloo group) gives the torchrun run's steps exactly."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.run import REPO, read_metrics
+    from tests.train.test_distributed import DDP
+
+    fsdp, _ = two_runs
+    from pathlib import Path
+
+    command = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(REPO / "train.py"), *DDP, "max_grad_norm=0.05", "parallel=fsdp",
+               "gradient_accumulation_steps=2", f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    done = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["cfg/world_size"] == 2
+    keys = ("step", "train/loss", "grad_norm", "lr", "train/samples")
+    assert [[line[k] for k in keys] for line in read_metrics(tmp_path)] == [
+        [line[k] for k in keys] for line in read_metrics(fsdp)
+    ]
+
+
+@pytest.mark.slow
 def test_each_rank_measures_its_shards(two_runs):
     """Every rank's figures beside the summary, rank 0's in it; counted by hand from the whole
     weights' shapes: parameters and gradients in FSDP2's padded shards, ceil(dim0 / 2) rows on
