@@ -70,6 +70,7 @@ CompileMode = _choice(
 )
 InitMode = _choice("InitMode", ("pretrained", "random"))
 MixedPrecision = _choice("MixedPrecision", ("no", "fp16", "bf16"))
+ParallelStrategy = _choice("ParallelStrategy", ("ddp", "fsdp"))
 
 
 @dataclass
@@ -96,12 +97,23 @@ class PrecisionConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """``parallel``: ``ddp`` (every process holds the whole model) or ``fsdp`` (FSDP2 sharding, whose
+    keys these are; effitrain.train.sharding)."""
+
+    strategy: ParallelStrategy = ParallelStrategy["ddp"]
+    reshard_after_forward: bool = True  # true: ZeRO-3; false: ZeRO-2
+    offload: bool = False  # parameters, gradients and optimizer state in CPU memory
+
+
+@dataclass
 class RunConfig:
     """The root: conf/config.yaml's keys with their types and ranges."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: Any = None
     optimizer: Any = None
     lr_scheduler: Any = None
