@@ -133,7 +133,7 @@ def test_a_requeued_job_resumes_and_ends_bit_identical(tmp_path, slurm):
 @pytest.mark.slow
 def test_an_fsdp_job_of_two_slurm_tasks_trains_as_torchrun_does(tmp_path, slurm):
     """hydra.launcher.tasks_per_node=2: submitit runs the job in two SLURM tasks, which become its two
-    ranks (effitrain.sweep.job_start); the steps are those of torchrun's two processes."""
+    ranks (effitrain.sweep.worker.start_job); the steps are those of torchrun's two processes."""
     from tests.train.test_distributed import torchrun
 
     job = [*TINY, "max_steps=4", "data.num_train=64", "data.num_eval=16", "parallel=fsdp"]
