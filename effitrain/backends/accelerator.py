@@ -11,10 +11,13 @@ evaluation runs on (:class:`effitrain.train.job.Evaluation`).
 
 from __future__ import annotations
 
+from functools import partial
+
 from accelerate import Accelerator
 from accelerate.utils import TorchDynamoPlugin
 
 from effitrain.train.job import Evaluation
+from effitrain.train.sharding import full_value, gradient_sync_off, is_sharded
 from effitrain.train.step import StepOps, accumulation_windows, step_items, window_step
 
 loads_checkpoint = False  # the shared restore loads weights, optimizer, scheduler and generators
@@ -34,14 +37,23 @@ def fit(job) -> Evaluation:
     """Train ``job`` from ``job.start`` to ``job.num_steps`` optimizer steps."""
     cfg = job.cfg
     accelerator = make_accelerator(cfg)
-    model, optimizer, train_loader = accelerator.prepare(job.model, job.optimizer, job.train_loader)
+    if is_sharded(job.model):
+        # sharded already (effitrain.train.sharding, one code path with the prediction): accelerate
+        # must not wrap it in DDP; FSDP2's own policy casts it for mixed precision
+        model = job.model
+        optimizer, train_loader = accelerator.prepare(job.optimizer, job.train_loader)
+        no_sync = partial(gradient_sync_off, model)
+    else:
+        model, optimizer, train_loader = accelerator.prepare(job.model, job.optimizer, job.train_loader)
+        no_sync = partial(accelerator.no_sync, model)
     evaluation = Evaluation(model, accelerator.prepare(job.eval_loader), accelerator)
     scheduler = job.scheduler  # stepped by hand once per optimizer step, not per process
     max_norm = cfg.max_grad_norm or float("inf")  # inf: measure the norm without clipping
     ops = StepOps(
         backward=accelerator.backward,
-        no_sync=lambda: accelerator.no_sync(model),
-        clip=lambda: accelerator.clip_grad_norm_(model.parameters(), max_norm),
+        no_sync=no_sync,
+        # over sharded gradients the norm is the whole model's, returned as a DTensor
+        clip=lambda: full_value(accelerator.clip_grad_norm_(model.parameters(), max_norm)),
         num_processes=accelerator.num_processes,
     )
 

@@ -120,9 +120,11 @@ class GradientRecorder:
 
     def _hook(self, param) -> None:
         if id(param) not in self._grads and param.grad is not None:
+            # a sharded (DTensor) gradient: this rank holds its local shard
+            grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
             # Keep the storage's identity and size, not the gradient: holding it would change memory.
-            key, nbytes = storage_key(param.grad)
-            self._grads[id(param)] = (key, nbytes, nbytes // param.grad.element_size())
+            key, nbytes = storage_key(grad)
+            self._grads[id(param)] = (key, nbytes, nbytes // grad.element_size())
             if len(self._grads) == len(self._params):  # all seen: no hook in later backward passes
                 self.__exit__()
 

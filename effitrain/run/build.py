@@ -16,6 +16,7 @@ from effitrain.train.distributed import world_size
 from effitrain.train.job import Job
 from effitrain.train.modeling import build_tokenizer, enable_activation_checkpointing
 from effitrain.train.optim import build_optimizer, build_scheduler, num_optimizer_steps
+from effitrain.train.sharding import device_mesh, shard
 from effitrain.train.step import StepMeter
 from effitrain.train.tasks import build_task
 
@@ -46,6 +47,8 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     model = task.build_model(cfg.model, raw, tokenizer)
     if cfg.get("gradient_checkpointing"):
         enable_activation_checkpointing(model)
+    if cfg.parallel.strategy == "fsdp":  # before the optimizer: it must hold the sharded parameters
+        model = shard(model, cfg.parallel, cfg.precision.mixed_precision, device_mesh(device))
     optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
 
     # accelerate shards batches over processes: each process sees ceil(batches / world) of them.

@@ -4,6 +4,8 @@ A checkpoint is a folder ``<run>/checkpoints/step-<N>``:
 
     model.safetensors    weights of the uncompiled module (no ``_orig_mod.`` prefix)
     optimizer.pt         ``optimizer.state_dict()``, 8-bit state included
+    *.distcp, .metadata  instead of the two above, under ``parallel=fsdp``: weights and optimizer
+                         state as ``torch.distributed.checkpoint`` writes them, each rank its own shards
     scheduler.pt         learning-rate schedule
     rng_state.pth        python, numpy, torch CPU (and CUDA) generators; ``rng_state_<rank>.pth`` per process
     trainer_state.json   Trainer backend only: lets ``Trainer.train(resume_from_checkpoint=)`` skip data
@@ -36,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
 from effitrain.train.distributed import barrier, rank, world_size
+from effitrain.train.sharding import is_sharded
 from effitrain.util.atomic import publish, sha256
 
 log = logging.getLogger(__name__)
@@ -316,6 +319,8 @@ class Checkpointer:
         barrier()
         try:
             torch.save(rng_state(), tmp / rng_file_name())
+            if is_sharded(self.model):
+                save_sharded(self.model, self.optimizer, tmp)
             barrier()
             if is_main:
                 self._write(step, tmp, target, trainer_state)
@@ -337,10 +342,11 @@ class Checkpointer:
     def _write(self, step: int, tmp: Path, target: Path, trainer_state) -> None:
         from safetensors.torch import save_model
 
-        save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        # safetensors writes 0600: the weights follow the umask as every other result file
-        os.chmod(tmp / "model.safetensors", 0o666 & ~_umask())
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        if not is_sharded(self.model):  # else every rank wrote its shards (save_sharded)
+            save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            # safetensors writes 0600: the weights follow the umask as every other result file
+            os.chmod(tmp / "model.safetensors", 0o666 & ~_umask())
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
         if trainer_state is not None:
             trainer_state.save_to_json(str(tmp / "trainer_state.json"))
@@ -396,11 +402,14 @@ class Checkpointer:
 
         folder, meta = self.resume.folder, self.resume.meta
         if weights:
-            device = next(self.model.parameters()).device
-            load_model(self.model, str(folder / "model.safetensors"), strict=True, device=str(device))
-            self.optimizer.load_state_dict(
-                torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
-            )
+            if is_sharded(self.model):
+                load_sharded(self.model, self.optimizer, folder)
+            else:
+                device = next(self.model.parameters()).device
+                load_model(self.model, str(folder / "model.safetensors"), strict=True, device=str(device))
+                self.optimizer.load_state_dict(
+                    torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
+                )
             self.scheduler.load_state_dict(
                 torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=True)
             )
@@ -410,3 +419,24 @@ class Checkpointer:
             "resumed from %s: step %d, epoch %d, %d micro-batches in", folder, at.step, at.epoch, at.batches
         )
         return at
+
+
+def save_sharded(model, optimizer, folder: Path) -> None:
+    """A sharded model's weights and optimizer state, each rank writing its own shards into
+    ``folder`` (``torch.distributed.checkpoint``; every rank calls it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+
+
+def load_sharded(model, optimizer, folder: Path) -> None:
+    """What :func:`save_sharded` wrote, read into this rank's shards (every rank calls it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

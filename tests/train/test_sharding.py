@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -78,3 +79,89 @@ def test_bf16_gathers_in_bf16_and_reduces_in_fp32():
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
     plain = mixed_precision_policy("no")
     assert (plain.param_dtype, plain.reduce_dtype) == (None, None)
+
+
+def test_the_no_decay_group_survives_sharding(fake_group):
+    """fully_shard replaces every parameter (a DTensor now): the groups are built from the sharded
+    model, so the biases and norm weights must still be found by their modules."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from effitrain.train.optim import param_groups
+
+    model = tiny_bert()
+    names = {id(p): n for n, p in model.named_parameters()}
+    before = [sorted(names[id(p)] for p in group["params"]) for group in param_groups(model, 0.01)]
+    shard(model, FSDP, "no", init_device_mesh("cpu", (fake_group[1],)))
+    names = {id(p): n for n, p in model.named_parameters()}
+    after = [sorted(names[id(p)] for p in group["params"]) for group in param_groups(model, 0.01)]
+    assert after == before
+    assert "bert.encoder.layer.0.output.LayerNorm.weight" in after[1] and "classifier.bias" in after[1]
+
+
+def full_weights(run_dir) -> dict:
+    """The final checkpoint's whole weights: safetensors (ddp) or the ranks' shards joined (fsdp)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    [folder] = sorted(run_dir.glob("checkpoints/step-*"))[-1:]
+    if (folder / "model.safetensors").exists():
+        return load_file(folder / "model.safetensors")
+    dcp_to_torch_save(folder, run_dir / "joined.pt")
+    return torch.load(run_dir / "joined.pt", weights_only=True)["model"]
+
+
+def relative_difference(a: dict, b: dict, names) -> float:
+    flat_a = torch.cat([a[n].flatten().double() for n in names])
+    flat_b = torch.cat([b[n].flatten().double() for n in names])
+    return ((flat_a - flat_b).norm() / flat_a.norm()).item()
+
+
+@pytest.mark.slow
+def test_fsdp_over_two_processes_with_k_equals_one_process_with_2k(tmp_path):
+    """The data-parallel test's comparison, sharded; max_grad_norm=0.05 clips every step (norms
+    0.1 to 0.35 here), so equal weights need the whole model's norm on each rank, not its shard's."""
+    from tests.helpers.run import read_metrics, train_py
+    from tests.train.test_distributed import DDP, torchrun
+
+    common = [*DDP, "max_grad_norm=0.05", "checkpoint_every=8"]
+    parallel = torchrun(*common, "parallel=fsdp", "gradient_accumulation_steps=2", "hydra.run.dir=fsdp",
+                        cwd=tmp_path)  # fmt: skip
+    assert parallel.returncode == 0, parallel.stderr[-3000:]
+    single = train_py(*common, "gradient_accumulation_steps=4", f"hydra.run.dir={tmp_path / 'one'}")
+    assert single.returncode == 0, single.stderr[-3000:]
+    summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
+    assert (summary["cfg/parallel"], summary["cfg/world_size"]) == ("fsdp", 2)
+    sharded, one = read_metrics(tmp_path / "fsdp"), read_metrics(tmp_path / "one")
+    assert len(sharded) == len(one) == 8
+    for line, reference in zip(sharded, one):
+        assert line["train/samples"] == reference["train/samples"]
+        assert line["train/loss"] == pytest.approx(reference["train/loss"], rel=1e-5)
+        assert line["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
+        assert line["grad_norm"] > 0.05  # clipped
+    a, b = full_weights(tmp_path / "fsdp"), full_weights(tmp_path / "one")
+    assert a.keys() == b.keys()
+    # zero-gradient noise in the key bias, as in the data-parallel test
+    assert relative_difference(a, b, [n for n in a if not n.endswith("attention.self.key.bias")]) < 1e-5
+
+
+@pytest.mark.slow
+def test_fsdp_causal_accumulation_stays_token_exact(tmp_path):
+    """Each rank's micro-batches hold other numbers of real tokens; the sharded step divides by the
+    tokens over both ranks, as one process does."""
+    from tests.helpers.run import read_metrics, train_py
+    from tests.train.test_causal import CAUSAL
+    from tests.train.test_distributed import torchrun
+
+    common = [*CAUSAL, "micro_batch_size=4", "epochs=1", "data.num_train=64", "checkpoint_every=4"]
+    parallel = torchrun(*common, "parallel=fsdp", "gradient_accumulation_steps=2", "hydra.run.dir=fsdp",
+                        cwd=tmp_path)  # fmt: skip
+    assert parallel.returncode == 0, parallel.stderr[-3000:]
+    single = train_py(*common, "gradient_accumulation_steps=4", f"hydra.run.dir={tmp_path / 'one'}")
+    assert single.returncode == 0, single.stderr[-3000:]
+    sharded, one = read_metrics(tmp_path / "fsdp"), read_metrics(tmp_path / "one")
+    assert [line["train/tokens"] for line in sharded] == [line["train/tokens"] for line in one]
+    assert [line["train/loss"] for line in sharded] == pytest.approx(
+        [line["train/loss"] for line in one], rel=1e-5
+    )
+    a, b = full_weights(tmp_path / "fsdp"), full_weights(tmp_path / "one")
+    assert relative_difference(a, b, sorted(b)) < 1e-5
