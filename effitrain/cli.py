@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from effitrain.commands.front_door import MULTIRUN_FLAGS, preflight, train
@@ -73,15 +74,23 @@ def _estimate(args) -> None:
     device = args.device or default_device()
     # validated as check does, for the device predicted for; the data and weights are never read
     cfg = load(args.overrides, device=device, loads=False)
+    world_size = sharded_world_size(cfg, args.world_size)
     chosen = cfg.hydra.runtime.choices.optimizer
     optimizers = {
         name: compose(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
         for name in installed_optimizers(group_options("optimizer"))
     }
-    rows = estimate_memory(cfg, optimizers, device=device)
+    started = time.perf_counter()
+    rows = estimate_memory(cfg, optimizers, device=device, world_size=world_size)
+    took_s = time.perf_counter() - started
     if args.json:
-        print(json.dumps({"chosen": chosen, "device": device, "optimizers": rows}, indent=2))
+        result = {"chosen": chosen, "device": device, "world_size": world_size, "estimate_s": took_s}
+        print(json.dumps({**result, "optimizers": rows}, indent=2))
         return
+    refused = {name: row["unsupported"] for name, row in rows.items() if "unsupported" in row}
+    rows = {name: row for name, row in rows.items() if name not in refused}
+    if not rows:
+        raise ConfigError(next(iter(refused.values())))
     first = next(iter(rows.values()))
     print(
         f"effitrain estimate: {first['params']:,} parameters (vocabulary {first['vocab_size']:,}); one step of "
@@ -89,6 +98,7 @@ def _estimate(args) -> None:
         f"(the worst case), precision={cfg.hydra.runtime.choices.precision}, "
         f"gradient_checkpointing={str(bool(cfg.gradient_checkpointing)).lower()}; as {device.upper()} holds it "
         "(--device); MiB at the step peak"
+        + (f"; one rank of {world_size} (parallel=fsdp, --world-size)" if world_size else "")
     )
     columns = ["weights", "gradients", "optimizer_state", "activations", "temporaries"]
     titles = [
@@ -127,6 +137,28 @@ def _estimate(args) -> None:
     for name, row in rows.items():
         if row["run_peak_bound"]:
             print(f"{name}: an upper bound of its run peak: {row['run_peak_bound']}")
+    for name, error in refused.items():
+        print(f"{name}: not predicted: {error}")
+    traced_s = ", ".join(f"{name} {row['trace_s']:.1f}" for name, row in rows.items())
+    print(f"\nthe estimate took {took_s:.1f} s (each optimizer's trace, s: {traced_s})")
+
+
+def sharded_world_size(cfg, world_size: int | None) -> int | None:
+    """The processes an FSDP estimate shards over (``--world-size``, 1 when not given); None for an
+    unsharded run, where every rank holds what one process holds.
+
+    Raises:
+        ConfigError: ``--world-size`` below 1, or given without ``parallel=fsdp``.
+    """
+    sharded = cfg.parallel.strategy == "fsdp"
+    if world_size is not None and not sharded:
+        raise ConfigError(
+            f"--world-size={world_size} is invalid with parallel={cfg.parallel.strategy}: only parallel=fsdp "
+            "shards (every data-parallel rank holds what one process holds)"
+        )
+    if world_size is not None and world_size < 1:
+        raise ConfigError(f"--world-size={world_size} is invalid: expected a number of processes, 1 or more")
+    return (world_size or 1) if sharded else None
 
 
 def _check_optimizer_options(names: list[str]) -> None:
@@ -278,6 +310,11 @@ def main(argv: list[str] | None = None) -> None:
         "--device",
         choices=DEVICES,
         help="predict what this device holds, with its kernels (default: cuda where available, else cpu)",
+    )
+    estimate.add_argument(
+        "--world-size",
+        type=int,
+        help="with parallel=fsdp: predict one rank of this many processes (default 1)",
     )
     estimate.set_defaults(handler=_estimate)
     planning = commands.add_parser(

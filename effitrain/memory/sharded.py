@@ -72,6 +72,10 @@ CATEGORY_OF = {
 }
 
 
+class UnshardableOptimizer(ConfigError):
+    """The optimizer's update fails on FSDP's sharded parameters (DTensors)."""
+
+
 @dataclasses.dataclass
 class ShardedTrace(Trace):
     """A :class:`Trace` of one rank of ``world_size``, with FSDP's own categories of each phase's
@@ -100,12 +104,13 @@ def fsdp_breakdown(snapshot: dict) -> tuple[dict[str, int], dict[str, int]]:
     return totals, fine
 
 
-def trace_sharded(config, optimizer_cfg, cfg, batches: list[dict], world_size: int, device: str = "cpu",
-                  eval_shapes: dict | None = None) -> ShardedTrace:  # fmt: skip
+def trace_sharded(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cpu",
+                  eval_shapes: dict | None = None, *, world_size: int) -> ShardedTrace:  # fmt: skip
     """One rank's run phases (first step, later step, evaluation) under ``cfg.parallel``'s FSDP2
-    sharding over ``world_size`` processes, on fake tensors: arguments as
-    :func:`effitrain.memory.replay.trace_run`, whose conventions it follows (FLOPs from an untracked
-    step, optimizers fake tensors cannot run counted analytically, here on each rank's rows).
+    sharding over ``world_size`` processes, on fake tensors: the other arguments as
+    :func:`effitrain.memory.replay.trace_run`'s (so one call site serves both), whose conventions it
+    follows (FLOPs from an untracked step, optimizers fake tensors cannot run counted analytically,
+    here on each rank's rows).
 
     The fake process group lives only inside this call: it is destroyed on the way out, so the
     caller may call again or train afterwards. In a process that already has a process group (a
@@ -117,25 +122,25 @@ def trace_sharded(config, optimizer_cfg, cfg, batches: list[dict], world_size: i
     """
     if world_size < 1:
         raise ConfigError(f"--world-size={world_size} is invalid: expected a number of processes, 1 or more")
-    arguments = (config, optimizer_cfg, cfg, batches, world_size, device, eval_shapes)
+    arguments = (config, optimizer_cfg, cfg, batches, device, eval_shapes)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         import concurrent.futures
         import multiprocessing
 
         spawn = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
-            return child.submit(trace_sharded, *arguments).result()
+            return child.submit(trace_sharded, *arguments, world_size=world_size).result()
     from torch.distributed.device_mesh import init_device_mesh
 
     fake_process_group(rank=0, world_size=world_size)
     try:
         mesh = init_device_mesh("cpu", (world_size,))  # outside FakeTensorMode: see the module docstring
-        return _trace(mesh, *arguments)
+        return _trace(mesh, world_size, *arguments)
     finally:
         torch.distributed.destroy_process_group()
 
 
-def _trace(mesh, config, optimizer_cfg, cfg, batches, world_size, device, eval_shapes) -> ShardedTrace:
+def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_shapes) -> ShardedTrace:
     import warnings
 
     import transformers
@@ -166,12 +171,18 @@ def _trace(mesh, config, optimizer_cfg, cfg, batches, world_size, device, eval_s
         model.train()
         # FSDP2's mixed-precision policy casts the gathered weights and the inputs: no autocast
         shard(model, cfg.parallel, cfg.precision.mixed_precision, mesh)
-        analytic_state = 0 if _runs_on_fake(optimizer_cfg) else _rank_state_bytes(model, optimizer_cfg, cfg)
+        # every name of a parameter -> this rank's shape: the analytic state is counted from it, outside
+        # fake mode (bitsandbytes computes its quantization maps from values as it is built)
+        local_shapes = {
+            name: p.to_local().shape for name, p in model.named_parameters(remove_duplicate=False)
+        }
 
         assumed: list[torch.dtype] = []
         if _runs_on_fake(optimizer_cfg):
             optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
-            optimizer.step = _with_values_assumed(optimizer.step, assumed)
+            optimizer.step = _refused_on_dtensors(
+                _with_values_assumed(optimizer.step, assumed), optimizer_cfg
+            )
         else:
             optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         if cuda:
@@ -229,6 +240,9 @@ def _trace(mesh, config, optimizer_cfg, cfg, batches, world_size, device, eval_s
                 tracked(phase, lambda tracker: step(optimizer, lambda batch: tracker.reset_mod_stats()))
             if evaluation is not None:
                 tracked("eval", evaluate)
+    analytic_state = (
+        0 if _runs_on_fake(optimizer_cfg) else _rank_state_bytes(model, local_shapes, optimizer_cfg, cfg)
+    )
     for phase in phases:
         phases[phase]["optimizer_state"] += analytic_state
         phases[phase]["total"] += analytic_state
@@ -238,10 +252,28 @@ def _trace(mesh, config, optimizer_cfg, cfg, batches, world_size, device, eval_s
     return ShardedTrace(phases, flops.get_total_flops(), bounds, world_size, fsdp_phases, at_update)
 
 
-def _rank_state_bytes(sharded, optimizer_cfg, cfg) -> int:
+def _refused_on_dtensors(step, optimizer_cfg):
+    """``step``, whose failure on sharded parameters (an update that mixes DTensors with the plain
+    tensors of its own state, as Adafactor's factored statistics) says so in one line."""
+
+    def stepped(*args, **kwargs):
+        try:
+            return step(*args, **kwargs)
+        except RuntimeError as error:
+            if "DTensor" not in str(error):
+                raise
+            raise UnshardableOptimizer(
+                f"optimizer._target_={str(optimizer_cfg.get('_target_'))!r} is invalid with parallel=fsdp: "
+                f"its update cannot take sharded parameters ({str(error).splitlines()[0]})"
+            ) from None
+
+    return stepped
+
+
+def _rank_state_bytes(sharded, local_shapes: dict, optimizer_cfg, cfg) -> int:
     """The analytic optimizer state of this rank's rows: the optimizer built over a ``meta`` copy
-    of the model whose parameters have the local shapes of ``sharded``'s (the estimate counts from
-    shapes, and its rules, such as bitsandbytes keeping small tensors in 32-bit, apply per shard).
+    of ``sharded`` whose parameters have ``local_shapes`` (the estimate counts from shapes, and its
+    rules, such as bitsandbytes keeping small tensors in 32-bit, apply per shard).
 
     Raises:
         ConfigError: the optimizer's state can be neither replayed nor counted.
@@ -257,7 +289,7 @@ def _rank_state_bytes(sharded, optimizer_cfg, cfg) -> int:
     local = {}  # one meta parameter per sharded one, set under each of its names (tied weights stay tied)
     for name, param in sharded.named_parameters(remove_duplicate=False):
         if id(param) not in local:
-            local[id(param)] = torch.nn.Parameter(torch.empty(param.to_local().shape, device="meta"))
+            local[id(param)] = torch.nn.Parameter(torch.empty(local_shapes[name], device="meta"))
         owner, _, attribute = name.rpartition(".")
         setattr(shapes_only.get_submodule(owner), attribute, local[id(param)])
     state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))

@@ -36,7 +36,7 @@ def rank0_elements(world: int) -> int:
 @pytest.mark.parametrize("world", [2, 8])
 def test_rank_holds_its_rows_of_parameters_gradients_and_adamw_state(world):
     cfg = compose("task=causal_lm", "parallel=fsdp", "optimizer=adamw", tiny=False)
-    trace = trace_sharded(LLAMA, cfg.optimizer, cfg, [BATCH], world, "cpu", BATCH)
+    trace = trace_sharded(LLAMA, cfg.optimizer, cfg, [BATCH], "cpu", BATCH, world_size=world)
     rows_bytes = 4 * rank0_elements(world)  # fp32
     step_tensors = 4 * len(llama_shapes())  # AdamW's step: one fp32 scalar per parameter
     for phase in ("first_step", "later_step", "eval"):
@@ -56,5 +56,5 @@ def test_rank_holds_its_rows_of_parameters_gradients_and_adamw_state(world):
 
 def test_a_rank_of_one_holds_what_the_unsharded_model_holds():
     cfg = compose("task=causal_lm", "parallel=fsdp", "optimizer=adamw", tiny=False)
-    trace = trace_sharded(LLAMA, cfg.optimizer, cfg, [BATCH], 1, "cpu", BATCH)
+    trace = trace_sharded(LLAMA, cfg.optimizer, cfg, [BATCH], "cpu", BATCH, world_size=1)
     assert trace.fsdp_phases["eval"]["Sharded Param"] == 4 * sum(math.prod(s) for s in llama_shapes())
