@@ -5,7 +5,7 @@ an unsharded run, with the model sharded by training's own :func:`effitrain.trai
     effitrain estimate parallel=fsdp --world-size 8 model=llama_small task=causal_lm
 
 How: torch's fake process group (backend ``fake``: collectives return at once and move nothing)
-makes this process rank 0 of ``world_size``; the CPU device mesh is built outside
+makes this process one rank (0 by default) of ``world_size``; the CPU device mesh is built outside
 ``FakeTensorMode`` (inside, ``init_device_mesh`` fails on a data-dependent op); the model is built
 and sharded inside it, so each parameter is a DTensor whose local part has rank 0's rows. Rank 0
 holds ``ceil(dim0 / world_size)`` rows of every parameter, the most any rank holds (the last ranks'
@@ -104,13 +104,33 @@ def fsdp_breakdown(snapshot: dict) -> tuple[dict[str, int], dict[str, int]]:
     return totals, fine
 
 
+def tracked_phase(model, optimizer, run) -> tuple[tuple[dict, dict], dict | None]:
+    """``run(tracker)`` under an ``FSDPMemTracker`` of ``model`` and ``optimizer``: its peak by
+    effitrain's and FSDP's categories (:func:`fsdp_breakdown`), and FSDP's categories as the
+    optimizer's update starts (None where ``run`` steps no optimizer). The prediction and the
+    measurement of a real rank (tests/helpers/fsdp_rank_memory.py) both track a phase with it."""
+    tracker = fsdp_mem_tracker_class()(model, optimizer)
+    at_update = {}
+
+    def note_update(*_):
+        at_update.update(fsdp_breakdown(tracker.get_tracker_snapshot("current"))[1])
+
+    hook = optimizer.register_step_pre_hook(note_update)
+    try:
+        with tracker:
+            run(tracker)
+    finally:
+        hook.remove()
+    return fsdp_breakdown(tracker.get_tracker_snapshot("peak")), at_update or None
+
+
 def trace_sharded(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cpu",
-                  eval_shapes: dict | None = None, *, world_size: int) -> ShardedTrace:  # fmt: skip
+                  eval_shapes: dict | None = None, *, world_size: int, rank: int = 0) -> ShardedTrace:  # fmt: skip
     """One rank's run phases (first step, later step, evaluation) under ``cfg.parallel``'s FSDP2
     sharding over ``world_size`` processes, on fake tensors: the other arguments as
     :func:`effitrain.memory.replay.trace_run`'s (so one call site serves both), whose conventions it
     follows (FLOPs from an untracked step, optimizers fake tensors cannot run counted analytically,
-    here on each rank's rows).
+    here on each rank's rows). ``rank``: whose rows (0, the default, holds the most).
 
     The fake process group lives only inside this call: it is destroyed on the way out, so the
     caller may call again or train afterwards. In a process that already has a process group (a
@@ -122,6 +142,8 @@ def trace_sharded(config, optimizer_cfg, cfg, batches: list[dict], device: str =
     """
     if world_size < 1:
         raise ConfigError(f"--world-size={world_size} is invalid: expected a number of processes, 1 or more")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank}: expected 0 to {world_size - 1}")
     arguments = (config, optimizer_cfg, cfg, batches, device, eval_shapes)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         import concurrent.futures
@@ -129,10 +151,10 @@ def trace_sharded(config, optimizer_cfg, cfg, batches: list[dict], device: str =
 
         spawn = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as child:
-            return child.submit(trace_sharded, *arguments, world_size=world_size).result()
+            return child.submit(trace_sharded, *arguments, world_size=world_size, rank=rank).result()
     from torch.distributed.device_mesh import init_device_mesh
 
-    fake_process_group(rank=0, world_size=world_size)
+    fake_process_group(rank=rank, world_size=world_size)
     try:
         mesh = init_device_mesh("cpu", (world_size,))  # outside FakeTensorMode: see the module docstring
         return _trace(mesh, world_size, *arguments)
@@ -178,15 +200,17 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
         }
 
         assumed: list[torch.dtype] = []
-        if _runs_on_fake(optimizer_cfg):
-            optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
-            optimizer.step = _refused_on_dtensors(
-                _with_values_assumed(optimizer.step, assumed), optimizer_cfg
-            )
-        else:
-            optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-        if cuda:
-            foreach_by_default(optimizer)
+
+        def make_optimizer():
+            if not _runs_on_fake(optimizer_cfg):
+                return torch.optim.SGD(model.parameters(), lr=1e-3)
+            made = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
+            made.step = _refused_on_dtensors(_with_values_assumed(made.step, assumed), optimizer_cfg)
+            if cuda:
+                foreach_by_default(made)
+            return made
+
+        optimizer = make_optimizer()
         meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
         window = [fake_batch(shapes) for shapes in batches]
@@ -208,19 +232,10 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
             return window_step(task, model, optimizer, window, items, meter, ops, before_forward)
 
         def tracked(phase, run):
-            tracker = fsdp_mem_tracker_class()(model, optimizer)
             assumed.clear()
-
-            def note_update(*_):
-                at_update[phase] = fsdp_breakdown(tracker.get_tracker_snapshot("current"))[1]
-
-            hook = optimizer.register_step_pre_hook(note_update)
-            try:
-                with tracker:
-                    run(tracker)
-            finally:
-                hook.remove()
-            phases[phase], fsdp_phases[phase] = fsdp_breakdown(tracker.get_tracker_snapshot("peak"))
+            (phases[phase], fsdp_phases[phase]), update = tracked_phase(model, optimizer, run)
+            if update is not None:
+                at_update[phase] = update
             if torch.bool in assumed:
                 bounds[phase] = BOUND_ASSUMED_BRANCH
 
@@ -234,6 +249,7 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
         with _mask_skipping_as_recorded(model, unpadded), kernels:
             with FlopCounterMode(display=False) as flops:  # one rank's FLOPs: the whole model on its batch
                 step(torch.optim.SGD(model.parameters(), lr=0.0))
+            _sharding_rules_cached(model, make_optimizer())
             if cfg.get("gradient_checkpointing"):
                 enable_activation_checkpointing(model)
             for phase in ("first_step", "later_step"):
@@ -250,6 +266,18 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
     if analytic_state:
         bounds["first_step"] = BOUND_COUNTED_STATE
     return ShardedTrace(phases, flops.get_total_flops(), bounds, world_size, fsdp_phases, at_update)
+
+
+def _sharding_rules_cached(model, optimizer) -> None:
+    """One untracked update of a throwaway ``optimizer`` on zero gradients. On a DTensor op it has
+    not met, DTensor computes the output's sharding by running the op on fake tensors of this
+    same ``FakeTensorMode``, where the tracker counts them (in the first update: up to 9 times the
+    state on top of it, where a real rank holds nothing of the kind); afterwards it reads its cache.
+    The FLOP step met the forward's and backward's ops already."""
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _refused_on_dtensors(step, optimizer_cfg):
