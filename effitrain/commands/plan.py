@@ -117,7 +117,8 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         cfg = compose(list(overrides) + choice)
         # micro_batch_size from the effective batch, as a run of that many processes derives it
         apply_effective_batch_size(cfg, gpus)
-        [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device, world_size=gpus).values()
+        sharded = {"world_size": gpus} if gpus > 1 else {}  # one device: the call as it always was
+        [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device, **sharded).values()
         if "unsupported" in row:  # an optimizer FSDP's sharded parameters refuse: no candidate
             print(f"effitrain plan: {row['unsupported']}", file=sys.stderr, flush=True)
             return {"fits": False, "gradient_accumulation_steps": accumulation}
