@@ -213,6 +213,7 @@ def _plan(args) -> None:
         gpus = [int(count) for count in args.gpus.split(",")]
     except ValueError:
         raise ConfigError(f"--gpus={args.gpus!r} is invalid: give numbers of GPUs, e.g. 1,8,64") from None
+    sharded = gpus != [1]  # a GPUs column only where there is a choice of them
     rows = plan_over_gpus(
         args.overrides, budget, args.memory_budget, gpus, args.effective_batch_size, optimizers, device,
         args.margin,
@@ -235,7 +236,9 @@ def _plan(args) -> None:
         "fragmentation (--margin) is within it; best first"
     )
     print(
-        f"{'fits':<5}{'gpus':>5} {'optimizer':<13}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'step MiB':>10}"
+        f"{'fits':<5}"
+        + (f"{'gpus':<5}" if sharded else "")
+        + f"{'optimizer':<13}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'step MiB':>10}"
         f"{'run MiB':>10}" + (f"{'step s':>8}" if args.probe_steps else "")
     )
     # over budget, only each optimizer and precision's smallest peak: the JSON has every candidate
@@ -248,7 +251,9 @@ def _plan(args) -> None:
     for row in shown:
         step_s = f"{row['step_s_measured']:.3f}" if row.get("step_s_measured") else ""
         print(
-            f"{'yes' if row['fits'] else 'no':<5}{row['gpus']:>5} {row['optimizer']:<13}{row['precision']:<10}"
+            f"{'yes' if row['fits'] else 'no':<5}"
+            + (f"{row['gpus']:<5}" if sharded else "")
+            + f"{row['optimizer']:<13}{row['precision']:<10}"
             f"{row['micro_batch_size']:>6}{row['gradient_accumulation_steps']:>6}"
             f"{'yes' if row['gradient_checkpointing'] else 'no':>10}"
             f"{row['step_peak_bytes_predicted'] / MIB:>10.1f}{row['run_peak_bytes_predicted'] / MIB:>10.1f}"

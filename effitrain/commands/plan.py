@@ -169,7 +169,7 @@ def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> l
     its row's ``probe_status`` and the plan goes on."""
     from effitrain.run.isolated import run_isolated
 
-    fitting = [r for r in rows if r["fits"]][:top]
+    fitting = [r for r in rows if r["fits"] and r.get("gpus", 1) == 1][:top]  # probes run one process
     for row in fitting:
         summary = run_isolated([*row["command"].split()[2:], f"max_steps={steps}"])
         row["probe_status"] = summary["status"]
