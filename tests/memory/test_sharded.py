@@ -97,3 +97,19 @@ def test_each_rank_s_measured_memory_under_torchrun_is_the_prediction(tmp_path):
             assert real == replayed, (rank, phase)
             excess = sum(measured["phases"][phase].values()) - trace.phases[phase]["total"]
             assert 0 <= excess <= reduce_scatter, (rank, phase, excess)
+
+
+@pytest.mark.slow
+def test_inside_a_process_group_the_prediction_runs_in_a_child_and_leaves_the_group_alone():
+    """A rank of a real run (here a gloo group of one) predicts in a child process: its own group is
+    untouched and the figures are those of a process without one."""
+    cfg = compose("task=causal_lm", "parallel=fsdp", "optimizer=adamw", tiny=False)
+    alone = trace_sharded(LLAMA, cfg.optimizer, cfg, [BATCH], "cpu", BATCH, world_size=2)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        group = torch.distributed.group.WORLD
+        in_child = trace_sharded(LLAMA, cfg.optimizer, cfg, [BATCH], "cpu", BATCH, world_size=2)
+        assert torch.distributed.group.WORLD is group and torch.distributed.get_world_size() == 1
+    finally:
+        torch.distributed.destroy_process_group()
+    assert in_child.fsdp_phases == alone.fsdp_phases and in_child.phases == alone.phases
