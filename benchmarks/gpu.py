@@ -43,6 +43,14 @@ MODELS = {
 OPTIMIZERS = ["adamw", "adafactor", "adam8bit"]
 TIMING_MODEL = "llama_small"
 TIMING_STEPS = 30
+# one FSDP rank's figures: what it holds (on the CPU with offload) and what the GPU allocated
+FSDP_KEYS = [
+    "params_bytes",
+    "grads_bytes",
+    "optimizer_state_bytes",
+    "step_peak_bytes",
+    "cuda_max_allocated_bytes",
+]
 
 
 def memory_cases(optimizers: list[str]) -> list[dict]:
@@ -61,6 +69,18 @@ def timing_cases() -> list[dict]:
          "overrides": [*MODELS[TIMING_MODEL], *COMMON, "optimizer=adamw", "precision=bf16", f"backend={backend}",
                        f"compile={compile_}", f"max_steps={TIMING_STEPS}"]}
         for backend in ("accelerator", "trainer") for compile_ in ("off", "on")
+    ]  # fmt: skip
+
+
+def fsdp_cases() -> list[dict]:
+    """One rank of FSDP2 (a group of one: nothing split), CPU offload off and on: what one GPU can
+    show of sharding. The per-rank split itself needs several GPUs: ``torchrun --nproc_per_node N
+    train.py parallel=fsdp`` there, each rank's figures in summary_ranks.json."""
+    return [
+        {"offload": offload,
+         "overrides": [*MODELS[TIMING_MODEL], *COMMON, "optimizer=adamw", "precision=bf16", "parallel=fsdp",
+                       f"parallel.offload={str(offload).lower()}", "max_steps=4"]}
+        for offload in (False, True)
     ]  # fmt: skip
 
 
@@ -175,6 +195,15 @@ def markdown(result: dict) -> str:
         speedup = ratio(off.get("step_s"), on.get("step_s"))
         if speedup:
             lines.append(f"\n{backend}: compile=on's step is {speedup:.2f}x as fast as compile=off's")
+    lines += ["", f"## FSDP2, one rank: {TIMING_MODEL}, bf16, AdamW, CPU offload off / on (MiB)", "",
+              "| offload | status | " + " | ".join(FSDP_KEYS) + " | step s |", "|---|---|" + "---:|" * 6]  # fmt: skip
+    for f in result["fsdp"]:
+        cells = " | ".join(fmt(f.get(key), MIB) for key in FSDP_KEYS)
+        lines.append(
+            f"| {str(f['offload']).lower()} | {f['status']} | {cells} | {fmt(f.get('step_s'), digits=4)} |"
+        )
+    lines.append("\nThe split over ranks needs several GPUs: `torchrun --nproc_per_node N train.py parallel=fsdp`, "
+                 "every rank's figures in summary_ranks.json.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -186,9 +215,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=4, help="memory cases run at once (one process each)")
     parser.add_argument("--timeout", type=float, default=420, help="seconds one case may take")
     args = parser.parse_args()
-    memory, timing = memory_cases(args.optimizers), timing_cases()
+    memory, timing, fsdp = memory_cases(args.optimizers), timing_cases(), fsdp_cases()
     if args.dry_run:
-        dry_run(memory + timing)
+        dry_run(memory + timing + fsdp)
         return
     import torch
 
@@ -207,10 +236,16 @@ def main() -> None:
                       "error": s.get("error"), "step_s": s.get("speed/step_s_median"),
                       "compile_s": s.get("speed/compile_s"), "samples_per_s": s.get("speed/samples_per_s"),
                       "mfu": s.get("speed/mfu")})  # fmt: skip
+    sharded = []
+    for case in fsdp:
+        s = run_isolated(case["overrides"], args.timeout)
+        sharded.append({"offload": case["offload"], "status": s["status"], "error": s.get("error"),
+                        **{key: s.get(f"mem/{key}") for key in FSDP_KEYS},
+                        "step_s": s.get("speed/step_s_median")})  # fmt: skip
     result = {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "seconds": time.time() - started,
-        "memory": rows, "adam8bit_saving": eight_bit_savings(rows), "timing": timed,
+        "memory": rows, "adam8bit_saving": eight_bit_savings(rows), "timing": timed, "fsdp": sharded,
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from effitrain.config.compose import command_line_overrides
 from effitrain.config.errors import ConfigError, ConfigErrors, invalid, raise_problems
+from effitrain.config.parallel import check_parallel
 from effitrain.config.schema import SyntheticData, group_settings, range_problems
 from effitrain.config.targets import (
     check_config_overrides,
@@ -125,6 +126,7 @@ def validate(cfg: DictConfig, world_size: int = 1, device: str | None = None, lo
             lambda: _resume(cfg),
             lambda: _precision(cfg, device),
             lambda: _compile(cfg),
+            lambda: check_parallel(cfg, device),
             lambda: check_model(cfg),
             lambda: check_named_is_built(cfg),
             lambda: check_targets(cfg),  # every group's target allowed, its keys against its arguments

@@ -51,7 +51,9 @@ def _leaves(value):
             # A wrapper subclass owns no storage: what it stores are its inner tensors.
             attributes, _ = value.__tensor_flatten__()
             for name in attributes:
-                yield from _leaves(getattr(value, name))
+                inner = getattr(value, name)
+                if isinstance(inner, torch.Tensor):  # a DTensor lists its DeviceMesh too: not its data
+                    yield from _leaves(inner)
         else:
             yield value
     elif isinstance(value, dict):

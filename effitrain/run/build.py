@@ -48,6 +48,8 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     if cfg.get("gradient_checkpointing"):
         enable_activation_checkpointing(model)
     if cfg.parallel.strategy == "fsdp":  # before the optimizer: it must hold the sharded parameters
+        if world_size() == 1:
+            say("parallel=fsdp in one process: sharded over a group of one (nothing split, offload applies)")
         model = shard(model, cfg.parallel, cfg.precision.mixed_precision, device_mesh(device))
     optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
 

@@ -26,10 +26,11 @@ from effitrain.run import folders, results
 from effitrain.run.build import build_job
 from effitrain.run.folders import check_output_dir
 from effitrain.run.outcome import interrupts_raise, one_line
+from effitrain.run.ranks import write_rank_figures
 from effitrain.run.summary import Summary
 from effitrain.run.summary_keys import summary_config_keys
 from effitrain.train import checkpoint
-from effitrain.train.distributed import process_state
+from effitrain.train.distributed import process_state, world_size
 from effitrain.train.job import Evaluation, Job, evaluate_job
 from effitrain.train.loggers import MetricsFile, build_tracker
 from effitrain.util.compat import compile_seconds, reset_accelerator_state
@@ -90,7 +91,10 @@ def run(cfg: DictConfig, output_dir: str | Path, *, validated: bool = False) -> 
                     trained = True
         finally:
             if job is not None:  # also for a failed run: how far it got, an OOM's peak
-                summary.update(closing_figures(job, summary.status))
+                figures = closing_figures(job, summary.status)
+                summary.update(figures)
+                if trained:  # every rank got here: the gather is a collective
+                    write_rank_figures(output_dir, figures, state.process_index)
             if trained:
                 summary.finished()  # ok, unless a figure it is judged by is not a number
             if kept is None:
@@ -184,6 +188,9 @@ def predict_step_peak(job: Job) -> dict:
     memory = job.step_memory
     if memory is None or not memory.batches:
         return {}
+    if job.cfg.parallel.strategy == "fsdp" and world_size() > 1:
+        return {}  # the replay below is of an unsharded model: the sharded replay is issue 31's
+
     device = "cuda" if next(job.model.parameters()).device.type == "cuda" else "cpu"
     shapes = {key: value for key, value in memory.batches[0].items() if key != "padded"}
     evaluation = {

@@ -16,6 +16,12 @@ INDUCTOR_CACHE = ".cache/inductor"
 
 def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
     """Prepare one job of a multirun; return its earlier ok summary when it is to be skipped."""
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "RANK" not in os.environ:
+        # submitit runs the job in each of its SLURM tasks (hydra.launcher.tasks_per_node): they
+        # become the ranks of one job, with the variables torchrun would set
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
     # Inductor's cache defaults to /tmp of each machine; under the sweep folder it is shared by all
     # jobs of the sweep, on one box or across cluster nodes, so later compile=on jobs start faster.
     cache = Path(hydra_cfg.sweep.dir).resolve() / INDUCTOR_CACHE

@@ -37,7 +37,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
-from effitrain.train.distributed import barrier, rank, world_size
+from effitrain.train.distributed import barrier, launched_world_size, rank, world_size
 from effitrain.train.sharding import is_sharded
 from effitrain.util.atomic import publish, sha256
 
@@ -267,9 +267,11 @@ def find_resume(cfg: DictConfig, output_dir: Path) -> ResumePoint | None:
             now,
             f"differs from the checkpoint {folder} ({then!r}): an exact resume needs the same config",
         )
-    if meta["world_size"] != world_size():
+    if meta["world_size"] != launched_world_size():  # the front door asks before the group is joined
         raise invalid(
-            "resume", str(folder), f"written by {meta['world_size']} processes, resumed with {world_size()}"
+            "resume",
+            str(folder),
+            f"written by {meta['world_size']} processes, resumed with {launched_world_size()}",
         )
     return point
 

@@ -20,6 +20,14 @@ def world_size() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
+def launched_world_size() -> int:
+    """The processes the launcher started (torchrun's and accelerate's ``WORLD_SIZE``), known
+    before this process joins their group: what the front door's checks compare against."""
+    import os
+
+    return world_size() if torch.distributed.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 

@@ -51,6 +51,14 @@ PARSE = [
         ["precision.mixed_precision=fp8"],
         "precision.mixed_precision='fp8' is invalid: choose one of no, fp16, bf16",
     ),
+    (
+        ["parallel=fsdp", "parallel.offload=maybe"],
+        "parallel.offload='maybe' is invalid: must be true or false",
+    ),
+    (
+        ["parallel=fsdp", "parallel.reshard_after_forward=zero3"],
+        "parallel.reshard_after_forward='zero3' is invalid: must be true or false",
+    ),
 ]
 
 # Values a run rejects itself too (``validate``), before anything heavy is loaded.
@@ -155,6 +163,15 @@ VALUES = [
     pytest.param(["optimizer._target_=bitsandbytes.optim.PagedAdamW8bit"],
                  "optimizer='bitsandbytes.optim.PagedAdamW8bit' is invalid: paged optimizers need a CUDA device",
                  marks=pytest.mark.skipif(not NO_CUDA, reason="CUDA present")),
+    # FSDP2 sharding (effitrain/config/parallel.py): each measured, docs/sharding.md
+    (["parallel.offload=true"], "parallel.offload=true is invalid: it is FSDP's: use parallel=fsdp"),
+    (["parallel=fsdp", "backend=trainer"],
+     "parallel='fsdp' is invalid: backend=trainer shards through its own fsdp arguments"),
+    (["parallel=fsdp", "compile=on"], "compile='on' is invalid: with parallel=fsdp the sharded model is not compiled"),
+    (["parallel=fsdp", "optimizer=adam8bit"],
+     "optimizer='bitsandbytes.optim.Adam8bit' is invalid: with parallel=fsdp: its update mixes plain tensors"),
+    (["parallel=fsdp", "optimizer=adafactor"],
+     "optimizer='transformers.optimization.Adafactor' is invalid: with parallel=fsdp: its update mixes"),
 ]  # fmt: skip
 
 PREFLIGHT = PARSE + VALUES

@@ -116,32 +116,161 @@ def relative_difference(a: dict, b: dict, names) -> float:
     return ((flat_a - flat_b).norm() / flat_a.norm()).item()
 
 
-@pytest.mark.slow
-def test_fsdp_over_two_processes_with_k_equals_one_process_with_2k(tmp_path):
-    """The data-parallel test's comparison, sharded; max_grad_norm=0.05 clips every step (norms
-    0.1 to 0.35 here), so equal weights need the whole model's norm on each rank, not its shard's."""
-    from tests.helpers.run import read_metrics, train_py
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """The data-parallel test's comparison, sharded: 2 processes with parallel=fsdp and
+    accumulation 2, and 1 process (ddp) with 4; max_grad_norm=0.05 clips every step (norms 0.1 to
+    0.35 here), so equal weights need the whole model's norm on each rank, not its shard's."""
+    from tests.helpers.run import train_py
     from tests.train.test_distributed import DDP, torchrun
 
+    root = tmp_path_factory.mktemp("fsdp")
     common = [*DDP, "max_grad_norm=0.05", "checkpoint_every=8"]
     parallel = torchrun(*common, "parallel=fsdp", "gradient_accumulation_steps=2", "hydra.run.dir=fsdp",
-                        cwd=tmp_path)  # fmt: skip
+                        cwd=root)  # fmt: skip
     assert parallel.returncode == 0, parallel.stderr[-3000:]
-    single = train_py(*common, "gradient_accumulation_steps=4", f"hydra.run.dir={tmp_path / 'one'}")
+    single = train_py(*common, "gradient_accumulation_steps=4", f"hydra.run.dir={root / 'one'}")
     assert single.returncode == 0, single.stderr[-3000:]
-    summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
+    return root / "fsdp", root / "one"
+
+
+@pytest.mark.slow
+def test_fsdp_over_two_processes_with_k_equals_one_process_with_2k(two_runs):
+    from tests.helpers.run import read_metrics
+
+    fsdp, one = two_runs
+    summary = json.loads((fsdp / "summary.json").read_text())
     assert (summary["cfg/parallel"], summary["cfg/world_size"]) == ("fsdp", 2)
-    sharded, one = read_metrics(tmp_path / "fsdp"), read_metrics(tmp_path / "one")
-    assert len(sharded) == len(one) == 8
-    for line, reference in zip(sharded, one):
-        assert line["train/samples"] == reference["train/samples"]
-        assert line["train/loss"] == pytest.approx(reference["train/loss"], rel=1e-5)
-        assert line["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
+    sharded, reference = read_metrics(fsdp), read_metrics(one)
+    assert len(sharded) == len(reference) == 8
+    for line, expected in zip(sharded, reference):
+        assert line["train/samples"] == expected["train/samples"]
+        assert line["train/loss"] == pytest.approx(expected["train/loss"], rel=1e-5)
+        assert line["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
         assert line["grad_norm"] > 0.05  # clipped
-    a, b = full_weights(tmp_path / "fsdp"), full_weights(tmp_path / "one")
+    a, b = full_weights(fsdp), full_weights(one)
     assert a.keys() == b.keys()
     # zero-gradient noise in the key bias, as in the data-parallel test
     assert relative_difference(a, b, [n for n in a if not n.endswith("attention.self.key.bias")]) < 1e-5
+
+
+@pytest.mark.slow
+def test_accelerate_launch_trains_the_same_sharded_run(two_runs, tmp_path):
+    """``accelerate launch --multi_gpu`` (its name for torchrun's launch; on a machine without
+    CUDA the ranks form a gloo group) gives the torchrun run's steps exactly."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.run import REPO, read_metrics
+    from tests.train.test_distributed import DDP
+
+    fsdp, _ = two_runs
+    from pathlib import Path
+
+    command = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(REPO / "train.py"), *DDP, "max_grad_norm=0.05", "parallel=fsdp",
+               "gradient_accumulation_steps=2", f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    done = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["cfg/world_size"] == 2
+    keys = ("step", "train/loss", "grad_norm", "lr", "train/samples")
+    assert [[line[k] for k in keys] for line in read_metrics(tmp_path)] == [
+        [line[k] for k in keys] for line in read_metrics(fsdp)
+    ]
+
+
+@pytest.mark.slow
+def test_each_rank_measures_its_shards(two_runs):
+    """Every rank's figures beside the summary, rank 0's in it; counted by hand from the whole
+    weights' shapes: parameters and gradients in FSDP2's padded shards, ceil(dim0 / 2) rows on
+    both ranks; AdamW's two moments made like the local shard (unpadded: the classifier's 3 rows
+    split 2 + 1) and a 4-byte step per parameter."""
+    fsdp, _ = two_runs
+    world = 2
+    ranks = json.loads((fsdp / "summary_ranks.json").read_text())
+    summary = json.loads((fsdp / "summary.json").read_text())
+    assert [figures["env/rank"] for figures in ranks] == [0, 1]
+    assert {k: v for k, v in summary.items() if k in ranks[0]} == ranks[0]
+    shapes = [tuple(t.shape) for t in full_weights(fsdp).values()]
+    assert (3, 32) in shapes  # the classifier: its rows do not divide by 2
+    padded = sum(math.ceil(s[0] / world) * math.prod(s[1:]) * 4 for s in shapes)
+    for rank, figures in enumerate(ranks):
+        local = sum(
+            min(math.ceil(s[0] / world), s[0] - rank * math.ceil(s[0] / world)) * math.prod(s[1:]) * 4
+            for s in shapes
+        )
+        state = 2 * local + 4 * len(shapes)
+        assert (figures["mem/params_bytes"], figures["mem/grads_bytes"]) == (padded, padded)
+        assert figures["mem/optimizer_state_bytes"] == state
+        # the step tracker (MemTracker) counts the same DTensor shards
+        assert figures["mem/step_peak/optimizer_state_bytes"] == state
+    assert ranks[0]["mem/optimizer_state_bytes"] - ranks[1]["mem/optimizer_state_bytes"] == 2 * 33 * 4
+
+
+def kill_at_step(run_dir, command: list[str], at_step: int) -> None:
+    """Start ``command`` (torchrun) and SIGKILL its workers, then it, once rank 0's metrics.jsonl
+    shows ``at_step``. The workers by their ids: torchrun starts each in a session of its own."""
+    import os
+    import subprocess
+    import time
+
+    import psutil
+
+    metrics = run_dir / "metrics.jsonl"
+    process = subprocess.Popen(command, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and process.poll() is None:
+            lines = metrics.read_text().splitlines() if metrics.exists() else []
+            if lines and json.loads(lines[-1])["step"] >= at_step:
+                break
+            time.sleep(0.005)
+        assert process.poll() is None, "the run ended before it could be killed"
+    finally:
+        for worker in psutil.Process(process.pid).children(recursive=True):
+            worker.kill()
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.slow
+def test_a_killed_fsdp_run_resumes_bit_identical_and_not_with_one_process(tmp_path):
+    """24 steps over 2 processes, killed after step 4 (checkpoints every 3 steps: the shards of step 3
+    are whole), resumed with resume=auto by 2 processes: the weights of the uninterrupted run, to
+    the bit. One process is refused that checkpoint, in one line (its data order is another)."""
+    import sys
+
+    from tests.helpers.run import REPO, read_metrics, train_py
+    from tests.train.test_distributed import DDP, torchrun
+
+    run = [*DDP, "data.num_train=192", "parallel=fsdp", "gradient_accumulation_steps=2"]
+    reference = torchrun(*run, "checkpoint_every=24", "hydra.run.dir=reference", cwd=tmp_path)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    killed = tmp_path / "killed"
+    run = [*run, "checkpoint_every=3", f"hydra.run.dir={killed}"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    kill_at_step(killed, [*launcher, str(REPO / "train.py"), *run], at_step=4)
+    assert not (killed / "summary.json").exists()
+
+    alone = train_py(*run, "resume=auto")
+    assert alone.returncode == 2
+    assert "written by 2 processes, resumed with 1" in alone.stderr and alone.stderr.count("\n") == 1
+
+    resumed = torchrun(*run, "resume=auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((killed / "summary.json").read_text())
+    assert 3 <= summary["train/resumed_from_step"] < 24
+    a, b = full_weights(tmp_path / "reference"), full_weights(killed)
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+    assert [line["train/loss"] for line in read_metrics(killed)] == [
+        line["train/loss"] for line in read_metrics(tmp_path / "reference")
+    ]
 
 
 @pytest.mark.slow

@@ -128,3 +128,24 @@ def test_a_requeued_job_resumes_and_ends_bit_identical(tmp_path, slurm):
     assert resumed["eval/loss"] == expected["eval/loss"]
     assert losses(sweep / name) == losses(tmp_path / "local" / name)
     assert_bit_identical(final_weights(sweep / name), final_weights(tmp_path / "local" / name))
+
+
+@pytest.mark.slow
+def test_an_fsdp_job_of_two_slurm_tasks_trains_as_torchrun_does(tmp_path, slurm):
+    """hydra.launcher.tasks_per_node=2: submitit runs the job in two SLURM tasks, which become its two
+    ranks (effitrain.sweep.job_start); the steps are those of torchrun's two processes."""
+    from tests.train.test_distributed import torchrun
+
+    job = [*TINY, "max_steps=4", "data.num_train=64", "data.num_eval=16", "parallel=fsdp"]
+    reference = torchrun(*job, f"hydra.run.dir={tmp_path / 'torchrun'}", cwd=tmp_path)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    on_slurm = train_py(
+        "-m", *job, *ON_SLURM, "hydra.launcher.cpus_per_task=1", "hydra.launcher.tasks_per_node=2",
+        f"hydra.sweep.dir={tmp_path / 'slurm'}", env=slurm,
+    )  # fmt: skip
+    assert on_slurm.returncode == 0, on_slurm.stdout[-3000:] + on_slurm.stderr[-3000:]
+    [(name, summary)] = summaries(tmp_path / "slurm").items()
+    assert (summary["status"], summary["cfg/world_size"], summary["cfg/parallel"]) == ("ok", 2, "fsdp")
+    ranks = json.loads((tmp_path / "slurm" / name / "summary_ranks.json").read_text())
+    assert [figures["env/rank"] for figures in ranks] == [0, 1]
+    assert losses(tmp_path / "slurm" / name) == pytest.approx(losses(tmp_path / "torchrun"), rel=1e-6)

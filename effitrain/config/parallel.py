@@ -1,0 +1,63 @@
+"""The ``parallel`` group's checks: what FSDP2 sharding cannot run with, said before anything loads.
+
+Each refusal was measured on this machine (torch 2.13, CPU, gloo): see docs/sharding.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig
+
+from effitrain.config.errors import invalid
+
+# Optimizers whose update mixes plain tensors with the sharded (DTensor) parameters, which DTensor
+# refuses ("got mixed torch.Tensor and DTensor"): bitsandbytes' 8-bit kernels and transformers'
+# Adafactor (its factored statistics are plain tensors).
+NOT_ON_DTENSOR = ("bitsandbytes.", "transformers.optimization.Adafactor")
+
+
+def check_parallel(cfg: DictConfig, device: str | None = None) -> None:
+    """``parallel`` against the other groups and the machine (``device``: the one checked for;
+    None: this machine's).
+
+    Raises:
+        ConfigError: FSDP's keys under ``ddp``; under ``fsdp``: the Trainer backend, compile, an
+            optimizer that cannot update DTensor parameters, more processes on this machine than GPUs.
+    """
+    parallel = cfg.parallel
+    if parallel.strategy != "fsdp":
+        if parallel.offload or not parallel.reshard_after_forward:
+            key = "parallel.offload" if parallel.offload else "parallel.reshard_after_forward"
+            value = parallel.offload if parallel.offload else parallel.reshard_after_forward
+            raise invalid(key, value, "it is FSDP's: use parallel=fsdp, or leave it out with parallel=ddp")
+        return
+    if str(cfg.backend.get("_target_", "")).startswith("effitrain.backends.trainer"):
+        raise invalid(
+            "parallel", "fsdp", "backend=trainer shards through its own fsdp arguments and builds the "
+            "optimizer after wrapping, not effitrain's: use backend=accelerator"
+        )  # fmt: skip
+    if cfg.compile.enabled:
+        raise invalid(
+            "compile", "on", "with parallel=fsdp the sharded model is not compiled (compile per block after "
+            "fully_shard is not built): use compile=off"
+        )  # fmt: skip
+    target = str(cfg.optimizer.get("_target_", ""))
+    if target.startswith(NOT_ON_DTENSOR):
+        raise invalid(
+            "optimizer", target, "with parallel=fsdp: its update mixes plain tensors with the sharded "
+            "(DTensor) parameters; use adamw, adamw_fused, lion or apollo"
+        )  # fmt: skip
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = _cuda_devices() if device in (None, "cuda") else 0
+    if gpus and processes > gpus:
+        raise invalid(
+            "parallel", "fsdp", f"{processes} processes on this machine and {gpus} GPUs: the device mesh "
+            "needs a GPU per process (nccl); launch at most one process per GPU"
+        )  # fmt: skip
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
