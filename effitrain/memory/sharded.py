@@ -44,14 +44,13 @@ import math
 import torch
 
 from effitrain.config.errors import ConfigError
+from effitrain.config.parallel import NOT_ON_DTENSOR
 from effitrain.memory.replay import (
     BOUND_ASSUMED_BRANCH,
-    BOUND_COUNTED_STATE,
     CATEGORIES,
     Trace,
     _caches_filled_for_real,
     _mask_skipping_as_recorded,
-    _runs_on_fake,
     _with_values_assumed,
     fake_batch,
 )
@@ -129,19 +128,27 @@ def trace_sharded(config, optimizer_cfg, cfg, batches: list[dict], device: str =
     """One rank's run phases (first step, later step, evaluation) under ``cfg.parallel``'s FSDP2
     sharding over ``world_size`` processes, on fake tensors: the other arguments as
     :func:`effitrain.memory.replay.trace_run`'s (so one call site serves both), whose conventions it
-    follows (FLOPs from an untracked step, optimizers fake tensors cannot run counted analytically,
-    here on each rank's rows). ``rank``: whose rows (0, the default, holds the most).
+    follows (FLOPs from an untracked step, the update replayed with its temporaries). ``rank``:
+    whose rows (0, the default, holds the most).
 
     The fake process group lives only inside this call: it is destroyed on the way out, so the
     caller may call again or train afterwards. In a process that already has a process group (a
     rank of a real run) the trace runs in a child process of its own.
 
     Raises:
-        ConfigError: ``world_size`` below 1, or an optimizer whose state can be neither replayed
-            nor counted.
+        ConfigError: ``world_size`` below 1.
+        UnshardableOptimizer: an optimizer training refuses under FSDP
+            (:data:`effitrain.config.parallel.NOT_ON_DTENSOR`), or whose replayed update fails on
+            DTensors.
     """
     if world_size < 1:
         raise ConfigError(f"--world-size={world_size} is invalid: expected a number of processes, 1 or more")
+    target = str(optimizer_cfg.get("_target_", ""))
+    if target.startswith(NOT_ON_DTENSOR):  # training refuses it: no prediction for a run that cannot be
+        raise UnshardableOptimizer(
+            f"optimizer._target_={target!r} is invalid with parallel=fsdp: its update mixes plain tensors "
+            "with the sharded (DTensor) parameters"
+        )
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank}: expected 0 to {world_size - 1}")
     arguments = (config, optimizer_cfg, cfg, batches, device, eval_shapes)
@@ -183,8 +190,7 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
     auto = getattr(transformers, task.auto_class)
     config = copy.deepcopy(config)  # checkpointing switches its use_cache off: not the caller's
     warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
-    if _runs_on_fake(optimizer_cfg):
-        _caches_filled_for_real(optimizer_cfg, cfg.weight_decay)
+    _caches_filled_for_real(optimizer_cfg, cfg.weight_decay)
 
     phases, fsdp_phases, at_update, bounds = {}, {}, {}, {}
     with fake_tensor_mode(), torch.compiler.set_stance("force_eager"):
@@ -193,17 +199,9 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
         model.train()
         # FSDP2's mixed-precision policy casts the gathered weights and the inputs: no autocast
         shard(model, cfg.parallel, cfg.precision.mixed_precision, mesh)
-        # every name of a parameter -> this rank's shape: the analytic state is counted from it, outside
-        # fake mode (bitsandbytes computes its quantization maps from values as it is built)
-        local_shapes = {
-            name: p.to_local().shape for name, p in model.named_parameters(remove_duplicate=False)
-        }
-
         assumed: list[torch.dtype] = []
 
         def make_optimizer():
-            if not _runs_on_fake(optimizer_cfg):
-                return torch.optim.SGD(model.parameters(), lr=1e-3)
             made = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
             made.step = _refused_on_dtensors(_with_values_assumed(made.step, assumed), optimizer_cfg)
             if cuda:
@@ -256,15 +254,6 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
                 tracked(phase, lambda tracker: step(optimizer, lambda batch: tracker.reset_mod_stats()))
             if evaluation is not None:
                 tracked("eval", evaluate)
-    analytic_state = (
-        0 if _runs_on_fake(optimizer_cfg) else _rank_state_bytes(model, local_shapes, optimizer_cfg, cfg)
-    )
-    for phase in phases:
-        phases[phase]["optimizer_state"] += analytic_state
-        phases[phase]["total"] += analytic_state
-        fsdp_phases[phase]["OptState"] += analytic_state
-    if analytic_state:
-        bounds["first_step"] = BOUND_COUNTED_STATE
     return ShardedTrace(phases, flops.get_total_flops(), bounds, world_size, fsdp_phases, at_update)
 
 
@@ -296,34 +285,3 @@ def _refused_on_dtensors(step, optimizer_cfg):
             ) from None
 
     return stepped
-
-
-def _rank_state_bytes(sharded, local_shapes: dict, optimizer_cfg, cfg) -> int:
-    """The analytic optimizer state of this rank's rows: the optimizer built over a ``meta`` copy
-    of ``sharded`` whose parameters have ``local_shapes`` (the estimate counts from shapes, and its
-    rules, such as bitsandbytes keeping small tensors in 32-bit, apply per shard).
-
-    Raises:
-        ConfigError: the optimizer's state can be neither replayed nor counted.
-    """
-    import transformers
-
-    from effitrain.memory import estimate_optimizer_state
-    from effitrain.train.optim import build_optimizer
-    from effitrain.train.tasks import build_task
-
-    with torch.device("meta"):
-        shapes_only = getattr(transformers, build_task(cfg).auto_class).from_config(sharded.config)
-    local = {}  # one meta parameter per sharded one, set under each of its names (tied weights stay tied)
-    for name, param in sharded.named_parameters(remove_duplicate=False):
-        if id(param) not in local:
-            local[id(param)] = torch.nn.Parameter(torch.empty(local_shapes[name], device="meta"))
-        owner, _, attribute = name.rpartition(".")
-        setattr(shapes_only.get_submodule(owner), attribute, local[id(param)])
-    state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
-    if state is None:  # neither replayed nor counted: a prediction without it would be too low
-        raise ConfigError(
-            f"optimizer._target_={str(optimizer_cfg.get('_target_'))!r} is invalid: with these settings "
-            "its state can be neither replayed on fake tensors nor counted by effitrain's estimate"
-        )
-    return state.bytes
