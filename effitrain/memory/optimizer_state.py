@@ -17,6 +17,12 @@ def _tensor(numel: int, dtype: torch.dtype) -> Footprint:
     return Footprint(bytes=numel * dtype.itemsize, elements=numel, storages=1)
 
 
+def _local_numel(param) -> int:
+    """The elements of the state made like ``param``: a sharded (DTensor) parameter's state is made
+    like this rank's shard, its unpadded rows."""
+    return param.to_local().numel() if hasattr(param, "to_local") else param.numel()
+
+
 def _adam_state(optimizer) -> Footprint:
     """torch Adam/AdamW: exp_avg and exp_avg_sq like the parameter, one scalar step tensor each."""
     from effitrain.util.compat import adam_step_dtype
@@ -28,7 +34,7 @@ def _adam_state(optimizer) -> Footprint:
         step_dtype = adam_step_dtype(group.get("fused")) if fused_or_capturable else adam_step_dtype()
         for param in group["params"]:
             for _ in range(moments):
-                total += _tensor(param.numel(), param.dtype)
+                total += _tensor(_local_numel(param), param.dtype)
             total += _tensor(1, step_dtype)
     return total
 
@@ -89,7 +95,7 @@ def _lion_state(optimizer) -> Footprint:
     total = Footprint()
     for group in optimizer.param_groups:
         for param in group["params"]:
-            total += _tensor(param.numel(), param.dtype)
+            total += _tensor(_local_numel(param), param.dtype)
     return total
 
 

@@ -205,8 +205,9 @@ def test_each_rank_measures_its_shards(two_runs):
         state = 2 * local + 4 * len(shapes)
         assert (figures["mem/params_bytes"], figures["mem/grads_bytes"]) == (padded, padded)
         assert figures["mem/optimizer_state_bytes"] == state
-        # the step tracker (MemTracker) counts the same DTensor shards
+        # the step tracker (MemTracker) counts the same DTensor shards; the estimate, the shards' shapes
         assert figures["mem/step_peak/optimizer_state_bytes"] == state
+        assert figures["mem/optimizer_state_bytes_estimated"] == state
     assert ranks[0]["mem/optimizer_state_bytes"] - ranks[1]["mem/optimizer_state_bytes"] == 2 * 33 * 4
 
 
