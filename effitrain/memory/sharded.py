@@ -2,7 +2,7 @@
 CPU process: the run's phases replayed on fake tensors, as :mod:`effitrain.memory.replay` replays
 an unsharded run, with the model sharded by training's own :func:`effitrain.train.sharding.shard`.
 
-    effitrain estimate parallel=fsdp --world-size 8 model=llama_small task=causal_lm
+    effitrain estimate task=causal_lm model=llama_7b parallel=fsdp --world-size 8 --optimizers adamw
 
 How: torch's fake process group (backend ``fake``: collectives return at once and move nothing)
 makes this process one rank (0 by default) of ``world_size``; the CPU device mesh is built outside
