@@ -258,11 +258,11 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
 
 
 def _sharding_rules_cached(model, optimizer) -> None:
-    """One untracked update of a throwaway ``optimizer`` on zero gradients. On a DTensor op it has
-    not met, DTensor computes the output's sharding by running the op on fake tensors of this
-    same ``FakeTensorMode``, where the tracker counts them (in the first update: up to 9 times the
-    state on top of it, where a real rank holds nothing of the kind); afterwards it reads its cache.
-    The FLOP step met the forward's and backward's ops already."""
+    """One untracked update of a throwaway ``optimizer`` on zero gradients. Without it the first
+    tracked update on fake DTensors counts several times the state in temporaries that the same
+    update on real tensors never holds, and later updates do not: DTensor's sharding propagation,
+    which runs an op it has not met yet on fake tensors (here of the tracked mode) and caches the
+    result, is the likely cause. The FLOP step met the forward's and backward's ops already."""
     for param in model.parameters():
         param.grad = torch.zeros_like(param)
     optimizer.step()
