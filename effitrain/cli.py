@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from effitrain.commands.front_door import MULTIRUN_FLAGS, preflight, train
@@ -71,17 +72,31 @@ def _estimate(args) -> None:
     base = [o.input_line for o in parsed if not names(o, "optimizer")]
     own = [o.input_line for o in parsed if names(o, "optimizer") and o.key_or_group != "optimizer"]
     device = args.device or default_device()
+    if args.optimizers:
+        _check_optimizer_options(args.optimizers.split(","))
     # validated as check does, for the device predicted for; the data and weights are never read
     cfg = load(args.overrides, device=device, loads=False)
+    world_size = sharded_world_size(cfg, args.world_size)
     chosen = cfg.hydra.runtime.choices.optimizer
     optimizers = {
         name: compose(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
-        for name in installed_optimizers(group_options("optimizer"))
+        for name in (
+            args.optimizers.split(",")
+            if args.optimizers
+            else installed_optimizers(group_options("optimizer"))
+        )
     }
-    rows = estimate_memory(cfg, optimizers, device=device)
+    started = time.perf_counter()
+    rows = estimate_memory(cfg, optimizers, device=device, world_size=world_size)
+    took_s = time.perf_counter() - started
     if args.json:
-        print(json.dumps({"chosen": chosen, "device": device, "optimizers": rows}, indent=2))
+        result = {"chosen": chosen, "device": device, "world_size": world_size, "estimate_s": took_s}
+        print(json.dumps({**result, "optimizers": rows}, indent=2))
         return
+    refused = {name: row["unsupported"] for name, row in rows.items() if "unsupported" in row}
+    rows = {name: row for name, row in rows.items() if name not in refused}
+    if not rows:
+        raise ConfigError(next(iter(refused.values())))
     first = next(iter(rows.values()))
     print(
         f"effitrain estimate: {first['params']:,} parameters (vocabulary {first['vocab_size']:,}); one step of "
@@ -89,6 +104,7 @@ def _estimate(args) -> None:
         f"(the worst case), precision={cfg.hydra.runtime.choices.precision}, "
         f"gradient_checkpointing={str(bool(cfg.gradient_checkpointing)).lower()}; as {device.upper()} holds it "
         "(--device); MiB at the step peak"
+        + (f"; one rank of {world_size} (parallel=fsdp, --world-size)" if world_size else "")
     )
     columns = ["weights", "gradients", "optimizer_state", "activations", "temporaries"]
     titles = [
@@ -127,6 +143,28 @@ def _estimate(args) -> None:
     for name, row in rows.items():
         if row["run_peak_bound"]:
             print(f"{name}: an upper bound of its run peak: {row['run_peak_bound']}")
+    for name, error in refused.items():
+        print(f"{name}: not predicted: {error}")
+    traced_s = ", ".join(f"{name} {row['trace_s']:.1f}" for name, row in rows.items())
+    print(f"\nthe estimate took {took_s:.1f} s (each optimizer's trace, s: {traced_s})")
+
+
+def sharded_world_size(cfg, world_size: int | None) -> int | None:
+    """The processes an FSDP estimate shards over (``--world-size``, 1 when not given); None for an
+    unsharded run, where every rank holds what one process holds.
+
+    Raises:
+        ConfigError: ``--world-size`` below 1, or given without ``parallel=fsdp``.
+    """
+    sharded = cfg.parallel.strategy == "fsdp"
+    if world_size is not None and not sharded:
+        raise ConfigError(
+            f"--world-size={world_size} is invalid with parallel={cfg.parallel.strategy}: only parallel=fsdp "
+            "shards (every data-parallel rank holds what one process holds)"
+        )
+    if world_size is not None and world_size < 1:
+        raise ConfigError(f"--world-size={world_size} is invalid: expected a number of processes, 1 or more")
+    return (world_size or 1) if sharded else None
 
 
 def _check_optimizer_options(names: list[str]) -> None:
@@ -149,7 +187,7 @@ def _check_optimizer_options(names: list[str]) -> None:
 def _plan(args) -> None:
     import json
 
-    from effitrain.commands.plan import parse_bytes, plan, probe, weights_fit
+    from effitrain.commands.plan import parse_bytes, plan_over_gpus, probe
     from effitrain.config.load import load
     from effitrain.memory import MIB
 
@@ -170,10 +208,16 @@ def _plan(args) -> None:
         _check_optimizer_options(optimizers)
     device = args.device or default_device()
     # validated as check does, for the device planned for; the data and weights are never read
-    weights_fit(load(args.overrides, device=device, loads=False), budget, args.memory_budget, args.margin)
-    rows = plan(
-        args.overrides, budget, args.effective_batch_size, optimizers, device=device, margin=args.margin
-    )
+    load(args.overrides, device=device, loads=False)
+    try:
+        gpus = [int(count) for count in args.gpus.split(",")]
+    except ValueError:
+        raise ConfigError(f"--gpus={args.gpus!r} is invalid: give numbers of GPUs, e.g. 1,8,64") from None
+    sharded = gpus != [1]  # a GPUs column only where there is a choice of them
+    rows = plan_over_gpus(
+        args.overrides, budget, args.memory_budget, gpus, args.effective_batch_size, optimizers, device,
+        args.margin,
+    )  # fmt: skip
     if not any(row["fits"] for row in rows):
         smallest = min(rows, key=lambda r: r["run_peak_bytes_predicted"])
         raise ConfigError(
@@ -192,20 +236,24 @@ def _plan(args) -> None:
         "fragmentation (--margin) is within it; best first"
     )
     print(
-        f"{'fits':<5}{'optimizer':<13}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'step MiB':>10}"
+        f"{'fits':<5}"
+        + (f"{'gpus':<5}" if sharded else "")
+        + f"{'optimizer':<13}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'step MiB':>10}"
         f"{'run MiB':>10}" + (f"{'step s':>8}" if args.probe_steps else "")
     )
     # over budget, only each optimizer and precision's smallest peak: the JSON has every candidate
     smallest = {}
     for row in rows:
-        key = (row["optimizer"], row["precision"])
+        key = (row["optimizer"], row["precision"], row["gpus"])
         if key not in smallest or row["run_peak_bytes_predicted"] < smallest[key]["run_peak_bytes_predicted"]:
             smallest[key] = row
-    shown = [r for r in rows if r["fits"] or r is smallest[(r["optimizer"], r["precision"])]]
+    shown = [r for r in rows if r["fits"] or r is smallest[(r["optimizer"], r["precision"], r["gpus"])]]
     for row in shown:
         step_s = f"{row['step_s_measured']:.3f}" if row.get("step_s_measured") else ""
         print(
-            f"{'yes' if row['fits'] else 'no':<5}{row['optimizer']:<13}{row['precision']:<10}"
+            f"{'yes' if row['fits'] else 'no':<5}"
+            + (f"{row['gpus']:<5}" if sharded else "")
+            + f"{row['optimizer']:<13}{row['precision']:<10}"
             f"{row['micro_batch_size']:>6}{row['gradient_accumulation_steps']:>6}"
             f"{'yes' if row['gradient_checkpointing'] else 'no':>10}"
             f"{row['step_peak_bytes_predicted'] / MIB:>10.1f}{row['run_peak_bytes_predicted'] / MIB:>10.1f}"
@@ -279,6 +327,15 @@ def main(argv: list[str] | None = None) -> None:
         choices=DEVICES,
         help="predict what this device holds, with its kernels (default: cuda where available, else cpu)",
     )
+    estimate.add_argument(
+        "--optimizers",
+        help="comma-separated options of conf/optimizer to estimate (default: all; each is one trace)",
+    )
+    estimate.add_argument(
+        "--world-size",
+        type=int,
+        help="with parallel=fsdp: predict one rank of this many processes (default 1)",
+    )
     estimate.set_defaults(handler=_estimate)
     planning = commands.add_parser(
         "plan",
@@ -309,6 +366,12 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=DEFAULT_MARGIN,
         help=f"share of the budget kept free for the allocator's fragmentation (default {DEFAULT_MARGIN})",
+    )
+    planning.add_argument(
+        "--gpus",
+        default="1",
+        help="comma-separated numbers of GPUs, e.g. 1,8,64: above 1, FSDP over that many; the smallest "
+        "that fits is proposed beside the single-device options (default: 1)",
     )
     planning.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     planning.set_defaults(handler=_plan)

@@ -9,6 +9,9 @@ traced on fake tensors (:mod:`effitrain.memory.replay`).
 
 from __future__ import annotations
 
+import functools
+import time
+
 import torch
 
 from effitrain.memory.count import optimizer_params, params_footprint
@@ -28,7 +31,8 @@ def meta_model(cfg):
     return build_model(cfg.model, num_labels, None, device="meta", auto_class=task.auto_class)
 
 
-def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu") -> dict:
+def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu",
+                    world_size: int = 1) -> dict:  # fmt: skip
     """Memory of ``cfg``'s run before running it, in bytes, one row per optimizer.
 
     The static part (weights, gradients, optimizer state) comes from a ``meta`` model: nothing is
@@ -41,11 +45,17 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     ``device``: whose kernels the trace replays (``cpu`` or ``cuda``, see
     :func:`effitrain.memory.replay.trace_run`). Each row also holds the run's peak per phase (the
     first step, a later step, evaluation at ``eval_batch_size``): ``run_peak`` and ``run_peak_bytes``.
+    With ``parallel=fsdp`` the step and run peaks are one rank's of ``world_size``
+    (:func:`effitrain.memory.sharded.trace_sharded`); ``trace_s``: the seconds each trace took.
     """
     from effitrain.memory.replay import CATEGORIES, trace_run
+    from effitrain.memory.sharded import UnshardableOptimizer, trace_sharded
     from effitrain.train.optim import build_optimizer
     from effitrain.train.tasks import build_task
 
+    replay = trace_run
+    if cfg.parallel.strategy == "fsdp":  # one rank's phases, the same arguments besides
+        replay = functools.partial(trace_sharded, world_size=world_size)
     model = meta_model(cfg)
     task = build_task(cfg)
     weights = params_footprint(model)
@@ -75,14 +85,20 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             "total_bytes": weights.bytes + grads.bytes + state.bytes if state else None,
         }
         if step:
-            trace = trace_run(
-                model.config,
-                optimizer_cfg,
-                cfg,
-                [batch] * cfg.gradient_accumulation_steps,
-                device,
-                evaluation,
-            )
+            started = time.perf_counter()
+            try:
+                trace = replay(
+                    model.config,
+                    optimizer_cfg,
+                    cfg,
+                    [batch] * cfg.gradient_accumulation_steps,
+                    device,
+                    evaluation,
+                )
+            except UnshardableOptimizer as error:  # the other optimizers' rows still stand
+                rows[name]["unsupported"] = str(error)
+                continue
+            rows[name]["trace_s"] = time.perf_counter() - started
             peak = trace.step_peak(warm_up=True)
             rows[name]["step_peak_bytes"] = peak["total"]
             rows[name]["step_peak"] = {f"{c}_bytes": peak[c] for c in CATEGORIES}

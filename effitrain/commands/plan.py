@@ -68,11 +68,14 @@ def weights_fit(cfg, budget: int, budget_text: str, margin: float = DEFAULT_MARG
 
 
 def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None,
-         checkpointing=(False, True), device: str = "cpu", margin: float = DEFAULT_MARGIN):  # fmt: skip
+         checkpointing=(False, True), device: str = "cpu", margin: float = DEFAULT_MARGIN,
+         gpus: int = 1):  # fmt: skip
     """Every traced candidate (dicts with the keys below), best first; those over budget last.
 
     A candidate fits when its run's peak (the largest of its first step, a later step and
     evaluation), predicted for ``device``'s kernels, is at most ``budget * (1 - margin)``.
+    ``gpus`` above 1: FSDP over that many processes (``parallel=fsdp``), one rank's peak against the
+    budget of one device; the effective batch is split over the processes.
 
     ``checkpointing``: the gradient checkpointing settings to try. With it on, only micro batches
     larger than the largest that fits without it are tried: recomputation only pays where it
@@ -97,27 +100,35 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     )
     # each candidate's micro batch comes from its effective batch: a given one would conflict with it
     overrides = [o.input_line for o in parse(overrides) if o.key_or_group != "micro_batch_size"]
+    if gpus > 1:
+        overrides.append("parallel=fsdp")
     optimizers = optimizers or installed_optimizers(group_options("optimizer"))
     cuda = device == "cuda"
     precisions = precisions or (["bf16", "fp16", "fp32"] if cuda else ["fp32", "bf16"])
+    launcher = f"torchrun --nproc_per_node {gpus} train.py " if gpus > 1 else "python train.py "
     rows = []
 
     def trace(optimizer, precision, recompute, micro) -> dict:
-        accumulation = effective // micro
+        accumulation = effective // (micro * gpus)
         choice = [f"optimizer={optimizer}", f"precision={precision}", f"effective_batch_size={effective}",
                   f"gradient_accumulation_steps={accumulation}"]  # fmt: skip
         if recompute and not chosen:
             choice.append("gradient_checkpointing=true")
         cfg = compose(list(overrides) + choice)
-        apply_effective_batch_size(cfg)  # micro_batch_size from the effective batch, as a run derives it
-        [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device).values()
+        # micro_batch_size from the effective batch, as a run of that many processes derives it
+        apply_effective_batch_size(cfg, gpus)
+        sharded = {"world_size": gpus} if gpus > 1 else {}  # one device: the call as it always was
+        [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device, **sharded).values()
+        if "unsupported" in row:  # an optimizer FSDP's sharded parameters refuse: no candidate
+            print(f"effitrain plan: {row['unsupported']}", file=sys.stderr, flush=True)
+            return {"fits": False, "gradient_accumulation_steps": accumulation}
         fits = row["run_peak_bytes"] <= usable
         rows.append({
             "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
             "gradient_accumulation_steps": accumulation, "gradient_checkpointing": recompute,
             "step_peak_bytes_predicted": row["step_peak_bytes"],
             "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
-            "fits": fits, "command": "python train.py " + " ".join(list(overrides) + choice),
+            "fits": fits, "gpus": gpus, "command": launcher + " ".join(list(overrides) + choice),
         })  # fmt: skip
         print(f"effitrain plan: {len(rows)} traced: {optimizer} {precision} micro {micro} x {accumulation}"
               f"{' recompute' if recompute else ''}: {row['run_peak_bytes'] / 2**20:.1f} MiB, "
@@ -128,7 +139,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         for optimizer in optimizers:
             fewest = None  # accumulation steps of the best fit without checkpointing
             for recompute in checkpointing:
-                sizes = [m for m in micro_batches(effective)
+                sizes = [m for m in micro_batches(effective // gpus)
                          if not (recompute and fewest is not None and effective // m >= fewest)]  # fmt: skip
                 best = None  # the largest micro batch that fits
                 for index, micro in enumerate(sizes):
@@ -158,7 +169,7 @@ def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> l
     its row's ``probe_status`` and the plan goes on."""
     from effitrain.run.isolated import run_isolated
 
-    fitting = [r for r in rows if r["fits"]][:top]
+    fitting = [r for r in rows if r["fits"] and r.get("gpus", 1) == 1][:top]  # probes run one process
     for row in fitting:
         summary = run_isolated([*row["command"].split()[2:], f"max_steps={steps}"])
         row["probe_status"] = summary["status"]
@@ -166,3 +177,48 @@ def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> l
         row["step_peak_bytes_measured"] = summary.get("mem/step_peak_bytes")
     measured = sorted((r for r in fitting if r.get("step_s_measured")), key=lambda r: r["step_s_measured"])
     return measured + [r for r in rows if r not in measured]
+
+
+def plan_over_gpus(overrides: list[str], budget: int, budget_text: str, gpus: list[int], effective=None,
+                   optimizers=None, device: str = "cpu", margin: float = DEFAULT_MARGIN, **search) -> list[dict]:  # fmt: skip
+    """:func:`plan` for each number of GPUs in ``gpus``, fewest first: one device unsharded (when 1
+    is among them), then FSDP over each larger number until one fits: the smallest that does is
+    proposed beside the single-device options, and larger ones are not traced. Candidates that fit
+    come first, on fewer GPUs first. ``search``: :func:`plan`'s ``precisions`` and ``checkpointing``.
+
+    Raises:
+        ConfigError: a number of GPUs below 1 or that does not divide the effective batch; the
+            weights alone over budget when 1 is the only number.
+    """
+    from effitrain.config.compose import compose
+    from effitrain.config.load import load
+
+    base = compose(overrides)
+    effective = (
+        effective
+        or base.get("effective_batch_size")
+        or base.micro_batch_size * base.gradient_accumulation_steps
+    )
+    for count in gpus:
+        if count < 1 or effective % count:
+            raise ConfigError(
+                f"--gpus={count} is invalid: give a number of GPUs, 1 or more, that divides the effective "
+                f"batch ({effective} samples, --effective-batch-size)"
+            )
+    rows = []
+    for count in sorted(set(gpus)):
+        if count == 1:
+            try:
+                weights_fit(load(overrides, device=device, loads=False), budget, budget_text, margin)
+            except ConfigError:
+                if len(gpus) == 1:
+                    raise
+                continue  # one device cannot hold the weights: only sharded candidates
+        found = plan(
+            overrides, budget, effective, optimizers, device=device, margin=margin, gpus=count, **search
+        )
+        rows += found
+        if count > 1 and any(row["fits"] for row in found):
+            break
+    rows.sort(key=lambda row: (not row["fits"], row["fits"] and row["gpus"]))  # stable: plan's order within
+    return rows

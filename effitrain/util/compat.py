@@ -108,6 +108,34 @@ def step_peak_tracker_class():
     return StepPeakTracker
 
 
+def fake_process_group(rank: int, world_size: int) -> None:
+    """The default process group as ``rank`` of ``world_size`` processes that are not there: torch's
+    ``fake`` backend (``torch.testing._internal.distributed.fake_pg``, a testing module), whose
+    collectives return at once and move nothing. No fallback: the per-rank prediction needs it."""
+    import torch.distributed as dist
+
+    try:
+        from torch.testing._internal.distributed import fake_pg
+    except ImportError:
+        raise _missing("torch", "torch.testing._internal.distributed.fake_pg") from None
+    store = private("torch", fake_pg, "FakeStore")
+    if store is None:
+        raise _missing("torch", "torch.testing._internal.distributed.fake_pg.FakeStore")
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=store())
+
+
+def fsdp_mem_tracker_class():
+    """torch's ``FSDPMemTracker`` (``torch.distributed._tools.fsdp2_mem_tracker``, a private module):
+    ``MemTracker`` with FSDP2's categories (sharded and unsharded parameters and gradients, all-gather
+    and reduce-scatter buffers). No fallback: the per-rank categories come from it."""
+    from torch.distributed._tools import fsdp2_mem_tracker
+
+    tracker = private("torch", fsdp2_mem_tracker, "FSDPMemTracker")
+    if tracker is None:
+        raise _missing("torch", "torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker")
+    return tracker
+
+
 def fake_tensor_mode():
     """A ``FakeTensorMode`` (``torch._subclasses.fake_tensor``): tensors with shapes and no memory.
     No fallback: the step prediction cannot run without it."""

@@ -265,3 +265,20 @@ def test_progress_bar_false_silences_the_data_librarys_bars_too(tmp_path):
     assert any((tmp_path / "cache").iterdir())  # tokenized and saved in this run
     for bar in ("tokenizing", "Saving the dataset", "Map", "%|"):
         assert bar not in done.stderr, bar
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--world-size", "8"], "--world-size=8 is invalid with parallel=ddp: only parallel=fsdp shards"),
+        (["parallel=fsdp", "--world-size", "0"], "--world-size=0 is invalid: expected a number of processes"),
+    ],
+)
+def test_estimate_refuses_a_world_size_it_cannot_shard_over_in_one_line(capsys, overrides, message):
+    from effitrain.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["estimate", "model=tiny", "data=synthetic", *overrides])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"effitrain: error: {message}") and err.count("\n") == 1

@@ -37,3 +37,34 @@ def test_estimate_traces_the_worst_case_step_and_an_evaluation_of_eval_batch_siz
     [(batches, device, evaluation)] = asked
     assert batches == [shapes(4)] * 3 and device == "cpu"
     assert evaluation == shapes(12)
+
+
+def test_with_fsdp_each_row_is_one_rank_of_the_world_size_and_a_refused_optimizer_is_named(monkeypatch):
+    """parallel=fsdp: the same phases asked of trace_sharded, with --world-size; an optimizer FSDP
+    refuses gets its reason instead of figures, and the other rows stand."""
+    import effitrain.memory.sharded
+    from effitrain.memory.replay import Trace
+
+    asked = []
+    real = effitrain.memory.sharded.trace_sharded
+
+    def sharded(config, optimizer_cfg, cfg, batches, device, eval_shapes, *, world_size):
+        asked.append((optimizer_cfg._target_, world_size, device, len(batches)))
+        if optimizer_cfg._target_.startswith("transformers"):
+            return real(config, optimizer_cfg, cfg, batches, device, eval_shapes, world_size=world_size)
+        peak = dict.fromkeys(["weights", "gradients", "optimizer_state", "activations", "temporaries"], 0)
+        return Trace({"later_step": {**peak, "total": world_size}}, 1)
+
+    monkeypatch.setattr(effitrain.memory.sharded, "trace_sharded", sharded)
+    cfg = compose("parallel=fsdp", "gradient_accumulation_steps=2")
+    optimizers = {"adamw": cfg.optimizer, "adafactor": compose("optimizer=adafactor").optimizer}
+    rows = estimate_memory(cfg, optimizers, device="cuda", world_size=8)
+    assert asked == [
+        ("torch.optim.AdamW", 8, "cuda", 2),
+        ("transformers.optimization.Adafactor", 8, "cuda", 2),
+    ]
+    assert rows["adamw"]["step_peak_bytes"] == 8
+    assert rows["adafactor"]["unsupported"].startswith(
+        "optimizer._target_='transformers.optimization.Adafactor' is invalid with parallel=fsdp"
+    )
+    assert "step_peak_bytes" not in rows["adafactor"]

@@ -273,3 +273,44 @@ def test_on_cuda_half_precision_ranks_before_fp32_at_equal_steps(monkeypatch):
         ]
         assert set(devices) == {device}
         devices.clear()
+
+
+def sharded_peak(gpus: int, micro: int, effective: int = 8) -> int:
+    """The run peak of one rank of ``gpus`` with AdamW at this micro batch (fp32), accumulating the
+    rest of the effective batch (under FSDP, unsharded gradients accumulate between the syncs)."""
+    overrides = [*BASE, "optimizer=adamw", f"gradient_accumulation_steps={effective // (gpus * micro)}"]
+    cfg = compose(*overrides, *(["parallel=fsdp"] if gpus > 1 else []), tiny=False)
+    cfg.micro_batch_size = micro
+    [row] = estimate_memory(cfg, {"adamw": cfg.optimizer}, world_size=gpus).values()
+    return row["run_peak_bytes"]
+
+
+@pytest.mark.slow
+def test_gpus_proposes_the_fewest_that_fit_with_fsdp_beside_one_device():
+    """Effective batch 8: one device, even at micro 1, is over budget, so is a rank of 2; a rank of 4
+    fits: 4 is proposed, and 8 is never traced."""
+    one, two, four = sharded_peak(1, 1), sharded_peak(2, 1), sharded_peak(4, 1)
+    assert one > two > four  # each rank holds less of the model's state
+    from effitrain.commands.plan import plan_over_gpus
+
+    rows = plan_over_gpus(BASE, (two + four) // 2, "budget", [8, 1, 4, 2], effective=8, optimizers=["adamw"],
+                          margin=0.0, precisions=["fp32"], checkpointing=[False])  # fmt: skip
+    best = rows[0]
+    assert (best["gpus"], best["fits"]) == (4, True)
+    assert best["gradient_accumulation_steps"] * best["micro_batch_size"] * 4 == 8
+    assert best["run_peak_bytes_predicted"] == sharded_peak(4, best["micro_batch_size"])
+    assert (
+        best["command"].startswith("torchrun --nproc_per_node 4 train.py ")
+        and "parallel=fsdp" in best["command"]
+    )
+    assert {r["gpus"] for r in rows} == {1, 2, 4} and not any(r["fits"] for r in rows if r["gpus"] < 4)
+    assert min(r["run_peak_bytes_predicted"] for r in rows if r["gpus"] == 2) == two
+
+
+def test_gpus_that_do_not_divide_the_effective_batch_are_refused_in_one_line():
+    from effitrain.commands.plan import plan_over_gpus
+
+    with pytest.raises(
+        ConfigError, match=r"^--gpus=3 is invalid: give a number of GPUs, 1 or more, that divides"
+    ):
+        plan_over_gpus(BASE, 2**30, "1GiB", [1, 3], effective=4)

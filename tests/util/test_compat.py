@@ -234,3 +234,23 @@ def test_a_recomputed_layer_s_own_ops_count_as_activations_with_its_hooks_outsid
     assert peaks[True]["activations"] - peaks[False]["activations"] == moved
     assert peaks[False]["temporaries"] - peaks[True]["temporaries"] == moved
     assert peaks[True]["total"] == peaks[False]["total"]
+
+
+def test_fake_process_group_makes_this_process_a_rank_of_a_larger_world():
+    compat.fake_process_group(rank=0, world_size=8)
+    try:
+        assert torch.distributed.get_world_size() == 8 and torch.distributed.get_rank() == 0
+        tensor = torch.ones(2)
+        torch.distributed.all_reduce(tensor)  # returns at once, moves nothing
+        assert tensor.tolist() == [1.0, 1.0]
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_fsdp_mem_tracker_has_the_categories_effitrain_maps():
+    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+
+    from effitrain.memory.sharded import CATEGORY_OF
+
+    assert compat.fsdp_mem_tracker_class().__name__ == "FSDPMemTracker"
+    assert set(CATEGORY_OF) | {"Inputs"} == {kind.value for kind in _FSDPRefType}
