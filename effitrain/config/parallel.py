@@ -14,7 +14,7 @@ from effitrain.config.errors import invalid
 # Optimizers whose update mixes plain tensors with the sharded (DTensor) parameters, which DTensor
 # refuses ("got mixed torch.Tensor and DTensor"): bitsandbytes' 8-bit kernels and transformers'
 # Adafactor (its factored statistics are plain tensors).
-NOT_ON_DTENSOR = ("bitsandbytes.", "transformers.optimization.Adafactor")
+NOT_ON_DTENSOR = ("bitsandbytes.", "transformers.optimization.Adafactor", "effitrain.train.apollo.")
 
 
 def check_parallel(cfg: DictConfig, device: str | None = None) -> None:
@@ -46,7 +46,7 @@ def check_parallel(cfg: DictConfig, device: str | None = None) -> None:
     if target.startswith(NOT_ON_DTENSOR):
         raise invalid(
             "optimizer", target, "with parallel=fsdp: its update mixes plain tensors with the sharded "
-            "(DTensor) parameters; use adamw, adamw_fused, lion or apollo"
+            "(DTensor) parameters; use adamw, adamw_fused or lion"
         )  # fmt: skip
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     gpus = _cuda_devices() if device in (None, "cuda") else 0

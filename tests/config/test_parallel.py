@@ -11,7 +11,7 @@ from effitrain.config.parallel import check_parallel
 from tests.helpers.run import compose
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "adamw_fused", "lion", "apollo"])
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_fused", "lion"])
 def test_optimizers_that_update_dtensor_parameters_are_accepted(optimizer):
     check_parallel(compose("parallel=fsdp", f"optimizer={optimizer}"), "cpu")
 
