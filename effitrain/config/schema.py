@@ -107,6 +107,7 @@ class RunConfig:
     backend: Any = None
     logger: Any = None
     task: Any = None
+    adapter: Any = None
 
     seed: ranged(int, f"must be an integer in 0..{MAX_SEED}", ge=0, le=MAX_SEED) = 42
     epochs: at_least(1) = 3

@@ -93,6 +93,17 @@ def step_peak_tracker_class():
         return tracker  # another torch's internals: the full tracker, slower, same peak
 
     class StepPeakTracker(tracker):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            # A frozen parameter (an adapter's base weights) gets no gradient, and a gradient hook on
+            # it raises: it is marked hooked already, with handles that remove nothing.
+            from types import SimpleNamespace
+
+            unhooked = SimpleNamespace(remove=lambda: None)
+            for param in module.parameters():
+                if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                    self._param_to_grad_hook_handles[param] = (unhooked, unhooked)
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
         def track_external(self, *external) -> None:
             super().track_external(*external)
             for module in external:

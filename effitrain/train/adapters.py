@@ -1,0 +1,77 @@
+"""Parameter-efficient fine-tuning: the ``adapter`` config group (``conf/adapter/``) turned into peft's and
+bitsandbytes' objects. ``adapter=none`` trains every weight; ``lora`` and ``dora`` freeze the model and
+train peft's low-rank updates beside its Linear layers; ``qlora`` also holds the frozen base in 4-bit NF4
+(transformers' ``BitsAndBytesConfig``). The adapter math and the quantization are peft's and
+bitsandbytes'; this module only builds their configs and calls them:
+
+* :func:`quantization_config`: what ``from_pretrained`` is given (None: full-precision weights);
+* :func:`lora_config`: the ``peft.LoraConfig`` of the node, its ``task_type`` the task's, so that peft
+  trains a classification head in full (``modules_to_save``);
+* :func:`apply_adapter`: the model wrapped by ``peft.get_peft_model``.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+# peft's task type by the task's model class: peft puts a SEQ_CLS model's head in modules_to_save.
+PEFT_TASK_TYPES = {
+    "AutoModelForSequenceClassification": "SEQ_CLS",
+    "AutoModelForCausalLM": "CAUSAL_LM",
+}
+
+# The dtype the 4-bit layers compute in, by precision.mixed_precision.
+COMPUTE_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def uses_adapter(adapter_cfg: DictConfig | None) -> bool:
+    """The node builds an adapter (``adapter=none``'s target is null)."""
+    return adapter_cfg is not None and bool(adapter_cfg.get("_target_"))
+
+
+def quantization_config(adapter_cfg: DictConfig | None, mixed_precision: str):
+    """The ``BitsAndBytesConfig`` of the node's ``quantization`` (``adapter=qlora``), computing in
+    ``mixed_precision``'s dtype (``precision.mixed_precision``: no, bf16, fp16); None without one."""
+    from hydra.utils import instantiate
+
+    node = adapter_cfg.get("quantization") if adapter_cfg is not None else None
+    if node is None:
+        return None
+    return instantiate(node, bnb_4bit_compute_dtype=COMPUTE_DTYPES[str(mixed_precision)], _convert_="all")
+
+
+def lora_config(adapter_cfg: DictConfig, task):
+    """The node's ``peft.LoraConfig`` (its ``quantization`` aside) for ``task``'s model class."""
+    from hydra.utils import instantiate
+
+    node = OmegaConf.to_container(adapter_cfg, resolve=True)
+    node.pop("quantization", None)
+    return instantiate(node, task_type=PEFT_TASK_TYPES[task.auto_class], _convert_="all")
+
+
+def apply_adapter(model, adapter_cfg: DictConfig | None, task):
+    """``model`` wrapped with the node's adapter (``model`` itself for ``adapter=none``): its own
+    weights frozen, the adapter's and the head's trainable. A 4-bit model goes through peft's
+    ``prepare_model_for_kbit_training`` first (its layer norms and head kept in 32-bit, as peft's
+    QLoRA recipe does); activation checkpointing stays effitrain's (``gradient_checkpointing``,
+    non-reentrant, so no input needs ``requires_grad``)."""
+    if not uses_adapter(adapter_cfg):
+        return model
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if getattr(model, "is_loaded_in_4bit", False):
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return get_peft_model(model, lora_config(adapter_cfg, task))
+
+
+def keep_cpu_layout(model) -> None:
+    """Turn off bitsandbytes' CPU inference path (on CPUs with AVX512-BF16): at the first forward
+    without gradients (an evaluation) it repacks a 4-bit layer's weight in place and sets its compute
+    dtype to bfloat16, so training after an evaluation would run on other storages than before, and
+    it fails on a layer narrower than one quantization block (the tiny test models)."""
+    from bitsandbytes.nn import Linear4bit
+
+    for module in model.modules():
+        if isinstance(module, Linear4bit):
+            module.support_avx512bf16_for_cpu = False
