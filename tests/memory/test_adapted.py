@@ -7,8 +7,8 @@ import gc
 
 import pytest
 import transformers
-from torch.nn import Parameter
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.nn import Parameter
 
 from effitrain.memory.adapted import faked, meta_model
 from effitrain.train.modeling import build_model
