@@ -57,3 +57,59 @@ def faked(model):
         for name, buffer in list(module.named_buffers(recurse=False)):
             setattr(module, name, fake(buffer))
     return model
+
+
+BOUND_DEQUANTIZED = (
+    "the 4-bit base (qlora) is counted, not replayed: its packed codes in place of the replayed "
+    "full-precision weights, and its largest layer dequantized to the compute dtype (with its "
+    "absmax) added to the temporaries throughout, as bitsandbytes' matmul holds it in forward and backward"
+)
+
+
+def counted_4bit(phases: dict[str, dict[str, int]], auto, config, cfg) -> str | None:
+    """``adapter=qlora``'s base weights in 4-bit, in ``phases`` (the replay's peaks, traced with the
+    base in full precision: bitsandbytes' 4-bit layers need quantized values fake tensors lack). The
+    layers transformers' quantizer converts (its own choice, on ``meta``) hold ``ceil(n / 2)`` bytes
+    of packed codes each where the replay held the full weight (the quantization state beside them
+    is neither a parameter nor a buffer: the step tracker counts it nowhere); the largest one's
+    dequantized copy and its fp32 absmax are added as a temporary. Returns the bound it makes of the figures (None
+    without a quantized base)."""
+    from effitrain.train.adapters import quantization_config
+
+    quantization = quantization_config(cfg.get("adapter"), cfg.precision.mixed_precision)
+    if quantization is None:
+        return None
+    layers = quantized_layers(auto, config, quantization)
+    replayed = sum(weight.numel() * weight.element_size() for weight in layers)
+    packed = sum((weight.numel() + 1) // 2 for weight in layers)
+    largest = max(layers, key=torch.Tensor.numel)
+    # dequantized to the weight's own dtype, then cast to the compute dtype where that differs
+    cast = largest.dtype != quantization.bnb_4bit_compute_dtype
+    compute = torch.empty((), dtype=quantization.bnb_4bit_compute_dtype).element_size() if cast else 0
+    absmax = 4 * -(-largest.numel() // BLOCKSIZE_4BIT)  # fp32, dequantized from double quantization's
+    dequantized = largest.numel() * (largest.element_size() + compute) + absmax
+    for peak in phases.values():
+        peak["weights"] += packed - replayed
+        peak["temporaries"] += dequantized
+        peak["total"] += packed - replayed + dequantized
+    return BOUND_DEQUANTIZED
+
+
+BLOCKSIZE_4BIT = 64  # bitsandbytes' default 4-bit block: one absmax per 64 weights
+
+
+def quantized_layers(auto, config, quantization) -> list[torch.Tensor]:
+    """The (meta) weights of the layers transformers' 4-bit quantizer replaces by bitsandbytes'
+    ``Linear4bit``, chosen by the quantizer itself (its skipped modules: the head, tied weights)."""
+    from transformers.integrations import replace_with_bnb_linear
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    quantizer = AutoHfQuantizer.from_config(quantization)
+    skipped = quantizer.get_modules_to_not_convert(
+        model, quantization.llm_int8_skip_modules, model._keep_in_fp32_modules
+    )
+    original = {name: module.weight for name, module in model.named_modules() if hasattr(module, "weight")}
+    model = replace_with_bnb_linear(model, modules_to_not_convert=skipped, quantization_config=quantization)
+    return [original[name] for name, module in model.named_modules() if type(module).__name__ == "Linear4bit"]

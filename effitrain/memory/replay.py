@@ -257,7 +257,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
 
     from effitrain.config.schema import DEVICES
     from effitrain.memory import estimate_optimizer_state
-    from effitrain.memory.adapted import meta_model, replay_model
+    from effitrain.memory.adapted import counted_4bit, meta_model, replay_model
     from effitrain.memory.cuda import autocast_like, cuda_kernels, foreach_by_default
     from effitrain.train.modeling import enable_activation_checkpointing
     from effitrain.train.optim import build_optimizer
@@ -373,6 +373,9 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     for peak in phases.values():
         peak["optimizer_state"] += analytic_state
         peak["total"] += analytic_state
+    if quantized := counted_4bit(phases, auto, config, cfg):
+        for phase in phases:  # a bound already said (a counted optimizer state) is kept
+            bounds.setdefault(phase, quantized)
     if analytic_state:
         bounds["first_step"] = BOUND_COUNTED_STATE
     return Trace(phases, flops.get_total_flops(), bounds)
