@@ -109,6 +109,22 @@ def step_peak_tracker_class():
             for module in external:
                 if isinstance(module, torch.nn.Module):
                     self._track_module_params_and_buffers(module, install_grad_hooks=True)
+            self._leaving_dead_graphs = [m for m in _modules(external) if _leaves_dead_graph(m)]
+
+        def __enter__(self):
+            # ModTracker's gradient hooks on a module's inputs make a reference cycle of their graph:
+            # a graph a forward leaves unused (DoRA's B @ A, read only detached) then lives, its saved
+            # tensors too, until Python's collector runs, where an untracked step frees it at once.
+            # Collected after each such module's forward, the tracked step holds what the step holds.
+            self._collecting = [
+                m.register_forward_hook(_collect_garbage) for m in getattr(self, "_leaving_dead_graphs", [])
+            ]
+            return super().__enter__()
+
+        def __exit__(self, *args):
+            for handle in self._collecting:
+                handle.remove()
+            return super().__exit__(*args)
 
         def _update_peak_stats(self, peak_state) -> None:
             for device, snapshot in self._curr_mem_snap.items():
@@ -117,6 +133,27 @@ def step_peak_tracker_class():
                     self._peak_mem_snap[device] = dict(snapshot)  # flat: {category: bytes}
 
     return StepPeakTracker
+
+
+def _collect_garbage(*_) -> None:  # a forward hook: returning the count would replace the output
+    import gc
+
+    gc.collect()
+
+
+def _modules(external) -> list:
+    import torch
+
+    return [m for module in external if isinstance(module, torch.nn.Module) for m in module.modules()]
+
+
+def _leaves_dead_graph(module) -> bool:
+    """peft's DoRA layer computes its update ``B @ A`` with gradients and uses only its detached norm."""
+    try:
+        from peft.tuners.lora.dora import DoraLinearLayer
+    except ImportError:
+        return False
+    return isinstance(module, DoraLinearLayer)
 
 
 def fake_tensor_mode():
