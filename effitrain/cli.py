@@ -84,7 +84,8 @@ def _estimate(args) -> None:
         return
     first = next(iter(rows.values()))
     print(
-        f"effitrain estimate: {first['params']:,} parameters (vocabulary {first['vocab_size']:,}); one step of "
+        f"effitrain estimate: {first['params']:,} parameters, {first['params_trainable']:,} trained "
+        f"(adapter={cfg.hydra.runtime.choices.get('adapter', 'none')}; vocabulary {first['vocab_size']:,}); one step of "
         f"{cfg.gradient_accumulation_steps} x {cfg.micro_batch_size} samples x {cfg.max_length} tokens "
         f"(the worst case), precision={cfg.hydra.runtime.choices.precision}, "
         f"gradient_checkpointing={str(bool(cfg.gradient_checkpointing)).lower()}; as {device.upper()} holds it "

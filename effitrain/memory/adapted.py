@@ -59,6 +59,7 @@ def faked(model):
     return model
 
 
+BLOCKSIZE_4BIT = 64  # bitsandbytes' default 4-bit block: one absmax per 64 weights
 BOUND_DEQUANTIZED = (
     "the 4-bit base (qlora) is counted, not replayed: its packed codes in place of the replayed "
     "full-precision weights, and its largest layer dequantized to the compute dtype (with its "
@@ -66,36 +67,55 @@ BOUND_DEQUANTIZED = (
 )
 
 
-def counted_4bit(phases: dict[str, dict[str, int]], auto, config, cfg) -> str | None:
+def counted_4bit(phases: dict[str, dict[str, int]], config, cfg) -> str | None:
     """``adapter=qlora``'s base weights in 4-bit, in ``phases`` (the replay's peaks, traced with the
     base in full precision: bitsandbytes' 4-bit layers need quantized values fake tensors lack). The
     layers transformers' quantizer converts (its own choice, on ``meta``) hold ``ceil(n / 2)`` bytes
     of packed codes each where the replay held the full weight (the quantization state beside them
     is neither a parameter nor a buffer: the step tracker counts it nowhere); the largest one's
-    dequantized copy and its fp32 absmax are added as a temporary. Returns the bound it makes of the figures (None
-    without a quantized base)."""
-    from effitrain.train.adapters import quantization_config
-
-    quantization = quantization_config(cfg.get("adapter"), cfg.precision.mixed_precision)
+    dequantized copy and its fp32 absmax are added as a temporary. Returns the bound this makes of
+    the figures (None without a quantized base)."""
+    quantization = _quantization(cfg)
     if quantization is None:
         return None
-    layers = quantized_layers(auto, config, quantization)
-    replayed = sum(weight.numel() * weight.element_size() for weight in layers)
-    packed = sum((weight.numel() + 1) // 2 for weight in layers)
+    layers = quantized_layers(_auto(cfg), config, quantization)
     largest = max(layers, key=torch.Tensor.numel)
     # dequantized to the weight's own dtype, then cast to the compute dtype where that differs
     cast = largest.dtype != quantization.bnb_4bit_compute_dtype
     compute = torch.empty((), dtype=quantization.bnb_4bit_compute_dtype).element_size() if cast else 0
     absmax = 4 * -(-largest.numel() // BLOCKSIZE_4BIT)  # fp32, dequantized from double quantization's
     dequantized = largest.numel() * (largest.element_size() + compute) + absmax
+    unpacked = unpacked_4bit_bytes(config, cfg)
     for peak in phases.values():
-        peak["weights"] += packed - replayed
+        peak["weights"] -= unpacked
         peak["temporaries"] += dequantized
-        peak["total"] += packed - replayed + dequantized
+        peak["total"] += dequantized - unpacked
     return BOUND_DEQUANTIZED
 
 
-BLOCKSIZE_4BIT = 64  # bitsandbytes' default 4-bit block: one absmax per 64 weights
+def unpacked_4bit_bytes(config, cfg) -> int:
+    """What a full-precision model of ``config`` holds beyond ``cfg``'s 4-bit one (``adapter=qlora``)
+    in its weights: each layer the quantizer converts keeps ``ceil(n / 2)`` bytes of packed codes
+    (its quantization state beside them is neither a parameter nor a buffer). 0 without a 4-bit base."""
+    quantization = _quantization(cfg)
+    if quantization is None:
+        return 0
+    layers = quantized_layers(_auto(cfg), config, quantization)
+    return sum(weight.numel() * weight.element_size() - (weight.numel() + 1) // 2 for weight in layers)
+
+
+def _quantization(cfg):
+    from effitrain.train.adapters import quantization_config
+
+    return quantization_config(cfg.get("adapter"), cfg.precision.mixed_precision)
+
+
+def _auto(cfg):
+    import transformers
+
+    from effitrain.train.tasks import build_task
+
+    return getattr(transformers, build_task(cfg).auto_class)
 
 
 def quantized_layers(auto, config, quantization) -> list[torch.Tensor]:

@@ -373,7 +373,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     for peak in phases.values():
         peak["optimizer_state"] += analytic_state
         peak["total"] += analytic_state
-    if quantized := counted_4bit(phases, auto, config, cfg):
+    if quantized := counted_4bit(phases, config, cfg):
         for phase in phases:  # a bound already said (a counted optimizer state) is kept
             bounds.setdefault(phase, quantized)
     if analytic_state:
