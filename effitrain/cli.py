@@ -130,6 +130,16 @@ def _estimate(args) -> None:
             print(f"{name}: an upper bound of its run peak: {row['run_peak_bound']}")
 
 
+def _check_adapter_options(names: list[str]) -> None:
+    """``--adapters``: each an option of conf/adapter (one line if not)."""
+    from effitrain.config.registry import group_options
+
+    options = group_options("adapter")
+    for name in names:
+        if name not in options:
+            raise ConfigError(f"--adapters={name!r} is invalid: choose from {', '.join(options)}")
+
+
 def _check_optimizer_options(names: list[str]) -> None:
     """``--optimizers``: each an option of conf/optimizer whose package is installed (one line if not)."""
     from omegaconf import OmegaConf
@@ -150,7 +160,7 @@ def _check_optimizer_options(names: list[str]) -> None:
 def _plan(args) -> None:
     import json
 
-    from effitrain.commands.plan import parse_bytes, plan, probe, weights_fit
+    from effitrain.commands.plan import parse_bytes, plan, plan_adapters, probe, weights_fit
     from effitrain.config.load import load
     from effitrain.memory import MIB
 
@@ -169,12 +179,20 @@ def _plan(args) -> None:
     optimizers = args.optimizers.split(",") if args.optimizers else None
     if optimizers:
         _check_optimizer_options(optimizers)
+    adapters = args.adapters.split(",") if args.adapters else None
+    if adapters:
+        _check_adapter_options(adapters)
     device = args.device or default_device()
     # validated as check does, for the device planned for; the data and weights are never read
-    weights_fit(load(args.overrides, device=device, loads=False), budget, args.memory_budget, args.margin)
-    rows = plan(
-        args.overrides, budget, args.effective_batch_size, optimizers, device=device, margin=args.margin
-    )
+    for adapter in adapters or [None]:
+        chosen = [*args.overrides, f"adapter={adapter}"] if adapter else args.overrides
+        weights_fit(load(chosen, device=device, loads=False), budget, args.memory_budget, args.margin)
+    settings = {"effective": args.effective_batch_size, "optimizers": optimizers, "device": device,
+                "margin": args.margin}  # fmt: skip
+    if adapters:
+        rows = plan_adapters(args.overrides, budget, adapters, **settings)
+    else:
+        rows = plan(args.overrides, budget, **settings)
     if not any(row["fits"] for row in rows):
         smallest = min(rows, key=lambda r: r["run_peak_bytes_predicted"])
         raise ConfigError(
@@ -192,21 +210,29 @@ def _plan(args) -> None:
         f"(the largest phase, predicted at max_length) plus a {args.margin:.0%} margin for the allocator's "
         "fragmentation (--margin) is within it; best first"
     )
+    if adapters:
+        print(
+            f"adapters ranked in the order given ({args.adapters}): an adapter is picked for memory, not quality"
+        )
     print(
-        f"{'fits':<5}{'optimizer':<13}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'step MiB':>10}"
+        (f"{'adapter':<9}" if adapters else "")
+        + f"{'fits':<5}{'optimizer':<13}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'step MiB':>10}"
         f"{'run MiB':>10}" + (f"{'step s':>8}" if args.probe_steps else "")
     )
-    # over budget, only each optimizer and precision's smallest peak: the JSON has every candidate
+    # over budget, only each adapter, optimizer and precision's smallest peak: the JSON has every candidate
     smallest = {}
     for row in rows:
-        key = (row["optimizer"], row["precision"])
+        key = (row.get("adapter"), row["optimizer"], row["precision"])
         if key not in smallest or row["run_peak_bytes_predicted"] < smallest[key]["run_peak_bytes_predicted"]:
             smallest[key] = row
-    shown = [r for r in rows if r["fits"] or r is smallest[(r["optimizer"], r["precision"])]]
+    shown = [
+        r for r in rows if r["fits"] or r is smallest[(r.get("adapter"), r["optimizer"], r["precision"])]
+    ]
     for row in shown:
         step_s = f"{row['step_s_measured']:.3f}" if row.get("step_s_measured") else ""
         print(
-            f"{'yes' if row['fits'] else 'no':<5}{row['optimizer']:<13}{row['precision']:<10}"
+            (f"{row['adapter']:<9}" if adapters else "")
+            + f"{'yes' if row['fits'] else 'no':<5}{row['optimizer']:<13}{row['precision']:<10}"
             f"{row['micro_batch_size']:>6}{row['gradient_accumulation_steps']:>6}"
             f"{'yes' if row['gradient_checkpointing'] else 'no':>10}"
             f"{row['step_peak_bytes_predicted'] / MIB:>10.1f}{row['run_peak_bytes_predicted'] / MIB:>10.1f}"
@@ -293,6 +319,12 @@ def main(argv: list[str] | None = None) -> None:
         "--effective-batch-size", type=int, help="samples per optimizer step (default: the config's)"
     )
     planning.add_argument("--optimizers", help="comma-separated options of conf/optimizer (default: all)")
+    planning.add_argument(
+        "--adapters",
+        help="comma-separated options of conf/adapter, in the order you prefer them (default: the config's "
+        "own only): a candidate's adapter ranks before its speed, so with none,lora,qlora full "
+        "fine-tuning is the best whenever it fits; an adapter is picked for memory, not quality",
+    )
     planning.add_argument(
         "--probe-steps",
         type=int,
