@@ -8,6 +8,7 @@ import transformers
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn import Parameter
 
+from effitrain.commands.estimate import estimate_memory
 from effitrain.memory.adapted import BOUND_DEQUANTIZED, faked, meta_model
 from effitrain.memory.replay import CATEGORIES
 from effitrain.train.modeling import build_model
@@ -84,3 +85,14 @@ def test_qlora_is_predicted_to_the_byte_but_one_dequantized_layer_above(tmp_path
     assert predicted.pop("temporaries") - measured.pop("temporaries") == 64 * 32 * 4 + 32 * 4
     assert predicted == measured
     assert summary["mem/step_peak_predicted_bound"] == BOUND_DEQUANTIZED
+
+
+def test_the_cuda_profile_applies_to_adapters():
+    """``estimate adapter=lora --device cuda`` replays CUDA's kernels on the adapted model: its
+    weights, gradients and optimizer state are the CPU's; only activations differ, where CUDA's
+    attention kernel saves its log-sum-exp instead of the attention probabilities."""
+    cfg = compose("adapter=lora", "max_length=64")
+    cpu = estimate_memory(cfg)["chosen"]["step_peak"]
+    cuda = estimate_memory(cfg, device="cuda")["chosen"]["step_peak"]
+    assert {key for key in cpu if cpu[key] != cuda[key]} == {"activations_bytes"}
+    assert cuda["activations_bytes"] < cpu["activations_bytes"]
