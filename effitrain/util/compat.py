@@ -81,6 +81,8 @@ def step_peak_tracker_class():
     a module's forward hook first fires, which never happens for the modules under a
     ``torch.compile`` wrapper, whose gradients it then counts as temporaries. Fallback: the full
     ``MemTracker``, slower, same peak (a compiled run's gradients among its temporaries)."""
+    import gc
+
     import torch
     from torch.distributed._tools import mem_tracker
 
@@ -116,14 +118,20 @@ def step_peak_tracker_class():
             # a graph a forward leaves unused (DoRA's B @ A, read only detached) then lives, its saved
             # tensors too, until Python's collector runs, where an untracked step frees it at once.
             # Collected after each such module's forward, the tracked step holds what the step holds.
+            # The objects older than the step are frozen meanwhile, so that each collection scans only
+            # the step's own (a pass over a whole process's objects takes a second).
             self._collecting = [
                 m.register_forward_hook(_collect_garbage) for m in getattr(self, "_leaving_dead_graphs", [])
             ]
+            if self._collecting:
+                gc.freeze()
             return super().__enter__()
 
         def __exit__(self, *args):
             for handle in self._collecting:
                 handle.remove()
+            if self._collecting:
+                gc.unfreeze()
             return super().__exit__(*args)
 
         def _update_peak_stats(self, peak_state) -> None:

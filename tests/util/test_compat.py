@@ -276,5 +276,5 @@ def test_the_step_tracker_frees_the_graph_a_dora_layer_leaves_unused():
         )
 
     # MemTracker hooks every parameter, frozen or not (which raises): the models here train them all
-    assert _autograd_nodes_in_garbage(dora().requires_grad_(True), compat.mem_tracker_class()()) == 13
+    assert _autograd_nodes_in_garbage(dora().requires_grad_(True), compat.mem_tracker_class()()) >= 13
     assert _autograd_nodes_in_garbage(dora(), compat.step_peak_tracker_class()()) == 0
