@@ -83,9 +83,13 @@ def _estimate(args) -> None:
         print(json.dumps({"chosen": chosen, "device": device, "optimizers": rows}, indent=2))
         return
     first = next(iter(rows.values()))
+    trained = (  # said where an adapter leaves weights frozen
+        f", {first['params_trainable']:,} trained (adapter={cfg.hydra.runtime.choices.adapter})"
+        if first["params_trainable"] != first["params"]
+        else ""
+    )
     print(
-        f"effitrain estimate: {first['params']:,} parameters, {first['params_trainable']:,} trained "
-        f"(adapter={cfg.hydra.runtime.choices.get('adapter', 'none')}; vocabulary {first['vocab_size']:,}); one step of "
+        f"effitrain estimate: {first['params']:,} parameters{trained} (vocabulary {first['vocab_size']:,}); one step of "
         f"{cfg.gradient_accumulation_steps} x {cfg.micro_batch_size} samples x {cfg.max_length} tokens "
         f"(the worst case), precision={cfg.hydra.runtime.choices.precision}, "
         f"gradient_checkpointing={str(bool(cfg.gradient_checkpointing)).lower()}; as {device.upper()} holds it "
