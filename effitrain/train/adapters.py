@@ -65,6 +65,16 @@ def apply_adapter(model, adapter_cfg: DictConfig | None, task):
     return get_peft_model(model, lora_config(adapter_cfg, task))
 
 
+def parameter_counts(model) -> tuple[int, int]:
+    """(all the model's weights, those that train): an adapted model counted by peft, which counts a
+    4-bit weight's parameters, not the bytes its packed codes fill."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        trainable, total = model.get_nb_trainable_parameters()
+        return total, trainable
+    parameters = list(model.parameters())
+    return sum(p.numel() for p in parameters), sum(p.numel() for p in parameters if p.requires_grad)
+
+
 def keep_cpu_layout(model) -> None:
     """Turn off bitsandbytes' CPU inference path (on CPUs with AVX512-BF16): at the first forward
     without gradients (an evaluation) it repacks a 4-bit layer's weight in place and sets its compute
