@@ -75,6 +75,40 @@ def parameter_counts(model) -> tuple[int, int]:
     return sum(p.numel() for p in parameters), sum(p.numel() for p in parameters if p.requires_grad)
 
 
+def save_adapter(model, folder) -> bool:
+    """An adapted model's checkpoint weights, as peft saves them (``adapter_config.json``,
+    ``adapter_model.safetensors``: the adapter's weights and the head it trains), so that
+    ``PeftModel.from_pretrained(base, folder)`` and the Trainer's resume load a checkpoint as it is.
+    The frozen base is not saved: a run rebuilds it as it did (the same weights, the same seed, the
+    same quantization). False, and nothing written, for a model without an adapter."""
+    if not hasattr(model, "peft_config"):
+        return False
+    model.save_pretrained(folder)
+    return True
+
+
+def load_adapter(model, folder, device) -> bool:
+    """The weights :func:`save_adapter` saved in ``folder`` loaded into ``model`` (peft's
+    ``set_peft_model_state_dict``); False for a model without an adapter.
+
+    Raises:
+        RuntimeError: the file holds weights the model has no place for.
+    """
+    if not hasattr(model, "peft_config"):
+        return False
+    from peft import set_peft_model_state_dict
+    from peft.utils import SAFETENSORS_WEIGHTS_NAME
+    from safetensors.torch import load_file
+
+    state = load_file(folder / SAFETENSORS_WEIGHTS_NAME, device=str(device))
+    unexpected = set_peft_model_state_dict(model, state).unexpected_keys
+    if unexpected:
+        raise RuntimeError(
+            f"{folder / SAFETENSORS_WEIGHTS_NAME} holds weights the model lacks: {unexpected[:3]}"
+        )
+    return True
+
+
 def keep_cpu_layout(model) -> None:
     """Turn off bitsandbytes' CPU inference path (on CPUs with AVX512-BF16): at the first forward
     without gradients (an evaluation) it repacks a 4-bit layer's weight in place and sets its compute
