@@ -111,18 +111,28 @@ def test_the_optimizer_holds_state_for_the_adapter_alone_equal_to_its_estimate(o
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["accelerator", "trainer"])
-@pytest.mark.parametrize("adapter", ["lora", "qlora"])
-def test_a_run_trains_the_adapter_and_reports_its_parts(tmp_path, backend, adapter):
+@pytest.mark.parametrize(
+    "adapter, backend, extra",
+    [
+        ("lora", "accelerator", []),
+        ("lora", "trainer", []),
+        ("qlora", "accelerator", []),
+        ("qlora", "trainer", []),
+        ("dora", "accelerator", ["compile=on", "compile.backend=aot_eager", "optimizer=adam8bit"]),
+        ("qlora", "accelerator", ["task=causal_lm", "model=llama_tiny", "max_length=32"]),
+    ],
+)
+def test_a_run_trains_the_adapter_and_reports_its_parts(tmp_path, adapter, backend, extra):
     summary = run_job(tmp_path, f"adapter={adapter}", f"backend={backend}", "max_steps=3",
-                      "gradient_accumulation_steps=2", "gradient_checkpointing=true")  # fmt: skip
+                      "gradient_accumulation_steps=2", "gradient_checkpointing=true", *extra)  # fmt: skip
     assert summary["status"] == "ok", summary.get("error")
-    model, _ = adapted(f"adapter={adapter}")
+    model, _ = adapted(f"adapter={adapter}", *extra)
     trainable = memory.params_footprint(model, trainable_only=True).bytes
     assert summary["params/trainable"] == parameter_counts(model)[1]
     assert summary["mem/params_bytes"] == memory.params_footprint(model).bytes
     assert summary["mem/params_trainable_bytes"] == summary["mem/grads_bytes"] == trainable
     assert summary["mem/optimizer_state_bytes"] == summary["mem/optimizer_state_bytes_estimated"]
-    tensors = sum(p.requires_grad for p in model.parameters())
-    assert summary["mem/optimizer_state_bytes"] == 2 * trainable + 4 * tensors  # AdamW: 2 moments, a step
+    if "optimizer=adam8bit" not in extra:
+        tensors = sum(p.requires_grad for p in model.parameters())
+        assert summary["mem/optimizer_state_bytes"] == 2 * trainable + 4 * tensors  # AdamW: 2 moments, a step
     assert math.isfinite(summary["train/loss"])
