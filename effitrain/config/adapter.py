@@ -11,11 +11,14 @@ from omegaconf import DictConfig, OmegaConf
 from effitrain.config.errors import invalid
 from effitrain.config.model_spec import model_architecture, task_mapping
 
-# peft's task type by the task's model class (as effitrain.train.adapters, a layer above, builds it)
-_PEFT_TASK_TYPES = {
+# peft's task type by the task's model class: peft puts a SEQ_CLS model's head in modules_to_save.
+PEFT_TASK_TYPES = {
     "AutoModelForSequenceClassification": "SEQ_CLS",
     "AutoModelForCausalLM": "CAUSAL_LM",
 }
+# What peft trains in full for SEQ_CLS (its modules_to_save, matched as name endings: distilbert's
+# pre_classifier too), as a regex for LoraConfig's exclude_modules: peft cannot wrap a module both ways.
+CLASSIFIER_MODULES = r".*(classifier|score)"
 _NAMES_SHOWN = 8  # module names a refusal lists
 
 
@@ -35,10 +38,29 @@ def check_adapter(cfg: DictConfig) -> None:
     _check_wraps(cfg, adapter)
 
 
-def _check_4bit() -> None:
-    from transformers import utils
+def lora_config(adapter_cfg: DictConfig, task):
+    """The node's ``peft.LoraConfig`` (its ``quantization`` aside) for ``task``'s model class (a task
+    class or object: its ``auto_class``); for a classifier, the modules peft trains in full get no
+    LoRA (unless ``exclude_modules`` is given)."""
+    from hydra.utils import instantiate
 
-    if not utils.is_bitsandbytes_available():
+    node = OmegaConf.to_container(adapter_cfg, resolve=True)
+    node.pop("quantization", None)
+    task_type = PEFT_TASK_TYPES[task.auto_class]
+    if task_type == "SEQ_CLS":
+        node.setdefault("exclude_modules", CLASSIFIER_MODULES)
+    return instantiate(node, task_type=task_type, _convert_="all")
+
+
+def bitsandbytes_4bit_available() -> bool:
+    """transformers' own test of what its 4-bit loading needs (bitsandbytes installed and a backend)."""
+    from transformers.utils import is_bitsandbytes_available
+
+    return is_bitsandbytes_available()
+
+
+def _check_4bit() -> None:
+    if not bitsandbytes_4bit_available():
         raise invalid(
             "adapter", "qlora", "needs bitsandbytes' 4-bit layers, unavailable here: install bitsandbytes, "
             "or use adapter=lora",
@@ -48,7 +70,6 @@ def _check_4bit() -> None:
 def _check_wraps(cfg: DictConfig, adapter: DictConfig) -> None:
     import torch
     import transformers
-    from hydra.utils import instantiate
     from peft import get_peft_model
     from transformers import AutoConfig
 
@@ -57,16 +78,14 @@ def _check_wraps(cfg: DictConfig, adapter: DictConfig) -> None:
     if model_class is None:
         return
     values = {k: v for k, v in model_architecture(cfg.model).items() if k != "model_type"}
-    node = OmegaConf.to_container(adapter, resolve=True)
-    node.pop("quantization", None)
-    lora = instantiate(node, task_type=_PEFT_TASK_TYPES[task.auto_class], _convert_="all")
+    lora = lora_config(adapter, task)
     with torch.device("meta"):
         model = model_class(AutoConfig.for_model(model_type, **values))
     targets = adapter.get("target_modules")
     shown = OmegaConf.to_container(targets) if OmegaConf.is_config(targets) else targets
     try:
         get_peft_model(model, lora)
-    except ValueError as error:
+    except (ValueError, TypeError) as error:  # peft's refusals of a target
         reason = " ".join(str(error).split())
         if "not found in the base model" in reason or "No modules were targeted" in reason:
             names = sorted({name.rpartition(".")[2] for name, m in model.named_modules()

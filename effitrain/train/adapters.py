@@ -13,13 +13,9 @@ bitsandbytes'; this module only builds their configs and calls them:
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-# peft's task type by the task's model class: peft puts a SEQ_CLS model's head in modules_to_save.
-PEFT_TASK_TYPES = {
-    "AutoModelForSequenceClassification": "SEQ_CLS",
-    "AutoModelForCausalLM": "CAUSAL_LM",
-}
+from effitrain.config.adapter import lora_config
 
 # The dtype the 4-bit layers compute in, by precision.mixed_precision.
 COMPUTE_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -39,15 +35,6 @@ def quantization_config(adapter_cfg: DictConfig | None, mixed_precision: str):
     if node is None:
         return None
     return instantiate(node, bnb_4bit_compute_dtype=COMPUTE_DTYPES[str(mixed_precision)], _convert_="all")
-
-
-def lora_config(adapter_cfg: DictConfig, task):
-    """The node's ``peft.LoraConfig`` (its ``quantization`` aside) for ``task``'s model class."""
-    from hydra.utils import instantiate
-
-    node = OmegaConf.to_container(adapter_cfg, resolve=True)
-    node.pop("quantization", None)
-    return instantiate(node, task_type=PEFT_TASK_TYPES[task.auto_class], _convert_="all")
 
 
 def apply_adapter(model, adapter_cfg: DictConfig | None, task):
