@@ -13,13 +13,9 @@ bitsandbytes'; this module only builds their configs and calls them:
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-# peft's task type by the task's model class: peft puts a SEQ_CLS model's head in modules_to_save.
-PEFT_TASK_TYPES = {
-    "AutoModelForSequenceClassification": "SEQ_CLS",
-    "AutoModelForCausalLM": "CAUSAL_LM",
-}
+from effitrain.config.adapter import lora_config
 
 # The dtype the 4-bit layers compute in, by precision.mixed_precision.
 COMPUTE_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -41,15 +37,6 @@ def quantization_config(adapter_cfg: DictConfig | None, mixed_precision: str):
     return instantiate(node, bnb_4bit_compute_dtype=COMPUTE_DTYPES[str(mixed_precision)], _convert_="all")
 
 
-def lora_config(adapter_cfg: DictConfig, task):
-    """The node's ``peft.LoraConfig`` (its ``quantization`` aside) for ``task``'s model class."""
-    from hydra.utils import instantiate
-
-    node = OmegaConf.to_container(adapter_cfg, resolve=True)
-    node.pop("quantization", None)
-    return instantiate(node, task_type=PEFT_TASK_TYPES[task.auto_class], _convert_="all")
-
-
 def apply_adapter(model, adapter_cfg: DictConfig | None, task):
     """``model`` wrapped with the node's adapter (``model`` itself for ``adapter=none``): its own
     weights frozen, the adapter's and the head's trainable. A 4-bit model goes through peft's
@@ -63,6 +50,50 @@ def apply_adapter(model, adapter_cfg: DictConfig | None, task):
     if getattr(model, "is_loaded_in_4bit", False):
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     return get_peft_model(model, lora_config(adapter_cfg, task))
+
+
+def parameter_counts(model) -> tuple[int, int]:
+    """(all the model's weights, those that train): an adapted model counted by peft, which counts a
+    4-bit weight's parameters, not the bytes its packed codes fill."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        trainable, total = model.get_nb_trainable_parameters()
+        return total, trainable
+    parameters = list(model.parameters())
+    return sum(p.numel() for p in parameters), sum(p.numel() for p in parameters if p.requires_grad)
+
+
+def save_adapter(model, folder) -> bool:
+    """An adapted model's checkpoint weights, as peft saves them (``adapter_config.json``,
+    ``adapter_model.safetensors``: the adapter's weights and the head it trains), so that
+    ``PeftModel.from_pretrained(base, folder)`` and the Trainer's resume load a checkpoint as it is.
+    The frozen base is not saved: a run rebuilds it as it did (the same weights, the same seed, the
+    same quantization). False, and nothing written, for a model without an adapter."""
+    if not hasattr(model, "peft_config"):
+        return False
+    model.save_pretrained(folder)
+    return True
+
+
+def load_adapter(model, folder, device) -> bool:
+    """The weights :func:`save_adapter` saved in ``folder`` loaded into ``model`` (peft's
+    ``set_peft_model_state_dict``); False for a model without an adapter.
+
+    Raises:
+        RuntimeError: the file holds weights the model has no place for.
+    """
+    if not hasattr(model, "peft_config"):
+        return False
+    from peft import set_peft_model_state_dict
+    from peft.utils import SAFETENSORS_WEIGHTS_NAME
+    from safetensors.torch import load_file
+
+    state = load_file(folder / SAFETENSORS_WEIGHTS_NAME, device=str(device))
+    unexpected = set_peft_model_state_dict(model, state).unexpected_keys
+    if unexpected:
+        raise RuntimeError(
+            f"{folder / SAFETENSORS_WEIGHTS_NAME} holds weights the model lacks: {unexpected[:3]}"
+        )
+    return True
 
 
 def keep_cpu_layout(model) -> None:

@@ -3,6 +3,9 @@
 A checkpoint is a folder ``<run>/checkpoints/step-<N>``:
 
     model.safetensors    weights of the uncompiled module (no ``_orig_mod.`` prefix)
+    adapter_model.safetensors, adapter_config.json
+                         instead, with an adapter (adapter=lora|dora|qlora): peft's own files, the
+                         adapter and the head it trains; the frozen base is rebuilt as the run built it
     optimizer.pt         ``optimizer.state_dict()``, 8-bit state included
     scheduler.pt         learning-rate schedule
     rng_state.pth        python, numpy, torch CPU (and CUDA) generators; ``rng_state_<rank>.pth`` per process
@@ -35,6 +38,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
+from effitrain.train.adapters import load_adapter, save_adapter
 from effitrain.train.distributed import barrier, rank, world_size
 from effitrain.util.atomic import publish, sha256
 
@@ -337,9 +341,11 @@ class Checkpointer:
     def _write(self, step: int, tmp: Path, target: Path, trainer_state) -> None:
         from safetensors.torch import save_model
 
-        save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        # safetensors writes 0600: the weights follow the umask as every other result file
-        os.chmod(tmp / "model.safetensors", 0o666 & ~_umask())
+        if not save_adapter(self.model, tmp):
+            save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for weights in tmp.glob("*.safetensors"):
+            # safetensors writes 0600: the weights follow the umask as every other result file
+            os.chmod(weights, 0o666 & ~_umask())
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
         if trainer_state is not None:
@@ -397,7 +403,8 @@ class Checkpointer:
         folder, meta = self.resume.folder, self.resume.meta
         if weights:
             device = next(self.model.parameters()).device
-            load_model(self.model, str(folder / "model.safetensors"), strict=True, device=str(device))
+            if not load_adapter(self.model, folder, device):
+                load_model(self.model, str(folder / "model.safetensors"), strict=True, device=str(device))
             self.optimizer.load_state_dict(
                 torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
             )
