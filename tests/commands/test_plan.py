@@ -189,7 +189,7 @@ def test_too_few_probe_steps_are_refused_before_any_trace(capsys):
         ),
         (
             ["--adapters", "lora,nonsense"],
-            "--adapters='nonsense' is invalid: choose from dora, lora, none, qlora",
+            "--adapters='nonsense' is invalid: choose from dora, lora, lora_r32, none, qlora",
         ),
     ],
 )
