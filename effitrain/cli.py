@@ -84,7 +84,7 @@ def _estimate(args) -> None:
         return
     first = next(iter(rows.values()))
     trained = (  # said where an adapter leaves weights frozen
-        f", {first['params_trainable']:,} trained (adapter={cfg.hydra.runtime.choices.adapter})"
+        f", {first['params_trainable']:,} trained with adapter={cfg.hydra.runtime.choices.adapter}"
         if first["params_trainable"] != first["params"]
         else ""
     )
