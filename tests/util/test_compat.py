@@ -238,8 +238,9 @@ def test_a_recomputed_layer_s_own_ops_count_as_activations_with_its_hooks_outsid
 
 def _autograd_nodes_in_garbage(model, tracker) -> int:
     """The matrix products' autograd nodes (``MmBackward0``: a Linear without bias, as DoRA's
-    ``lora_B(lora_A(eye))``) a tracked forward and backward of ``model`` leave in reference cycles
-    (found with Python's collector held during the step, then run once)."""
+    ``lora_B(lora_A(eye))``) unreachable after a tracked forward of ``model``, while the loss still
+    holds the graph backward will use (found with Python's collector held during the forward, then
+    run once)."""
     import gc
 
     batch = torch.randint(0, 1000, (4, 16))
@@ -248,10 +249,12 @@ def _autograd_nodes_in_garbage(model, tracker) -> int:
     try:
         tracker.track_external(model)
         with tracker:
-            model(input_ids=batch, labels=torch.zeros(4, dtype=torch.long)).loss.backward()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-        nodes = sum(type(o).__name__ == "MmBackward0" for o in gc.garbage)
+            loss = model(input_ids=batch, labels=torch.zeros(4, dtype=torch.long)).loss
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            nodes = sum(type(o).__name__ == "MmBackward0" for o in gc.garbage)
+            gc.set_debug(0)
+            loss.backward()
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
