@@ -7,8 +7,9 @@ figures, 8-bit Adam's saving, compile's speed-up on both backends, and MFU.
 Each case is one real run (``effitrain train``, logger off, synthetic data, no network) in a process
 of its own, so no allocator peak carries from one case into the next. Memory cases (distilbert with
 ``model.init=random`` and llama_small, each optimizer, gradient checkpointing off/on, fp32 and bf16,
-16 x 128 tokens, every text longer than max_length) run ``--jobs`` at a time: each process has its
-own allocator statistics. Timing cases (compile off/on for both backends) run one at a time, alone.
+16 x 128 tokens, every text longer than max_length), and LoRA and QLoRA on both models (AdamW, bf16;
+the optimizer cell reads ``adamw + lora``), run ``--jobs`` at a time: each process has its own
+allocator statistics. Timing cases (compile off/on for both backends) run one at a time, alone.
 
 Written to ``--out``: ``gpu.json`` (every figure, bytes) and ``gpu.md`` (the tables). Per memory
 case: the step peak MemTracker measured on the GPU's tensors and the one the run predicted for CUDA
@@ -63,6 +64,16 @@ def memory_cases(optimizers: list[str]) -> list[dict]:
     ]  # fmt: skip
 
 
+def adapter_cases() -> list[dict]:
+    """LoRA and QLoRA (4-bit NF4 base: bitsandbytes' CUDA kernels) on both models, AdamW, bf16."""
+    return [
+        {"model": model, "optimizer": "adamw", "checkpointing": False, "precision": "bf16", "adapter": adapter,
+         "overrides": [*MODELS[model], *COMMON, "optimizer=adamw", "precision=bf16", f"adapter={adapter}",
+                       "max_steps=4"]}
+        for model in MODELS for adapter in ("lora", "qlora")
+    ]  # fmt: skip
+
+
 def timing_cases() -> list[dict]:
     return [
         {"backend": backend, "compile": compile_,
@@ -103,6 +114,7 @@ def dry_run(cases: list[dict]) -> None:
 
 def memory_row(case: dict, summary: dict) -> dict:
     row = {k: case[k] for k in ("model", "optimizer", "checkpointing", "precision")}
+    row["adapter"] = case.get("adapter", "none")
     row["status"] = summary["status"]
     if summary["status"] != "ok":
         row["error"] = summary.get("error")
@@ -138,7 +150,7 @@ def eight_bit_savings(rows: list[dict]) -> list[dict]:
     by_key = {
         (r["model"], r["optimizer"], r["checkpointing"], r["precision"]): r
         for r in rows
-        if r["status"] == "ok"
+        if r["status"] == "ok" and r.get("adapter", "none") == "none"
     }
     savings = []
     for (model, optimizer, checkpointing, precision), adamw in by_key.items():
@@ -162,7 +174,9 @@ def markdown(result: dict) -> str:
              "allocated / run peak predicted |",
              "|---|---|---|---|" + "---:|" * (len(CATEGORIES) + 6)]  # fmt: skip
     for row in result["memory"]:
-        head = f"| {row['model']} | {row['optimizer']} | {str(row['checkpointing']).lower()} | {row['precision']} |"
+        adapter = row.get("adapter", "none")
+        optimizer = row["optimizer"] if adapter == "none" else f"{row['optimizer']} + {adapter}"
+        head = f"| {row['model']} | {optimizer} | {str(row['checkpointing']).lower()} | {row['precision']} |"
         if row["status"] != "ok":
             lines.append(f"{head} {row['status']}: {row.get('error')} |")
             continue
@@ -215,7 +229,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=4, help="memory cases run at once (one process each)")
     parser.add_argument("--timeout", type=float, default=420, help="seconds one case may take")
     args = parser.parse_args()
-    memory, timing, fsdp = memory_cases(args.optimizers), timing_cases(), fsdp_cases()
+    memory, timing, fsdp = memory_cases(args.optimizers) + adapter_cases(), timing_cases(), fsdp_cases()
     if args.dry_run:
         dry_run(memory + timing + fsdp)
         return

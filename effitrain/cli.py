@@ -98,8 +98,13 @@ def _estimate(args) -> None:
     if not rows:
         raise ConfigError(next(iter(refused.values())))
     first = next(iter(rows.values()))
+    trained = (  # said where an adapter leaves weights frozen
+        f", {first['params_trainable']:,} trained with adapter={cfg.hydra.runtime.choices.adapter}"
+        if first["params_trainable"] != first["params"]
+        else ""
+    )
     print(
-        f"effitrain estimate: {first['params']:,} parameters (vocabulary {first['vocab_size']:,}); one step of "
+        f"effitrain estimate: {first['params']:,} parameters{trained} (vocabulary {first['vocab_size']:,}); one step of "
         f"{cfg.gradient_accumulation_steps} x {cfg.micro_batch_size} samples x {cfg.max_length} tokens "
         f"(the worst case), precision={cfg.hydra.runtime.choices.precision}, "
         f"gradient_checkpointing={str(bool(cfg.gradient_checkpointing)).lower()}; as {device.upper()} holds it "
@@ -167,6 +172,16 @@ def sharded_world_size(cfg, world_size: int | None) -> int | None:
     return (world_size or 1) if sharded else None
 
 
+def _check_adapter_options(names: list[str]) -> None:
+    """``--adapters``: each an option of conf/adapter (one line if not)."""
+    from effitrain.config.registry import group_options
+
+    options = group_options("adapter")
+    for name in names:
+        if name not in options:
+            raise ConfigError(f"--adapters={name!r} is invalid: choose from {', '.join(options)}")
+
+
 def _check_optimizer_options(names: list[str]) -> None:
     """``--optimizers``: each an option of conf/optimizer whose package is installed (one line if not)."""
     from omegaconf import OmegaConf
@@ -187,7 +202,7 @@ def _check_optimizer_options(names: list[str]) -> None:
 def _plan(args) -> None:
     import json
 
-    from effitrain.commands.plan import parse_bytes, plan_over_gpus, probe
+    from effitrain.commands.plan import parse_bytes, plan_adapters, plan_over_gpus, probe, weights_fit
     from effitrain.config.load import load
     from effitrain.memory import MIB
 
@@ -206,18 +221,42 @@ def _plan(args) -> None:
     optimizers = args.optimizers.split(",") if args.optimizers else None
     if optimizers:
         _check_optimizer_options(optimizers)
+    adapters = args.adapters.split(",") if args.adapters else None
+    if adapters:
+        _check_adapter_options(adapters)
     device = args.device or default_device()
     # validated as check does, for the device planned for; the data and weights are never read
-    load(args.overrides, device=device, loads=False)
     try:
         gpus = [int(count) for count in args.gpus.split(",")]
     except ValueError:
         raise ConfigError(f"--gpus={args.gpus!r} is invalid: give numbers of GPUs, e.g. 1,8,64") from None
     sharded = gpus != [1]  # a GPUs column only where there is a choice of them
-    rows = plan_over_gpus(
-        args.overrides, budget, args.memory_budget, gpus, args.effective_batch_size, optimizers, device,
-        args.margin,
-    )  # fmt: skip
+    if adapters and sharded:
+        raise ConfigError(
+            f"--adapters={args.adapters!r} is invalid with --gpus={args.gpus}: adapters are planned on one "
+            "device (an adapter under parallel=fsdp is not built)"
+        )
+    if adapters:
+        # an adapter whose weights alone are over budget is left out (a 4-bit base may fit where
+        # the full one does not); none fitting is said as one of them
+        fitting, refused = [], None
+        for adapter in adapters:
+            try:
+                chosen = load([*args.overrides, f"adapter={adapter}"], device=device, loads=False)
+                weights_fit(chosen, budget, args.memory_budget, args.margin)
+                fitting.append(adapter)
+            except ConfigError as error:
+                refused = error
+        if not fitting:
+            raise refused
+        rows = plan_adapters(args.overrides, budget, fitting, effective=args.effective_batch_size,
+                             optimizers=optimizers, device=device, margin=args.margin)  # fmt: skip
+    else:
+        load(args.overrides, device=device, loads=False)
+        rows = plan_over_gpus(
+            args.overrides, budget, args.memory_budget, gpus, args.effective_batch_size, optimizers, device,
+            args.margin,
+        )  # fmt: skip
     if not any(row["fits"] for row in rows):
         smallest = min(rows, key=lambda r: r["run_peak_bytes_predicted"])
         raise ConfigError(
@@ -235,23 +274,32 @@ def _plan(args) -> None:
         f"(the largest phase, predicted at max_length) plus a {args.margin:.0%} margin for the allocator's "
         "fragmentation (--margin) is within it; best first"
     )
+    if adapters:
+        print(
+            f"adapters ranked in the order given ({args.adapters}): an adapter is picked for memory, not quality"
+        )
     print(
-        f"{'fits':<5}"
+        (f"{'adapter':<9}" if adapters else "")
+        + f"{'fits':<5}"
         + (f"{'gpus':<5}" if sharded else "")
         + f"{'optimizer':<13}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'step MiB':>10}"
         f"{'run MiB':>10}" + (f"{'step s':>8}" if args.probe_steps else "")
     )
-    # over budget, only each optimizer and precision's smallest peak: the JSON has every candidate
+    # over budget, only each adapter, optimizer and precision's smallest peak: the JSON has every candidate
     smallest = {}
     for row in rows:
-        key = (row["optimizer"], row["precision"], row["gpus"])
+        key = (row.get("adapter"), row["optimizer"], row["precision"], row["gpus"])
         if key not in smallest or row["run_peak_bytes_predicted"] < smallest[key]["run_peak_bytes_predicted"]:
             smallest[key] = row
-    shown = [r for r in rows if r["fits"] or r is smallest[(r["optimizer"], r["precision"], r["gpus"])]]
+    shown = [
+        r for r in rows
+        if r["fits"] or r is smallest[(r.get("adapter"), r["optimizer"], r["precision"], r["gpus"])]
+    ]  # fmt: skip
     for row in shown:
         step_s = f"{row['step_s_measured']:.3f}" if row.get("step_s_measured") else ""
         print(
-            f"{'yes' if row['fits'] else 'no':<5}"
+            (f"{row['adapter']:<9}" if adapters else "")
+            + f"{'yes' if row['fits'] else 'no':<5}"
             + (f"{row['gpus']:<5}" if sharded else "")
             + f"{row['optimizer']:<13}{row['precision']:<10}"
             f"{row['micro_batch_size']:>6}{row['gradient_accumulation_steps']:>6}"
@@ -349,6 +397,12 @@ def main(argv: list[str] | None = None) -> None:
         "--effective-batch-size", type=int, help="samples per optimizer step (default: the config's)"
     )
     planning.add_argument("--optimizers", help="comma-separated options of conf/optimizer (default: all)")
+    planning.add_argument(
+        "--adapters",
+        help="comma-separated options of conf/adapter, in the order you prefer them (default: the config's "
+        "own only): a candidate's adapter ranks before its speed, so with none,lora,qlora full "
+        "fine-tuning is the best whenever it fits; an adapter is picked for memory, not quality",
+    )
     planning.add_argument(
         "--probe-steps",
         type=int,

@@ -19,7 +19,10 @@ from effitrain.memory.optimizer_state import estimate_optimizer_state, grads_est
 
 
 def meta_model(cfg):
-    """``cfg``'s model built on ``meta`` by the run's builders: shapes, nothing allocated."""
+    """``cfg``'s model built on ``meta`` by the run's builders, its adapter (``adapter=lora``...)
+    applied: shapes, nothing allocated. A 4-bit base (``qlora``) is at full precision here: its
+    packed codes are counted by :func:`effitrain.memory.adapted.packed_4bit_bytes`."""
+    from effitrain.train.adapters import apply_adapter
     from effitrain.train.modeling import build_model
     from effitrain.train.tasks import build_task
 
@@ -28,7 +31,9 @@ def meta_model(cfg):
         num_labels = cfg.data.get("num_labels") or len(task.load(cfg.data).label_names)
     else:
         num_labels = None
-    return build_model(cfg.model, num_labels, None, device="meta", auto_class=task.auto_class)
+    model = build_model(cfg.model, num_labels, None, device="meta", auto_class=task.auto_class)
+    with torch.device("meta"):  # the adapter's own layers too
+        return apply_adapter(model, cfg.get("adapter"), task)
 
 
 def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu",
@@ -48,6 +53,7 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     With ``parallel=fsdp`` the step and run peaks are one rank's of ``world_size``
     (:func:`effitrain.memory.sharded.trace_sharded`); ``trace_s``: the seconds each trace took.
     """
+    from effitrain.memory.adapted import unpacked_4bit_bytes
     from effitrain.memory.replay import CATEGORIES, trace_run
     from effitrain.memory.sharded import UnshardableOptimizer, trace_sharded
     from effitrain.train.optim import build_optimizer
@@ -58,7 +64,7 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
         replay = functools.partial(trace_sharded, world_size=world_size)
     model = meta_model(cfg)
     task = build_task(cfg)
-    weights = params_footprint(model)
+    weights_bytes = params_footprint(model).bytes - unpacked_4bit_bytes(model.config, cfg)
     tokens = (cfg.micro_batch_size, cfg.max_length)
     batch = {
         "input_ids": (tokens, torch.int64),
@@ -77,12 +83,12 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             "params": sum(p.numel() for p in model.parameters()),
             "params_trainable": trainable,
             "vocab_size": getattr(model.config, "vocab_size", None),
-            "weights_bytes": weights.bytes,
+            "weights_bytes": weights_bytes,
             "grads_bytes": grads.bytes,
             "optimizer_state_bytes": state.bytes if state else None,
             "optimizer_state_elements": state.elements if state else None,
             "optimizer_bytes_per_param": state.bytes / trainable if state and trainable else None,
-            "total_bytes": weights.bytes + grads.bytes + state.bytes if state else None,
+            "total_bytes": weights_bytes + grads.bytes + state.bytes if state else None,
         }
         if step:
             started = time.perf_counter()

@@ -12,6 +12,11 @@ saves), then no recomputation (checkpointing repeats each layer's forward: about
 FLOPs), then half precision before fp32 on CUDA (its tensor cores), then the optimizer's order in
 conf/optimizer. ``--probe-steps K`` runs K real steps of the top three and ranks them by measured
 step time instead.
+
+``--adapters none,lora,qlora`` plans each adapter too (:func:`plan_adapters`); without it, the
+config's own adapter only: an adapter changes what is trained, a choice of quality the user makes,
+not a knob for speed. The adapter ranks first, in the order given: list full fine-tuning (``none``)
+first and it is the best whenever it fits; an adapter is picked for memory, not quality.
 """
 
 from __future__ import annotations
@@ -56,9 +61,11 @@ def weights_fit(cfg, budget: int, budget_text: str, margin: float = DEFAULT_MARG
         ConfigError: one line naming the budget, the weights' size and the least budget that could do.
     """
     from effitrain.commands.estimate import meta_model
+    from effitrain.memory.adapted import unpacked_4bit_bytes
     from effitrain.memory.count import params_footprint
 
-    weights = params_footprint(meta_model(cfg)).bytes
+    model = meta_model(cfg)
+    weights = params_footprint(model).bytes - unpacked_4bit_bytes(model.config, cfg)
     if weights > budget * (1 - margin):
         raise ConfigError(
             f"--memory-budget={budget_text!r} is invalid: the model's weights alone take "
@@ -160,6 +167,24 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     rows.sort(key=lambda r: (not r["fits"], r["gradient_accumulation_steps"], r["gradient_checkpointing"],
                              half_first[r["precision"]], optimizers.index(r["optimizer"])))  # fmt: skip
     return rows
+
+
+def plan_adapters(overrides: list[str], budget: int, adapters: list[str], **kwargs) -> list[dict]:
+    """:func:`plan` for each of ``adapters`` (options of conf/adapter), its rows tagged ``adapter``
+    and ranked by it, in the order given, after whether they fit: full fine-tuning listed first is the
+    best whenever it fits, however much accumulation it needs, since an adapter trains fewer weights
+    and is picked for memory, not quality. Within an adapter, :func:`plan`'s own order. An
+    ``adapter=`` among ``overrides`` gives way to each of ``adapters``; ``adapter.*`` keys apply to all."""
+    from effitrain.config.overrides import parse
+
+    own = [o.input_line for o in parse(overrides) if o.key_or_group != "adapter"]
+    rows = [
+        {"adapter": adapter, **row}
+        for adapter in adapters
+        for row in plan([*own, f"adapter={adapter}"], budget, **kwargs)
+    ]
+    # a stable sort: plan's own order within each adapter
+    return sorted(rows, key=lambda r: (not r["fits"], adapters.index(r["adapter"])))
 
 
 def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> list[dict]:

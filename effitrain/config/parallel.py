@@ -23,7 +23,7 @@ def check_parallel(cfg: DictConfig, device: str | None = None) -> None:
 
     Raises:
         ConfigError: FSDP's keys under ``ddp``; under ``fsdp``: the Trainer backend, compile, an
-            optimizer that cannot update DTensor parameters, more processes on this machine than GPUs.
+            optimizer that cannot update DTensor parameters, an adapter, more processes on this machine than GPUs.
     """
     parallel = cfg.parallel
     if parallel.strategy != "fsdp":
@@ -36,6 +36,12 @@ def check_parallel(cfg: DictConfig, device: str | None = None) -> None:
         raise invalid(
             "parallel", "fsdp", "backend=trainer shards through its own fsdp arguments and builds the "
             "optimizer after wrapping, not effitrain's: use backend=accelerator"
+        )  # fmt: skip
+    adapter = cfg.get("adapter")
+    if adapter is not None and adapter.get("_target_"):
+        raise invalid(
+            "adapter", adapter._target_, "with parallel=fsdp an adapted model is not sharded (peft's layers under "
+            "fully_shard are not built or tested): use adapter=none, or parallel=ddp"
         )  # fmt: skip
     if cfg.compile.enabled:
         raise invalid(

@@ -163,6 +163,12 @@ GROUP_TARGETS = {
     "backend": Allowed(("effitrain.backends",), "a backend's fit function", is_class=False),
     "logger": Allowed(("effitrain.train.loggers",), "a logger class", is_class=True),
     "task": Allowed(("effitrain.train.tasks",), "a task class", is_class=True),
+    # peft's adapter config, and (adapter.quantization) transformers' 4-bit quantization config
+    "adapter": Allowed(
+        ("peft", "transformers.BitsAndBytesConfig", "transformers.utils.quantization_config"),
+        "a peft adapter config or a transformers quantization config",
+        is_class=True,
+    ),
 }
 
 

@@ -120,6 +120,7 @@ class RunConfig:
     backend: Any = None
     logger: Any = None
     task: Any = None
+    adapter: Any = None
 
     seed: ranged(int, f"must be an integer in 0..{MAX_SEED}", ge=0, le=MAX_SEED) = 42
     epochs: at_least(1) = 3
@@ -274,6 +275,15 @@ OPTIMIZER_SETTINGS = {
 }
 
 
+class AdapterSettings(BaseModel):
+    """A LoRA node's values peft would take but that train nothing or fail later (``conf/adapter``)."""
+
+    model_config = ConfigDict(extra="allow")
+    r: ranged(int, "must be an integer >= 1 (the rank of each update)", ge=1, strict=True) = 8
+    lora_alpha: finite("must be a number > 0 (the update is scaled by lora_alpha / r)", gt=0) = 8
+    lora_dropout: finite("must be in [0, 1)", ge=0, lt=1) = 0.0
+
+
 class SyntheticData(BaseModel):
     """``data=synthetic``'s sizes (``effitrain.train.data.load_synthetic``): refused before it runs."""
 
@@ -297,6 +307,8 @@ def group_settings(group: str, target: str):
         return OptimizerSettings
     if group == "data" and target.endswith(".load_synthetic"):
         return SyntheticData
+    if group == "adapter" and target == "peft.LoraConfig":
+        return AdapterSettings
     return None
 
 
@@ -309,7 +321,7 @@ def range_problems(cfg) -> list[str]:
     problems = []
     root = {f: _plain(cfg, f) for f in typing.get_type_hints(RunConfig) if f in cfg}
     checks = [("", RunConfig, {k: v for k, v in root.items() if v is not _UNRESOLVED})]
-    for group in ("optimizer", "data"):
+    for group in ("optimizer", "data", "adapter"):
         node = root.get(group)
         settings = group_settings(group, str(node.get("_target_"))) if isinstance(node, dict) else None
         if settings is not None:

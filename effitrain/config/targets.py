@@ -40,7 +40,10 @@ from effitrain.config.registry import (
 HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 
 # Keys of a target node that effitrain reads itself and leaves out when it instantiates the node.
-READ_BY_EFFITRAIN = {"data": ("packing",)}  # the task's (tasks.data_node): causal_lm packs rows
+READ_BY_EFFITRAIN = {
+    "data": ("packing",),  # the task's (tasks.data_node): causal_lm packs rows
+    "adapter": ("quantization",),  # the weights' loading (adapters.quantization_config), not LoraConfig's
+}
 
 # Arguments effitrain passes itself when it calls a group's target (optim.build_optimizer and
 # build_scheduler, the run's backend, loggers.build_tracker), and what decides each: a key naming
@@ -56,6 +59,8 @@ SUPPLIED_BY_EFFITRAIN = {
         "num_training_steps": "epochs and max_steps decide it: give those instead",
     },
     "backend": {"job": "effitrain passes the job it built: leave it out"},
+    "adapter": {"task_type": "the task decides it (SEQ_CLS or CAUSAL_LM): leave it out"},
+    "adapter.quantization": {"bnb_4bit_compute_dtype": "precision decides it: give precision instead"},
     "logger": {
         "config": "effitrain passes the run's config: leave it out",
         "identity": "effitrain passes the job's group, name and tags: leave it out",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from effitrain.config.adapter import check_adapter
 from effitrain.config.compose import command_line_overrides
 from effitrain.config.errors import ConfigError, ConfigErrors, invalid, raise_problems
 from effitrain.config.parallel import check_parallel
@@ -139,6 +140,7 @@ def validate(cfg: DictConfig, world_size: int = 1, device: str | None = None, lo
                 lambda: check_config_overrides(cfg),
                 lambda: check_task_model(cfg),
                 lambda: check_max_length(cfg),
+                lambda: check_adapter(cfg),
                 *([lambda: check_data_files(cfg)] if loads else []),
             ]
         )

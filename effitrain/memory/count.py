@@ -56,6 +56,12 @@ def _leaves(value):
                     yield from _leaves(inner)
         else:
             yield value
+            # a bitsandbytes 4-bit weight (Params4bit) holds packed codes; its block scales (absmax,
+            # the code and, double-quantized, the nested state's absmax, code and offset) are its
+            # quant_state's tensors
+            quant_state = getattr(value, "quant_state", None)
+            if quant_state is not None:
+                yield from (leaf for leaf in _leaves(quant_state) if isinstance(leaf, torch.Tensor))
     elif isinstance(value, dict):
         for item in value.values():
             yield from _leaves(item)
@@ -113,5 +119,6 @@ def optimizer_params(optimizer) -> list[torch.Tensor]:
     return params
 
 
-def params_footprint(model: torch.nn.Module) -> Footprint:
-    return footprint(list(model.parameters()))
+def params_footprint(model: torch.nn.Module, trainable_only: bool = False) -> Footprint:
+    """The model's weights (4-bit ones by what they hold); ``trainable_only``: those that train."""
+    return footprint([p for p in model.parameters() if p.requires_grad or not trainable_only])

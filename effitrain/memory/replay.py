@@ -257,6 +257,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
 
     from effitrain.config.schema import DEVICES
     from effitrain.memory import estimate_optimizer_state
+    from effitrain.memory.adapted import counted_4bit, meta_model, replay_model
     from effitrain.memory.cuda import autocast_like, cuda_kernels, foreach_by_default
     from effitrain.train.modeling import enable_activation_checkpointing
     from effitrain.train.optim import build_optimizer
@@ -273,8 +274,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
     analytic_state = 0
     if not _runs_on_fake(optimizer_cfg):
-        with torch.device("meta"):
-            shapes_only = auto.from_config(config)
+        shapes_only = meta_model(auto, config, cfg, task)
         state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
         if state is None:  # neither replayed nor counted: a prediction without it would be too low
             raise ConfigError(
@@ -286,8 +286,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
         _caches_filled_for_real(optimizer_cfg, cfg.weight_decay)
     phases, bounds = {}, {}
     with fake_tensor_mode(), torch.compiler.set_stance("force_eager"):
-        with torch.device("cpu"):
-            model = auto.from_config(config)
+        model = replay_model(auto, config, cfg, task)
         attention = attention_implementation(model.config)
         if cuda and attention not in ("sdpa", "eager"):
             raise ConfigError(
@@ -374,6 +373,9 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     for peak in phases.values():
         peak["optimizer_state"] += analytic_state
         peak["total"] += analytic_state
+    if quantized := counted_4bit(phases, config, cfg):
+        for phase in phases:  # a bound already said (a counted optimizer state) is kept
+            bounds.setdefault(phase, quantized)
     if analytic_state:
         bounds["first_step"] = BOUND_COUNTED_STATE
     return Trace(phases, flops.get_total_flops(), bounds)

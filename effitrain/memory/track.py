@@ -168,6 +168,8 @@ class TrainingMemory:
         grads = self.grads.footprint()
         keys = {
             "mem/params_bytes": params_footprint(self.model).bytes,
+            # an adapter's weights and the head it trains; the frozen rest is params_bytes minus these
+            "mem/params_trainable_bytes": params_footprint(self.model, trainable_only=True).bytes,
             "mem/grads_bytes": grads.bytes if grads else None,
             "mem/optimizer_state_bytes": state.bytes,
             "mem/optimizer_state_elements": state.elements,

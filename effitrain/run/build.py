@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from effitrain.memory.replay import StepMemory
 from effitrain.memory.track import TrainingMemory
 from effitrain.train import checkpoint
+from effitrain.train.adapters import apply_adapter, quantization_config
 from effitrain.train.data import build_dataloaders, tokenize_cached
 from effitrain.train.distributed import world_size
 from effitrain.train.job import Job
@@ -44,9 +45,11 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
 
     set_seed(cfg.seed)  # the head's initialization does not depend on how much data was read
     say(f"building the model ({_choice(cfg, 'model')})")
-    model = task.build_model(cfg.model, raw, tokenizer)
+    quantization = quantization_config(cfg.get("adapter"), cfg.precision.mixed_precision)
+    model = task.build_model(cfg.model, raw, tokenizer, quantization=quantization)
     if cfg.get("gradient_checkpointing"):
         enable_activation_checkpointing(model)
+    model = apply_adapter(model, cfg.get("adapter"), task)
     if cfg.parallel.strategy == "fsdp":  # before the optimizer: it must hold the sharded parameters
         if world_size() == 1:
             say("parallel=fsdp in one process: sharded over a group of one (nothing split, offload applies)")

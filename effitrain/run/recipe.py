@@ -30,6 +30,7 @@ from effitrain.run.ranks import write_rank_figures
 from effitrain.run.summary import Summary
 from effitrain.run.summary_keys import summary_config_keys
 from effitrain.train import checkpoint
+from effitrain.train.adapters import parameter_counts
 from effitrain.train.distributed import process_state, world_size
 from effitrain.train.job import Evaluation, Job, evaluate_job
 from effitrain.train.loggers import MetricsFile, build_tracker
@@ -131,10 +132,10 @@ def prepare(
 
 def describe(job: Job) -> dict:
     """What the run trains: parameter counts, the model's vocabulary and tokenizer, the data."""
-    parameters = list(job.model.parameters())
+    total, trainable = parameter_counts(job.model)
     return {
-        "params/total": sum(p.numel() for p in parameters),
-        "params/trainable": sum(p.numel() for p in parameters if p.requires_grad),
+        "params/total": total,
+        "params/trainable": trainable,
         "train/scheduled_steps": job.num_steps,
         "model/vocab_size": job.model.config.vocab_size,
         "model/tokenizer": getattr(job.tokenizer, "name_or_path", None),

@@ -3,6 +3,9 @@
 A checkpoint is a folder ``<run>/checkpoints/step-<N>``:
 
     model.safetensors    weights of the uncompiled module (no ``_orig_mod.`` prefix)
+    adapter_model.safetensors, adapter_config.json
+                         instead, with an adapter (adapter=lora|dora|qlora): peft's own files, the
+                         adapter and the head it trains; the frozen base is rebuilt as the run built it
     optimizer.pt         ``optimizer.state_dict()``, 8-bit state included
     *.distcp, .metadata  instead of the two above, under ``parallel=fsdp``: weights and optimizer
                          state as ``torch.distributed.checkpoint`` writes them, each rank its own shards
@@ -37,6 +40,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
+from effitrain.train.adapters import load_adapter, save_adapter
 from effitrain.train.distributed import barrier, launched_world_size, rank, world_size
 from effitrain.train.sharding import is_sharded
 from effitrain.util.atomic import publish, sha256
@@ -345,9 +349,11 @@ class Checkpointer:
         from safetensors.torch import save_model
 
         if not is_sharded(self.model):  # else every rank wrote its shards (save_sharded)
-            save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            # safetensors writes 0600: the weights follow the umask as every other result file
-            os.chmod(tmp / "model.safetensors", 0o666 & ~_umask())
+            if not save_adapter(self.model, tmp):
+                save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            for weights in tmp.glob("*.safetensors"):
+                # safetensors writes 0600: the weights follow the umask as every other result file
+                os.chmod(weights, 0o666 & ~_umask())
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
         if trainer_state is not None:
@@ -408,7 +414,8 @@ class Checkpointer:
                 load_sharded(self.model, self.optimizer, folder)
             else:
                 device = next(self.model.parameters()).device
-                load_model(self.model, str(folder / "model.safetensors"), strict=True, device=str(device))
+                if not load_adapter(self.model, folder, device):
+                    load_model(self.model, str(folder / "model.safetensors"), strict=True, device=str(device))
                 self.optimizer.load_state_dict(
                     torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
                 )

@@ -9,6 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
+from effitrain.train.adapters import keep_cpu_layout
 from effitrain.util.assets import hub_unreachable
 from effitrain.util.compat import checkpointing_wrapped, recomputation_tracked
 
@@ -123,12 +124,15 @@ def build_model(
     tokenizer=None,
     device: str | None = None,
     auto_class: str = "AutoModelForSequenceClassification",
+    quantization=None,
 ):
     """The model of ``auto_class`` (the task's: a sequence classifier with a ``num_labels`` head, or
     a causal LM with ``num_labels=None``).
 
     ``init=pretrained`` loads weights from ``name_or_path``; ``init=random`` (or ``device="meta"``,
-    used by estimates) builds the architecture only, so no weights are read.
+    used by estimates) builds the architecture only, so no weights are read. ``quantization``: a
+    ``BitsAndBytesConfig`` (``adapter=qlora``, :func:`effitrain.train.adapters.quantization_config`)
+    that ``from_pretrained`` loads the weights through.
     """
     import transformers
 
@@ -138,12 +142,32 @@ def build_model(
         tokenizer = tokenizer_for_size(model_cfg)
     config = build_config(model_cfg, num_labels, tokenizer, causal=auto_class == "AutoModelForCausalLM")
     if model_cfg.init == "pretrained" and device != "meta":
-        return auto.from_pretrained(
+        model = auto.from_pretrained(
             model_cfg.name_or_path, config=config, trust_remote_code=model_cfg.trust_remote_code,
-            local_files_only=cache_only(model_cfg.name_or_path),
+            local_files_only=cache_only(model_cfg.name_or_path), quantization_config=quantization,
         )  # fmt: skip
-    with torch.device(device or "cpu"):
-        return auto.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+    else:
+        with torch.device(device or "cpu"):
+            model = auto.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+        if quantization is not None and device != "meta":
+            model = quantized(model, auto, quantization, model_cfg.trust_remote_code)
+    if quantization is not None and device != "meta":
+        keep_cpu_layout(model)
+    return model
+
+
+def quantized(model, auto, quantization, trust_remote_code: bool):
+    """``model``'s weights loaded through ``quantization`` by ``from_pretrained``, as a pretrained
+    model's are: transformers quantizes only while it loads weights (``from_config`` takes no
+    quantization config), so a randomly initialized model is saved to a temporary folder first."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="effitrain-quantize-") as folder:
+        model.save_pretrained(folder)
+        return auto.from_pretrained(
+            folder, quantization_config=quantization, trust_remote_code=trust_remote_code,
+            local_files_only=True,
+        )  # fmt: skip
 
 
 def enable_activation_checkpointing(model) -> None:

@@ -70,11 +70,13 @@ class Task:
         """What, besides the data and the tokenizer, decides the tokenized cache's content."""
         return {"task": self.name}
 
-    def build_model(self, model_cfg: DictConfig, raw, tokenizer, device: str | None = None):
+    def build_model(
+        self, model_cfg: DictConfig, raw, tokenizer, device: str | None = None, quantization=None
+    ):
         from effitrain.train.modeling import build_model
 
         num_labels = len(raw.label_names) if self.uses_labels else None
-        return build_model(model_cfg, num_labels, tokenizer, device, self.auto_class)
+        return build_model(model_cfg, num_labels, tokenizer, device, self.auto_class, quantization)
 
     def labels_shape(self, rows: int, length: int) -> tuple:
         """The shape of a micro-batch's labels (``rows`` x ``length`` tokens): for memory estimates."""
@@ -126,8 +128,8 @@ class Classification(Task):
 
         return DataCollatorWithPadding(tokenizer, return_tensors="pt")
 
-    def build_model(self, model_cfg, raw, tokenizer, device=None):
-        model = super().build_model(model_cfg, raw, tokenizer, device)
+    def build_model(self, model_cfg, raw, tokenizer, device=None, quantization=None):
+        model = super().build_model(model_cfg, raw, tokenizer, device, quantization)
         model.config.id2label = dict(enumerate(raw.label_names))
         model.config.label2id = {name: i for i, name in enumerate(raw.label_names)}
         return model
@@ -205,13 +207,13 @@ class CausalLM(Task):
     def cache_key(self) -> dict:
         return {"task": self.name, "packing": self.packing}
 
-    def build_model(self, model_cfg, raw, tokenizer, device=None):
+    def build_model(self, model_cfg, raw, tokenizer, device=None, quantization=None):
         """The decoder (encoder types built with ``is_decoder=True``); refused when the built model
         still lets a position see later tokens (``validate`` checks a miniature of it up front)."""
         from effitrain.config.causality import sees_later_tokens
         from effitrain.config.targets import not_causal
 
-        model = super().build_model(model_cfg, raw, tokenizer, device)
+        model = super().build_model(model_cfg, raw, tokenizer, device, quantization)
         if device != "meta" and sees_later_tokens(model):
             raise not_causal(model_cfg.get("name_or_path"), type(model).__name__)
         return model

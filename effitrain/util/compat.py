@@ -81,6 +81,8 @@ def step_peak_tracker_class():
     a module's forward hook first fires, which never happens for the modules under a
     ``torch.compile`` wrapper, whose gradients it then counts as temporaries. Fallback: the full
     ``MemTracker``, slower, same peak (a compiled run's gradients among its temporaries)."""
+    import gc
+
     import torch
     from torch.distributed._tools import mem_tracker
 
@@ -93,11 +95,44 @@ def step_peak_tracker_class():
         return tracker  # another torch's internals: the full tracker, slower, same peak
 
     class StepPeakTracker(tracker):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            # A frozen parameter (an adapter's base weights) gets no gradient, and a gradient hook on
+            # it raises: it is marked hooked already, with handles that remove nothing.
+            from types import SimpleNamespace
+
+            unhooked = SimpleNamespace(remove=lambda: None)
+            for param in module.parameters():
+                if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                    self._param_to_grad_hook_handles[param] = (unhooked, unhooked)
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
         def track_external(self, *external) -> None:
             super().track_external(*external)
             for module in external:
                 if isinstance(module, torch.nn.Module):
                     self._track_module_params_and_buffers(module, install_grad_hooks=True)
+            self._leaving_dead_graphs = [m for m in _modules(external) if _leaves_dead_graph(m)]
+
+        def __enter__(self):
+            # ModTracker's gradient hooks on a module's inputs make a reference cycle of their graph:
+            # a graph a forward leaves unused (DoRA's B @ A, read only detached) then lives, its saved
+            # tensors too, until Python's collector runs, where an untracked step frees it at once.
+            # Collected after each such module's forward, the tracked step holds what the step holds.
+            # The objects older than the step are frozen meanwhile, so that each collection scans only
+            # the step's own (a pass over a whole process's objects takes a second).
+            self._collecting = [
+                m.register_forward_hook(_collect_garbage) for m in getattr(self, "_leaving_dead_graphs", [])
+            ]
+            if self._collecting:
+                gc.freeze()
+            return super().__enter__()
+
+        def __exit__(self, *args):
+            for handle in self._collecting:
+                handle.remove()
+            if self._collecting:
+                gc.unfreeze()
+            return super().__exit__(*args)
 
         def _update_peak_stats(self, peak_state) -> None:
             for device, snapshot in self._curr_mem_snap.items():
@@ -134,6 +169,27 @@ def fsdp_mem_tracker_class():
     if tracker is None:
         raise _missing("torch", "torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker")
     return tracker
+
+
+def _collect_garbage(*_) -> None:  # a forward hook: returning the count would replace the output
+    import gc
+
+    gc.collect()
+
+
+def _modules(external) -> list:
+    import torch
+
+    return [m for module in external if isinstance(module, torch.nn.Module) for m in module.modules()]
+
+
+def _leaves_dead_graph(module) -> bool:
+    """peft's DoRA layer computes its update ``B @ A`` with gradients and uses only its detached norm."""
+    try:
+        from peft.tuners.lora.dora import DoraLinearLayer
+    except ImportError:
+        return False
+    return isinstance(module, DoraLinearLayer)
 
 
 def fake_tensor_mode():

@@ -68,3 +68,29 @@ def test_with_fsdp_each_row_is_one_rank_of_the_world_size_and_a_refused_optimize
         "optimizer._target_='transformers.optimization.Adafactor' is invalid with parallel=fsdp"
     )
     assert "step_peak_bytes" not in rows["adafactor"]
+
+
+# tiny's Linear layers (in, out): per BERT layer query, key, value, attention output, intermediate,
+# output; two layers, then the pooler. peft's all-linear adapts each; the classifier head (32 -> 3,
+# the data's three labels) trains in full as peft's modules_to_save, a copy beside the original.
+TINY_LINEARS = [(32, 32)] * 4 + [(32, 64), (64, 32)]
+TINY_LINEARS = TINY_LINEARS * 2 + [(32, 32)]
+HEAD = 32 * 3 + 3
+
+
+def test_estimate_counts_what_an_adapter_trains_and_a_4bit_base_holds():
+    """LoRA's trained parameters: r x (in + out) per adapted Linear, and the head; QLoRA's weights:
+    each quantized Linear's fp32 weight replaced by its packed 4-bit codes (two per byte)."""
+    full = estimate_memory(compose(), step=False)["chosen"]
+    lora = estimate_memory(compose("adapter=lora", "adapter.r=4"), step=False)["chosen"]
+    assert lora["params_trainable"] == sum(4 * (i + o) for i, o in TINY_LINEARS) + HEAD == 3939
+    adapters = lora["params"] - full["params"] - HEAD  # the head's copy is new as well
+    assert adapters == sum(4 * (i + o) for i, o in TINY_LINEARS)
+    assert lora["weights_bytes"] == 4 * lora["params"]
+    trained_tensors = 2 * len(TINY_LINEARS) + 2  # A and B per adapted Linear, the head's weight and bias
+    assert lora["optimizer_state_bytes"] == 8 * lora["params_trainable"] + 4 * trained_tensors  # AdamW
+
+    qlora = estimate_memory(compose("adapter=qlora", "adapter.r=4"), step=False)["chosen"]
+    quantized = sum(i * o for i, o in TINY_LINEARS)
+    assert qlora["params_trainable"] == lora["params_trainable"]
+    assert qlora["weights_bytes"] == lora["weights_bytes"] - 4 * quantized + quantized // 2

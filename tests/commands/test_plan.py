@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from effitrain.commands.estimate import estimate_memory
-from effitrain.commands.plan import parse_bytes, plan, probe
+from effitrain.commands.plan import parse_bytes, plan, plan_adapters, probe
 from effitrain.config.errors import ConfigError
 from tests.helpers.run import REPO, compose, run_job
 
@@ -187,6 +187,10 @@ def test_too_few_probe_steps_are_refused_before_any_trace(capsys):
             ["--optimizers", "adamw,nonsense"],
             "--optimizers='nonsense' is invalid: choose from adafactor, adam8bit",
         ),
+        (
+            ["--adapters", "lora,nonsense"],
+            "--adapters='nonsense' is invalid: choose from dora, lora, lora_r32, none, qlora",
+        ),
     ],
 )
 def test_plan_s_bad_flags_are_one_line_before_any_trace(capsys, flags, message):
@@ -314,3 +318,35 @@ def test_gpus_that_do_not_divide_the_effective_batch_are_refused_in_one_line():
         ConfigError, match=r"^--gpus=3 is invalid: give a number of GPUs, 1 or more, that divides"
     ):
         plan_over_gpus(BASE, 2**30, "1GiB", [1, 3], effective=4)
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_ranks_first_where_it_fits_and_an_adapter_where_only_it_does():
+    """--adapters none,lora: the adapter ranks before speed, in the order given; full fine-tuning
+    with accumulation is still the best over LoRA without."""
+    from effitrain.config.load import apply_effective_batch_size
+
+    def peak(adapter: str, micro: int) -> int:  # effitrain estimate's run peak
+        cfg = compose(*BASE, f"adapter={adapter}", "optimizer=adamw", "effective_batch_size=4",
+                      f"gradient_accumulation_steps={4 // micro}", tiny=False)  # fmt: skip
+        apply_effective_batch_size(cfg)
+        return estimate_memory(cfg)["chosen"]["run_peak_bytes"]
+
+    full = {micro: peak("none", micro) for micro in (4, 2, 1)}
+    lora = peak("lora", 4)
+    # gradients and AdamW's moments of every weight are full fine-tuning's only
+    assert full[4] > full[2] > full[1] > lora
+
+    def best(budget: int) -> dict:
+        rows = plan_adapters(BASE, budget, ["none", "lora"], effective=4, optimizers=["adamw"],
+                             precisions=["fp32"], checkpointing=[False], margin=0.0)  # fmt: skip
+        return rows[0]
+
+    for budget, expected in [
+        (full[4], ("none", 4, full[4])),
+        (full[4] - 1, ("none", 2, full[2])),
+        (full[1] - 1, ("lora", 4, lora)),
+    ]:
+        row = best(budget)
+        assert (row["adapter"], row["micro_batch_size"], row["run_peak_bytes_predicted"]) == expected
+        assert row["fits"] and f"adapter={expected[0]}" in row["command"].split()

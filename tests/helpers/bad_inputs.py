@@ -158,6 +158,21 @@ VALUES = [
     # an explicit micro batch that the effective batch contradicts
     (["effective_batch_size=32", "micro_batch_size=4"],
      "micro_batch_size=4 is invalid: effective_batch_size=32 with gradient_accumulation_steps x processes = 1 sets it to 32"),
+    # adapters: peft's LoraConfig values, checked before a model loads (config/adapter.py)
+    (["adapter=lora", "adapter.r=0"], "adapter.r=0 is invalid: must be an integer >= 1 (the rank of each update)"),
+    (["adapter=dora", "adapter.lora_alpha=0"], "adapter.lora_alpha=0 is invalid: must be a number > 0"),
+    (["adapter=lora", "adapter.lora_dropout=1"], "adapter.lora_dropout=1 is invalid: must be in [0, 1)"),
+    (["adapter=qlora", "adapter.lora_dropout=-0.1"], "adapter.lora_dropout=-0.1 is invalid: must be in [0, 1)"),
+    (["adapter=lora", "adapter.target_modules=[q_proj]"],
+     "adapter.target_modules=['q_proj'] is invalid: matches no module of BertForSequenceClassification: give "
+     "all-linear or names it has, such as classifier, dense, key, query, value"),
+    (["adapter=lora", "adapter.target_modules=[LayerNorm]"],
+     "adapter.target_modules=['LayerNorm'] is invalid: peft cannot wrap it: Target module LayerNorm((32,), "
+     "eps=1e-12, elementwise_affine=True, bias=True) is not supported"),
+    (["adapter=lora", "+adapter.task_type=CAUSAL_LM"],
+     "adapter.task_type='CAUSAL_LM' is invalid: the task decides it (SEQ_CLS or CAUSAL_LM): leave it out"),
+    (["adapter=qlora", "+adapter.quantization.bnb_4bit_compute_dtype=float16"],
+     "adapter.quantization.bnb_4bit_compute_dtype='float16' is invalid: precision decides it"),
     pytest.param(["precision=fp16"], "precision='fp16' is invalid: fp16 needs a CUDA device",
                  marks=pytest.mark.skipif(not NO_CUDA, reason="CUDA present")),
     pytest.param(["optimizer._target_=bitsandbytes.optim.PagedAdamW8bit"],
@@ -174,6 +189,8 @@ VALUES = [
      "optimizer='transformers.optimization.Adafactor' is invalid: with parallel=fsdp: its update mixes"),
     # APOLLO's random projection multiplies a plain matrix with the sharded gradient (every matrix
     # with both sides above its rank; the tiny model's have none: the 7B-shaped replay found it)
+    (["parallel=fsdp", "adapter=lora"],
+     "adapter='peft.LoraConfig' is invalid: with parallel=fsdp an adapted model is not sharded"),
     (["parallel=fsdp", "optimizer=apollo"],
      "optimizer='effitrain.train.apollo.APOLLOAdamW' is invalid: with parallel=fsdp: its update mixes"),
 ]  # fmt: skip

@@ -180,8 +180,9 @@ def test_gpu_benchmark_dry_run_checks_every_case_on_a_cpu_machine():
     done = subprocess.run([sys.executable, "benchmarks/gpu.py", "--out", "unused", "--dry-run"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    # 2 models x 3 optimizers x checkpointing off/on x fp32/bf16, and compile off/on x 2 backends
-    assert done.stdout.strip().splitlines()[-1] == "gpu.py --dry-run: 28 of 28 cases compose and are valid"
+    # 2 models x 3 optimizers x checkpointing off/on x fp32/bf16, 2 models x lora/qlora, and compile
+    # off/on x 2 backends
+    assert done.stdout.strip().splitlines()[-1] == "gpu.py --dry-run: 32 of 32 cases compose and are valid"
     assert not (REPO / "unused").exists()
 
 

@@ -33,6 +33,11 @@ def final_weights(run_dir: Path) -> dict:
     return load_file(folder / "model.safetensors")
 
 
+def adapter_weights(run_dir: Path) -> dict:
+    _, folder = checkpoint.list_checkpoints(run_dir)[-1]
+    return load_file(folder / "adapter_model.safetensors")
+
+
 def assert_bit_identical(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     different = [name for name in a if not torch.equal(a[name], b[name])]
@@ -110,6 +115,44 @@ def test_sigkill_then_resume_auto_is_bit_identical(tmp_path, reference_runs, opt
     assert [line["step"] for line in resumed] == list(range(1, STEPS + 1))
     assert [line["train/loss"] for line in resumed] == [line["train/loss"] for line in uninterrupted]
     assert [line["train/samples"] for line in resumed] == [line["train/samples"] for line in uninterrupted]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "adapter, backend", [("lora", "accelerator"), ("lora", "trainer"), ("qlora", "accelerator")]
+)
+def test_an_adapter_run_killed_and_resumed_is_bit_identical_and_peft_loads_its_checkpoint(
+    tmp_path, adapter, backend
+):
+    from peft import PeftModel
+    from transformers import set_seed
+
+    from tests.train.test_adapters import adapted
+
+    overrides = [f"adapter={adapter}", f"backend={backend}", *RESUMABLE]
+    reference = run_job(tmp_path / "reference", *overrides)
+    assert reference["status"] == "ok", reference["error"]
+    run_dir = tmp_path / "run"
+    start_and_kill(run_dir, *overrides, at_step=KILL_AT_STEP)
+    resumed = run_job(run_dir, *overrides, "resume=auto")
+    assert resumed["status"] == "ok" and resumed["train/resumed_from_step"] >= 3, resumed["error"]
+    weights = adapter_weights(run_dir)
+    assert_bit_identical(weights, adapter_weights(tmp_path / "reference"))
+    assert [m["train/loss"] for m in read_metrics(run_dir)] == [
+        m["train/loss"] for m in read_metrics(tmp_path / "reference")
+    ]
+    assert resumed["eval/loss"] == reference["eval/loss"]  # the rebuilt frozen base is the same too
+    # the checkpoint holds peft's own files: the adapter and the head, not the frozen base
+    _, folder = checkpoint.list_checkpoints(run_dir)[-1]
+    names = {p.name for p in folder.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= names and "model.safetensors" not in names
+    set_seed(42)
+    base = adapted()[0]  # a fresh model of the same architecture, no adapter
+    loaded = PeftModel.from_pretrained(base, folder)
+    trained = {n: p for n, p in loaded.named_parameters() if "lora_" in n or "modules_to_save" in n}
+    assert len(trained) == 2 * 13 + 2  # A and B of the 13 targeted Linear layers, the head's 2 tensors
+    for name, param in trained.items():  # peft's file names them without the adapter's name
+        assert torch.equal(param, weights[name.replace(".modules_to_save", "").replace(".default", "")]), name
 
 
 @pytest.mark.slow

@@ -1,0 +1,98 @@
+"""The step peak of an adapted model (adapter=lora, dora) replayed on fake tensors is the step a real
+CPU run measured, category by category, to the byte."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.nn import Parameter
+
+from effitrain.commands.estimate import estimate_memory
+from effitrain.memory.adapted import BOUND_DEQUANTIZED, faked, meta_model
+from effitrain.memory.replay import CATEGORIES
+from effitrain.train.modeling import build_model
+from effitrain.train.tasks import build_task
+from effitrain.util.compat import fake_tensor_mode
+from tests.helpers.run import compose, run_job
+from tests.memory.test_memory import assert_predicted_is_measured
+
+CAUSAL = ["task=causal_lm", "model=llama_tiny"]
+CHECKPOINTED_WINDOW = ["gradient_checkpointing=true", "gradient_accumulation_steps=2"]
+
+
+def _case(adapter, overrides, case_id):
+    return pytest.param(adapter, overrides, id=case_id, marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize(
+    "adapter, overrides",
+    [
+        _case("lora", [], "lora-tiny"),
+        _case("dora", [], "dora-tiny"),
+        _case("lora", CAUSAL, "lora-llama"),
+        _case("dora", CAUSAL, "dora-llama"),
+        _case("lora", CHECKPOINTED_WINDOW, "lora-tiny-checkpointed-accumulated"),
+        _case("dora", [*CAUSAL, *CHECKPOINTED_WINDOW], "dora-llama-checkpointed-accumulated"),
+    ],
+)
+def test_the_predicted_step_peak_of_an_adapter_is_the_measured_one(tmp_path, adapter, overrides):
+    """The frozen base, the adapters and the head, their gradients, state, activations and
+    temporaries; with DoRA the graph of B @ A its forward leaves unused too, freed at once."""
+    summary = run_job(tmp_path, f"adapter={adapter}", "max_steps=3", *overrides)
+    assert summary["status"] == "ok", summary["error"]
+    assert_predicted_is_measured(summary)
+    assert summary["mem/step_peak/gradients_bytes"] < summary["mem/step_peak/weights_bytes"] / 10
+
+
+@pytest.mark.parametrize("adapter", ["lora", "dora"])
+def test_a_faked_model_is_the_meta_model_in_fake_tensors(adapter):
+    """Every parameter and buffer keeps its shape, dtype and requires_grad; none holds memory."""
+    cfg = compose(f"adapter={adapter}", *CAUSAL, "+model.architecture.tie_word_embeddings=true")
+    task = build_task(cfg)
+    config = build_model(cfg.model, None, device="meta", auto_class=task.auto_class).config
+    auto = getattr(transformers, task.auto_class)
+    meta = meta_model(auto, config, cfg, task)
+    expected = [
+        (n, p.shape, p.dtype, p.requires_grad) for n, p in meta.named_parameters(remove_duplicate=False)
+    ]
+    buffers = [(n, b.shape, b.dtype) for n, b in meta.named_buffers()]
+    with fake_tensor_mode():
+        model = faked(meta_model(auto, config, cfg, task))
+    params = list(model.named_parameters(remove_duplicate=False))
+    assert [(n, p.shape, p.dtype, p.requires_grad) for n, p in params] == expected
+    assert [(n, b.shape, b.dtype) for n, b in model.named_buffers()] == buffers
+    assert all(
+        isinstance(p, Parameter) and isinstance(p, FakeTensor) and p.device.type == "cpu" for _, p in params
+    )
+    # the input embedding and the output projection are one tensor, in meta and fake alike
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    trainable = sum(p.numel() for _, p in params if p.requires_grad)
+    assert 0 < trainable == sum(p.numel() for p in meta.parameters() if p.requires_grad)
+    assert trainable < sum(p.numel() for p in meta.parameters()) / 10
+
+
+@pytest.mark.slow
+def test_qlora_is_predicted_to_the_byte_but_one_dequantized_layer_above(tmp_path):
+    """QLoRA's 4-bit layers are traced at full precision and their weights counted: the packed codes,
+    to the byte. The largest quantized layer dequantized (tiny's 64 x 32 intermediate weights in
+    fp32, and 32 fp32 absmax of its blocks of 64) is added as a temporary throughout: bitsandbytes
+    holds it inside its matmul, which on this step is not at the peak."""
+    summary = run_job(tmp_path, "adapter=qlora", "max_steps=2")
+    assert summary["status"] == "ok", summary["error"]
+    measured = {c: summary[f"mem/step_peak/{c}_bytes"] for c in CATEGORIES}
+    predicted = {c: summary[f"mem/step_peak_predicted/{c}_bytes"] for c in CATEGORIES}
+    assert predicted.pop("temporaries") - measured.pop("temporaries") == 64 * 32 * 4 + 32 * 4
+    assert predicted == measured
+    assert summary["mem/step_peak_predicted_bound"] == BOUND_DEQUANTIZED
+
+
+def test_the_cuda_profile_applies_to_adapters():
+    """``estimate adapter=lora --device cuda`` replays CUDA's kernels on the adapted model: its
+    weights, gradients and optimizer state are the CPU's; only activations differ, where CUDA's
+    attention kernel saves its log-sum-exp instead of the attention probabilities."""
+    cfg = compose("adapter=lora", "max_length=64")
+    cpu = estimate_memory(cfg)["chosen"]["step_peak"]
+    cuda = estimate_memory(cfg, device="cuda")["chosen"]["step_peak"]
+    assert {key for key in cpu if cpu[key] != cuda[key]} == {"activations_bytes"}
+    assert cuda["activations_bytes"] < cpu["activations_bytes"]
