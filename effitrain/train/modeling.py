@@ -164,10 +164,14 @@ def quantized(model, auto, quantization, trust_remote_code: bool):
 
     with tempfile.TemporaryDirectory(prefix="effitrain-quantize-") as folder:
         model.save_pretrained(folder)
-        return auto.from_pretrained(
+        loaded = auto.from_pretrained(
             folder, quantization_config=quantization, trust_remote_code=trust_remote_code,
             local_files_only=True,
         )  # fmt: skip
+    # named as from_config leaves a model, not by the folder that is gone (peft's saved adapter
+    # records the name, and looks for a config there)
+    loaded.name_or_path = loaded.config.name_or_path = model.name_or_path
+    return loaded
 
 
 def enable_activation_checkpointing(model) -> None:

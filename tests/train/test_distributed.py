@@ -83,3 +83,24 @@ def test_two_processes_with_k_equal_one_process_with_2k(tmp_path, backend):
     flat_a = torch.cat([a[n].flatten().double() for n in names])
     flat_b = torch.cat([b[n].flatten().double() for n in names])
     assert ((flat_a - flat_b).norm() / flat_a.norm()).item() < 1e-5
+
+
+@pytest.mark.slow
+def test_lora_on_two_processes_with_k_equals_one_process_with_2k(tmp_path):
+    # no LoRA dropout: each process draws its own masks, one process draws them in another order
+    common = [*DDP, "adapter=lora", "adapter.lora_dropout=0.0", "max_steps=4"]
+    parallel = torchrun(
+        *common, "gradient_accumulation_steps=2", f"hydra.run.dir={tmp_path / 'ddp'}", cwd=tmp_path
+    )
+    assert parallel.returncode == 0, parallel.stderr[-3000:]
+    single = train_py(*common, "gradient_accumulation_steps=4", f"hydra.run.dir={tmp_path / 'single'}")
+    assert single.returncode == 0, single.stderr[-3000:]
+    lines, reference = read_metrics(tmp_path / "ddp"), read_metrics(tmp_path / "single")
+    assert [line["step"] for line in lines] == [1, 2, 3, 4]
+    for ddp_line, one_line in zip(lines, reference, strict=True):
+        assert ddp_line["train/samples"] == one_line["train/samples"]
+        assert ddp_line["train/loss"] == pytest.approx(one_line["train/loss"], rel=1e-5)
+        assert ddp_line["grad_norm"] == pytest.approx(one_line["grad_norm"], rel=1e-4)
+    summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("ddp", "single")]
+    assert summaries[0]["params/trainable"] == summaries[1]["params/trainable"] < summaries[0]["params/total"]
+    assert summaries[0]["eval/loss"] == pytest.approx(summaries[1]["eval/loss"], rel=1e-5)
