@@ -78,7 +78,7 @@ def _estimate(args) -> None:
         name: compose(base + [f"optimizer={name}"] + (own if name == chosen else [])).optimizer
         for name in installed_optimizers(group_options("optimizer"))
     }
-    rows = estimate_memory(cfg, optimizers, device=device)
+    rows = estimate_memory(cfg, optimizers, device=device, cache=not args.no_cache, share=not args.no_share)
     if args.json:
         print(json.dumps({"chosen": chosen, "device": device, "optimizers": rows}, indent=2))
         return
@@ -216,6 +216,19 @@ def _plan(args) -> None:
     print(f"effitrain plan: best: {rows[0]['command']}")
 
 
+def _trace_flags(parser) -> None:
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="trace again rather than read (and write) the traces kept in $EFFITRAIN_CACHE_DIR/traces",
+    )
+    parser.add_argument(
+        "--no-share",
+        action="store_true",
+        help="a full replay per optimizer, none of the forward and backward shared (as before: slower, same bytes)",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # everything after it is Hydra's: overrides, -m, --cfg job, ...
@@ -279,6 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=DEVICES,
         help="predict what this device holds, with its kernels (default: cuda where available, else cpu)",
     )
+    _trace_flags(estimate)
     estimate.set_defaults(handler=_estimate)
     planning = commands.add_parser(
         "plan",
@@ -310,6 +324,7 @@ def main(argv: list[str] | None = None) -> None:
         default=DEFAULT_MARGIN,
         help=f"share of the budget kept free for the allocator's fragmentation (default {DEFAULT_MARGIN})",
     )
+    _trace_flags(planning)
     planning.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     planning.set_defaults(handler=_plan)
     args = parser.parse_args(argv)

@@ -28,7 +28,26 @@ def meta_model(cfg):
     return build_model(cfg.model, num_labels, None, device="meta", auto_class=task.auto_class)
 
 
-def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu") -> dict:
+def replay_shapes(cfg, model) -> tuple[list[dict], dict]:
+    """What :func:`estimate_memory` replays: ``gradient_accumulation_steps`` micro-batches of
+    ``micro_batch_size`` x ``max_length`` tokens (the worst case), and an eval batch of
+    ``eval_batch_size`` rows."""
+    from effitrain.train.tasks import build_task
+
+    tokens = (cfg.micro_batch_size, cfg.max_length)
+    batch = {
+        "input_ids": (tokens, torch.int64),
+        "attention_mask": (tokens, torch.int64),
+        "labels": (build_task(cfg).labels_shape(*tokens), torch.int64),
+    }
+    if getattr(model.config, "type_vocab_size", 0):  # BERT-like tokenizers return segment ids too
+        batch["token_type_ids"] = (tokens, torch.int64)
+    evaluation = {key: ((cfg.eval_batch_size, *shape[1:]), dtype) for key, (shape, dtype) in batch.items()}
+    return [batch] * cfg.gradient_accumulation_steps, evaluation
+
+
+def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu",
+                    cache: bool = False, share: bool = True) -> dict:  # fmt: skip
     """Memory of ``cfg``'s run before running it, in bytes, one row per optimizer.
 
     The static part (weights, gradients, optimizer state) comes from a ``meta`` model: nothing is
@@ -40,26 +59,22 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     ``optimizers`` maps names to optimizer config nodes (default: ``{"chosen": cfg.optimizer}``).
     ``device``: whose kernels the trace replays (``cpu`` or ``cuda``, see
     :func:`effitrain.memory.replay.trace_run`). Each row also holds the run's peak per phase (the
-    first step, a later step, evaluation at ``eval_batch_size``): ``run_peak`` and ``run_peak_bytes``.
+    first step, a later step, evaluation at ``eval_batch_size``): ``run_peak`` and ``run_peak_bytes``,
+    and ``trace_source``: how its trace was had (:func:`effitrain.memory.trace_cache.traces_of`, whose
+    ``cache`` and ``share`` these are).
     """
-    from effitrain.memory.replay import CATEGORIES, trace_run
+    from effitrain.memory.replay import CATEGORIES
+    from effitrain.memory.trace_cache import traces_of
     from effitrain.train.optim import build_optimizer
-    from effitrain.train.tasks import build_task
 
     model = meta_model(cfg)
-    task = build_task(cfg)
     weights = params_footprint(model)
-    tokens = (cfg.micro_batch_size, cfg.max_length)
-    batch = {
-        "input_ids": (tokens, torch.int64),
-        "attention_mask": (tokens, torch.int64),
-        "labels": (task.labels_shape(*tokens), torch.int64),
-    }
-    if getattr(model.config, "type_vocab_size", 0):  # BERT-like tokenizers return segment ids too
-        batch["token_type_ids"] = (tokens, torch.int64)
-    evaluation = {key: ((cfg.eval_batch_size, *shape[1:]), dtype) for key, (shape, dtype) in batch.items()}
+    optimizers = optimizers or {"chosen": cfg.optimizer}
+    if step:
+        batches, evaluation = replay_shapes(cfg, model)
+        traces, sources = traces_of(model.config, optimizers, cfg, batches, evaluation, device, cache, share)
     rows = {}
-    for name, optimizer_cfg in (optimizers or {"chosen": cfg.optimizer}).items():
+    for name, optimizer_cfg in optimizers.items():
         optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
         grads, state = grads_estimate(optimizer), estimate_optimizer_state(optimizer)
         trainable = sum(p.numel() for p in optimizer_params(optimizer))
@@ -75,14 +90,8 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             "total_bytes": weights.bytes + grads.bytes + state.bytes if state else None,
         }
         if step:
-            trace = trace_run(
-                model.config,
-                optimizer_cfg,
-                cfg,
-                [batch] * cfg.gradient_accumulation_steps,
-                device,
-                evaluation,
-            )
+            trace = traces[name]
+            rows[name]["trace_source"] = sources[name]
             peak = trace.step_peak(warm_up=True)
             rows[name]["step_peak_bytes"] = peak["total"]
             rows[name]["step_peak"] = {f"{c}_bytes": peak[c] for c in CATEGORIES}
