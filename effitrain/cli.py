@@ -172,8 +172,9 @@ def _plan(args) -> None:
     # validated as check does, for the device planned for; the data and weights are never read
     weights_fit(load(args.overrides, device=device, loads=False), budget, args.memory_budget, args.margin)
     rows = plan(
-        args.overrides, budget, args.effective_batch_size, optimizers, device=device, margin=args.margin
-    )
+        args.overrides, budget, args.effective_batch_size, optimizers, device=device, margin=args.margin,
+        cache=not args.no_cache, share=not args.no_share,
+    )  # fmt: skip
     if not any(row["fits"] for row in rows):
         smallest = min(rows, key=lambda r: r["run_peak_bytes_predicted"])
         raise ConfigError(

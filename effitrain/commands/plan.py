@@ -17,7 +17,6 @@ step time instead.
 from __future__ import annotations
 
 import re
-import sys
 
 from effitrain.config.errors import ConfigError
 from effitrain.config.load import apply_effective_batch_size
@@ -68,7 +67,8 @@ def weights_fit(cfg, budget: int, budget_text: str, margin: float = DEFAULT_MARG
 
 
 def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None,
-         checkpointing=(False, True), device: str = "cpu", margin: float = DEFAULT_MARGIN):  # fmt: skip
+         checkpointing=(False, True), device: str = "cpu", margin: float = DEFAULT_MARGIN, cache: bool = False,
+         share: bool = True):  # fmt: skip
     """Every traced candidate (dicts with the keys below), best first; those over budget last.
 
     A candidate fits when its run's peak (the largest of its first step, a later step and
@@ -77,7 +77,16 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     ``checkpointing``: the gradient checkpointing settings to try. With it on, only micro batches
     larger than the largest that fits without it are tried: recomputation only pays where it
     saves accumulation steps.
+
+    Candidates that differ only in the optimizer share one replay of their forward and backward
+    (``share``), and traces come from the disk cache where kept (``cache``): each row's
+    ``trace_source`` says how (:mod:`effitrain.memory.trace_cache`). The best candidate is then
+    replayed in full, alone and uncached, and must give the same bytes (``confirmed_by_full_replay``).
     """
+    from itertools import product
+
+    from tqdm.auto import tqdm
+
     from effitrain.commands.estimate import estimate_memory
     from effitrain.config.compose import compose
     from effitrain.config.overrides import names, parse
@@ -100,55 +109,120 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     optimizers = optimizers or installed_optimizers(group_options("optimizer"))
     cuda = device == "cuda"
     precisions = precisions or (["bf16", "fp16", "fp32"] if cuda else ["fp32", "bf16"])
+    # the axes a forward and backward depend on, each searched over; the optimizer shares them
+    axes = {"precision": precisions}
     rows = []
+    sizes = micro_batches(effective)
+    progress = tqdm(total=len(list(product(*axes.values()))) * len(optimizers) * len(checkpointing) * len(sizes),
+                    desc="effitrain plan", unit="candidate", dynamic_ncols=True, disable=False)  # fmt: skip
+    counts = dict.fromkeys(("traced", "cached", "skipped"), 0)
 
-    def trace(optimizer, precision, recompute, micro) -> dict:
-        accumulation = effective // micro
-        choice = [f"optimizer={optimizer}", f"precision={precision}", f"effective_batch_size={effective}",
-                  f"gradient_accumulation_steps={accumulation}"]  # fmt: skip
+    def choice_of(setting, optimizer, recompute, micro) -> list[str]:
+        choice = [f"optimizer={optimizer}", *(f"{axis}={value}" for axis, value in setting.items()),
+                  f"effective_batch_size={effective}", f"gradient_accumulation_steps={effective // micro}"]  # fmt: skip
         if recompute and not chosen:
             choice.append("gradient_checkpointing=true")
-        cfg = compose(list(overrides) + choice)
-        apply_effective_batch_size(cfg)  # micro_batch_size from the effective batch, as a run derives it
-        [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device).values()
-        fits = row["run_peak_bytes"] <= usable
-        rows.append({
-            "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
-            "gradient_accumulation_steps": accumulation, "gradient_checkpointing": recompute,
-            "step_peak_bytes_predicted": row["step_peak_bytes"],
-            "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
-            "fits": fits, "command": "python train.py " + " ".join(list(overrides) + choice),
-        })  # fmt: skip
-        print(f"effitrain plan: {len(rows)} traced: {optimizer} {precision} micro {micro} x {accumulation}"
-              f"{' recompute' if recompute else ''}: {row['run_peak_bytes'] / 2**20:.1f} MiB, "
-              f"{'fits' if fits else 'over'}", file=sys.stderr, flush=True)  # fmt: skip
-        return rows[-1]
+        return choice
 
-    for precision in precisions:
-        for optimizer in optimizers:
-            fewest = None  # accumulation steps of the best fit without checkpointing
-            for recompute in checkpointing:
-                sizes = [m for m in micro_batches(effective)
-                         if not (recompute and fewest is not None and effective // m >= fewest)]  # fmt: skip
-                best = None  # the largest micro batch that fits
-                for index, micro in enumerate(sizes):
-                    row = trace(optimizer, precision, recompute, micro)
-                    if row["fits"]:  # smaller micro batches fit too, and rank lower: no need to trace them
-                        best = row
+    def trace(setting, names_, recompute, micro) -> dict:
+        """The candidates of ``names_`` (optimizers) at this setting, micro batch and checkpointing:
+        one shared replay (or the cache)."""
+        cfgs = {
+            name: compose(list(overrides) + choice_of(setting, name, recompute, micro)) for name in names_
+        }
+        for cfg in cfgs.values():
+            apply_effective_batch_size(cfg)  # micro_batch_size from the effective batch, as a run derives it
+        first = next(iter(cfgs.values()))
+        found = estimate_memory(first, {name: cfg.optimizer for name, cfg in cfgs.items()}, device=device,
+                                cache=cache, share=share)  # fmt: skip
+        traced = {}
+        for name, row in found.items():
+            fits = row["run_peak_bytes"] <= usable
+            rows.append({
+                **setting, "optimizer": name, "micro_batch_size": micro,
+                "gradient_accumulation_steps": effective // micro, "gradient_checkpointing": recompute,
+                "step_peak_bytes_predicted": row["step_peak_bytes"],
+                "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
+                "fits": fits, "trace_source": row.get("trace_source"),
+                "command": "python train.py " + " ".join(list(overrides) + choice_of(setting, name, recompute, micro)),
+            })  # fmt: skip
+            traced[name] = rows[-1]
+            counts["cached" if row.get("trace_source") == "cached" else "traced"] += 1
+        progress.set_postfix(counts, refresh=False)
+        progress.update(len(found))
+        return traced
+
+    def search():
+        """One optimizer's search at one setting: yields (recompute, micro) to trace, is sent its row."""
+        fewest = None  # accumulation steps of the best fit without checkpointing
+        for recompute in checkpointing:
+            tried = [m for m in sizes
+                     if not (recompute and fewest is not None and effective // m >= fewest)]  # fmt: skip
+            best = None  # the largest micro batch that fits
+            for index, micro in enumerate(tried):
+                row = yield recompute, micro
+                if row["fits"]:  # smaller micro batches fit too, and rank lower: no need to trace them
+                    best = row
+                    break
+                if index == 0 and len(tried) > 2:
+                    # memory grows with the micro batch: when the smallest is over budget too,
+                    # none in between fits, and tracing them would only take time
+                    best = yield recompute, tried.pop()
+                    if not best["fits"]:
+                        best = None
                         break
-                    if index == 0 and len(sizes) > 2:
-                        # memory grows with the micro batch: when the smallest is over budget too,
-                        # none in between fits, and tracing them would only take time
-                        best = trace(optimizer, precision, recompute, sizes.pop())
-                        if not best["fits"]:
-                            best = None
-                            break
-                if best is not None and not recompute:
-                    fewest = best["gradient_accumulation_steps"]
+            if best is not None and not recompute:
+                fewest = best["gradient_accumulation_steps"]
+
+    try:
+        for values in product(*axes.values()):
+            setting = dict(zip(axes, values))
+            searches = {name: search() for name in optimizers}
+            asked = {name: next(searches[name]) for name in optimizers}
+            done = dict.fromkeys(optimizers, 0)
+            while asked:  # the optimizers asking for the same candidate are traced together
+                wanted = next(iter(asked.values()))
+                together = [name for name, request in asked.items() if request == wanted]
+                for name, row in trace(setting, together, *wanted).items():
+                    done[name] += 1
+                    try:
+                        asked[name] = searches[name].send(row)
+                    except StopIteration:
+                        del asked[name]
+                        counts["skipped"] += len(checkpointing) * len(sizes) - done[name]
+                        progress.set_postfix(counts, refresh=False)
+                        progress.update(len(checkpointing) * len(sizes) - done[name])
+    finally:
+        progress.close()
     half_first = {"bf16": 0, "fp16": 0, "fp32": 1} if cuda else {"fp32": 0, "bf16": 1, "fp16": 1}
     rows.sort(key=lambda r: (not r["fits"], r["gradient_accumulation_steps"], r["gradient_checkpointing"],
                              half_first[r["precision"]], optimizers.index(r["optimizer"])))  # fmt: skip
+    confirm(rows[0], device)
     return rows
+
+
+def confirm(row: dict, device: str) -> None:
+    """Replay ``row``'s candidate in full, alone and uncached (as before traces were shared), and
+    mark it ``confirmed_by_full_replay``.
+
+    Raises:
+        RuntimeError: the full replay's bytes differ from the plan's: a fault of the shared replay.
+    """
+    from effitrain.commands.estimate import estimate_memory
+    from effitrain.config.compose import compose
+
+    cfg = compose(row["command"].split()[2:])
+    apply_effective_batch_size(cfg)
+    [full] = estimate_memory(
+        cfg, {row["optimizer"]: cfg.optimizer}, device=device, cache=False, share=False
+    ).values()
+    found = (full["step_peak_bytes"], full["run_peak_bytes"], full["run_peak"])
+    planned = (row["step_peak_bytes_predicted"], row["run_peak_bytes_predicted"], row["run_peak_predicted"])
+    if found != planned:
+        raise RuntimeError(
+            f"the full replay of the plan's best ({row['command']}) gives {found}, the plan {planned}"
+        )
+    row["confirmed_by_full_replay"] = True
 
 
 def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> list[dict]:
