@@ -47,7 +47,7 @@ def replay_shapes(cfg, model) -> tuple[list[dict], dict]:
 
 
 def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu",
-                    cache: bool = False, share: bool = True) -> dict:  # fmt: skip
+                    cache: bool = False, share: bool = True, steps=None) -> dict:  # fmt: skip
     """Memory of ``cfg``'s run before running it, in bytes, one row per optimizer.
 
     The static part (weights, gradients, optimizer state) comes from a ``meta`` model: nothing is
@@ -61,7 +61,7 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     :func:`effitrain.memory.replay.trace_run`). Each row also holds the run's peak per phase (the
     first step, a later step, evaluation at ``eval_batch_size``): ``run_peak`` and ``run_peak_bytes``,
     and ``trace_source``: how its trace was had (:func:`effitrain.memory.trace_cache.traces_of`, whose
-    ``cache`` and ``share`` these are).
+    ``cache``, ``share`` and ``steps`` these are).
     """
     from effitrain.memory.replay import CATEGORIES
     from effitrain.memory.trace_cache import traces_of
@@ -72,7 +72,9 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     optimizers = optimizers or {"chosen": cfg.optimizer}
     if step:
         batches, evaluation = replay_shapes(cfg, model)
-        traces, sources = traces_of(model.config, optimizers, cfg, batches, evaluation, device, cache, share)
+        traces, sources = traces_of(
+            model.config, optimizers, cfg, batches, evaluation, device, cache, share, steps
+        )
     rows = {}
     for name, optimizer_cfg in optimizers.items():
         optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)

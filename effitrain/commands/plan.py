@@ -90,6 +90,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     from effitrain.commands.estimate import estimate_memory
     from effitrain.config.compose import compose
     from effitrain.config.overrides import names, parse
+    from effitrain.memory.shared import StepReplays
 
     base = compose(overrides)
     usable = budget * (1 - margin)
@@ -115,7 +116,11 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     sizes = micro_batches(effective)
     progress = tqdm(total=len(list(product(*axes.values()))) * len(optimizers) * len(checkpointing) * len(sizes),
                     desc="effitrain plan", unit="candidate", dynamic_ncols=True, disable=False)  # fmt: skip
-    counts = dict.fromkeys(("traced", "cached", "skipped"), 0)
+    # traced: a replay of its own or shared by optimizers; derived: its optimizer step's figures from an
+    # earlier candidate's identical step; cached: from the disk; skipped: cannot fit or rank higher
+    counts = dict.fromkeys(("traced", "derived", "cached", "skipped"), 0)
+    counted = {"cached": "cached", "shared, step reused": "derived"}
+    steps = StepReplays()  # each optimizer's step, replayed once for every candidate it fits
 
     def choice_of(setting, optimizer, recompute, micro) -> list[str]:
         choice = [f"optimizer={optimizer}", *(f"{axis}={value}" for axis, value in setting.items()),
@@ -134,7 +139,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
             apply_effective_batch_size(cfg)  # micro_batch_size from the effective batch, as a run derives it
         first = next(iter(cfgs.values()))
         found = estimate_memory(first, {name: cfg.optimizer for name, cfg in cfgs.items()}, device=device,
-                                cache=cache, share=share)  # fmt: skip
+                                cache=cache, share=share, steps=steps)  # fmt: skip
         traced = {}
         for name, row in found.items():
             fits = row["run_peak_bytes"] <= usable
@@ -147,7 +152,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                 "command": "python train.py " + " ".join(list(overrides) + choice_of(setting, name, recompute, micro)),
             })  # fmt: skip
             traced[name] = rows[-1]
-            counts["cached" if row.get("trace_source") == "cached" else "traced"] += 1
+            counts[counted.get(row.get("trace_source"), "traced")] += 1
         progress.set_postfix(counts, refresh=False)
         progress.update(len(found))
         return traced

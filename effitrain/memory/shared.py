@@ -23,6 +23,8 @@ optimizer of conf/optimizer to a full trace, to the byte.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 
 import torch
 
@@ -35,26 +37,52 @@ from effitrain.memory.replay import (
     counted_state,
     replayed,
     step_tracker,
+    trace_run,
 )
 
 
+@dataclasses.dataclass
+class StepReplays:
+    """Optimizer steps replayed for earlier candidates of one ``plan``, reused for later ones. A step
+    depends on the parameters, their gradients, the optimizer's node and the device profile, not on
+    the micro batch, checkpointing or precision that produced the gradients: a record is reused only
+    where every parameter's and gradient's shape, dtype, strides and storage match (:func:`_signature`).
+    """
+
+    records: dict = dataclasses.field(default_factory=dict)  # (optimizer key, signature) -> record
+    reused: set = dataclasses.field(default_factory=set)  # names whose steps were reused, last call
+
+
 def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: str = "cpu",
-               eval_shapes: dict | None = None) -> dict[str, Trace]:  # fmt: skip
+               eval_shapes: dict | None = None, steps: StepReplays | None = None) -> dict[str, Trace]:  # fmt: skip
     """:func:`effitrain.memory.replay.trace_run` for each of ``optimizer_cfgs`` (name -> optimizer
-    node), sharing one replay of the model: a :class:`Trace` per name, equal to the full trace's."""
+    node), sharing one replay of the model: a :class:`Trace` per name, equal to the full trace's.
+    ``steps``: optimizer steps replayed before, reused where they match (and added to)."""
+    steps = steps if steps is not None else StepReplays()
+    steps.reused = set()
     analytic = {name: counted_state(config, node, cfg) for name, node in optimizer_cfgs.items()}
+    keys = {name: _optimizer_key(node, cfg.weight_decay, device) for name, node in optimizer_cfgs.items()}
     traces = {name: Trace({}, 0) for name in optimizer_cfgs}
+    records: dict[str, dict] = {}  # name -> its steps' record, replayed here or reused
+    fallback: set[str] = set()  # a record reused for the first step that does not fit the later one
     with replayed(config, cfg, batches, device, eval_shapes) as replay:
         optimizers = {name: replay.optimizer(node) for name, node in optimizer_cfgs.items()}
         for phase in ("first_step", "later_step"):
-            _shared_step(replay, optimizers, phase, traces)
+            _shared_step(replay, optimizers, phase, traces, records, steps, keys, fallback)
         if replay.evaluation is not None:
             replay.tracked("eval", replay.evaluate)
             weights = _held(replay.model)
-            for name, optimizer in optimizers.items():
-                state = _minus(_held(replay.model, optimizer), weights)  # held throughout evaluation
-                traces[name].phases["eval"] = _plus(replay.phases["eval"], state)
+            for name, optimizer in ((n, o) for n, o in optimizers.items() if n not in fallback):
+                if name not in steps.reused:  # the state held throughout evaluation
+                    records[name]["eval"] = _minus(_held(replay.model, optimizer), weights)
+                traces[name].phases["eval"] = _plus(replay.phases["eval"], records[name]["eval"])
+    for name, record in records.items():
+        if name not in fallback:
+            steps.records.setdefault((keys[name], record["first_step_signature"]), record)
     for name, trace in traces.items():
+        if name in fallback:  # replayed in full, alone
+            traces[name] = trace_run(config, optimizer_cfgs[name], cfg, batches, device, eval_shapes)
+            continue
         trace.flops = replay.flops
         for peak in trace.phases.values():
             peak["optimizer_state"] += analytic[name]
@@ -64,9 +92,12 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
     return traces
 
 
-def _shared_step(replay, optimizers: dict, phase: str, traces: dict) -> None:
+def _shared_step(replay, optimizers: dict, phase: str, traces: dict, records: dict, steps: StepReplays,
+                 keys: dict, fallback: set) -> None:  # fmt: skip
     """One step's forward and backward under a tracker that knows only the model; where it reaches
-    ``optimizer.step()``, each optimizer's step under a tracker of its own, on the same gradients."""
+    ``optimizer.step()``, each optimizer's step under a tracker of its own, on the same gradients
+    (or its record, where ``steps`` holds one for these gradients; ``fallback`` gets the names whose
+    record matched the first step's gradients and not the later step's)."""
     with contextlib.ExitStack() as forward_backward:
         tracker = step_tracker()
         tracker.track_external(replay.model)
@@ -76,28 +107,70 @@ def _shared_step(replay, optimizers: dict, phase: str, traces: dict) -> None:
             before = breakdown(tracker.get_tracker_snapshot("peak"))
             at_step = breakdown(tracker.get_tracker_snapshot("current"))
             forward_backward.close()  # what follows is each optimizer's, not the shared part's
+            signature = _signature(replay.model)
             gradients = [p.grad for p in replay.model.parameters()]
             held = _held(replay.model)  # weights and gradients
             for name, optimizer in optimizers.items():
-                for param, grad in zip(replay.model.parameters(), gradients):
-                    param.grad = grad  # as the backward left them, whatever an earlier step did
-                own = step_tracker()
-                own.track_external(replay.model, optimizer)
-                entry = breakdown(own.get_tracker_snapshot("current"))
-                state = _minus(entry, held)  # the optimizer state held before its step
-                replay.assumed.clear()
-                with own:
-                    optimizer.step()
-                stepped = _plus(
-                    at_step, _plus(state, _minus(breakdown(own.get_tracker_snapshot("peak")), entry))
-                )
+                record = records.setdefault(name, {})
+                if phase == "first_step" and (keys[name], signature) in steps.records:
+                    record.update(steps.records[keys[name], signature])
+                    steps.reused.add(name)
+                elif name in steps.reused or name in fallback:
+                    if record.get(f"{phase}_signature") != signature:  # recorded on other gradients
+                        steps.reused.discard(name)
+                        fallback.add(name)
+                        continue
+                else:
+                    for param, grad in zip(replay.model.parameters(), gradients):
+                        param.grad = grad  # as the backward left them, whatever an earlier step did
+                    record[phase] = _own_step(replay, optimizer, held)
+                    record[f"{phase}_signature"] = signature
+                state, delta, bounded = record[phase]
+                stepped = _plus(at_step, _plus(state, delta))
                 forward = _plus(before, state)
                 traces[name].phases[phase] = stepped if stepped["total"] > forward["total"] else forward
-                if torch.bool in replay.assumed:
+                if bounded:
                     traces[name].bounds[phase] = BOUND_ASSUMED_BRANCH
 
         pause = _Pause(replay.model, step_each)
         replay.step(pause, lambda batch: tracker.reset_mod_stats())
+
+
+def _own_step(replay, optimizer, held: dict) -> tuple[dict, dict, bool]:
+    """``optimizer``'s step under a tracker of its own: the state it held before (by category), its
+    peak less what it found held, and whether a branch was assumed."""
+    own = step_tracker()
+    own.track_external(replay.model, optimizer)
+    entry = breakdown(own.get_tracker_snapshot("current"))
+    replay.assumed.clear()
+    with own:
+        optimizer.step()
+    delta = _minus(breakdown(own.get_tracker_snapshot("peak")), entry)
+    return _minus(entry, held), delta, torch.bool in replay.assumed
+
+
+def _optimizer_key(node, weight_decay: float, device: str) -> str:
+    from omegaconf import OmegaConf
+
+    return json.dumps([OmegaConf.to_container(node, resolve=True), weight_decay, device], sort_keys=True)
+
+
+def _signature(model) -> tuple:
+    """Every parameter's and gradient's shape, dtype, strides, offset and storage (its size, and
+    which earlier tensor shares it): what an optimizer's step allocates around depends on no more."""
+    storages: dict[int, int] = {}
+
+    def described(tensor):
+        if tensor is None:
+            return None
+        storage = tensor.untyped_storage()
+        shared = storages.setdefault(id(storage), len(storages))
+        return (tuple(tensor.shape), str(tensor.dtype), tensor.stride(), tensor.storage_offset(),
+                storage.nbytes(), shared)  # fmt: skip
+
+    return tuple(
+        (name, described(p), p.requires_grad, described(p.grad)) for name, p in model.named_parameters()
+    )
 
 
 class _Pause:

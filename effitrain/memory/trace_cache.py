@@ -27,8 +27,11 @@ from effitrain.util.atomic import write_atomic
 LIBRARIES = ("torch", "transformers", "accelerate", "bitsandbytes", "peft", "torchao", "lion-pytorch",
              "apollo-torch")  # fmt: skip
 
-# how a trace was had, per optimizer (estimate's rows, plan's --json)
-TRACED_ALONE, TRACED_SHARED, CACHED = "traced", "shared", "cached"
+# how a trace was had, per optimizer (estimate's rows, plan's --json): a full replay of its own; the
+# forward and backward shared with other optimizers, its step replayed; the same with its step's
+# figures reused from an earlier candidate's identical step (effitrain.memory.shared.StepReplays);
+# read from the disk cache
+TRACED_ALONE, TRACED_SHARED, STEP_REUSED, CACHED = "traced", "shared", "shared, step reused", "cached"
 
 
 def cache_folder() -> Path:
@@ -112,7 +115,7 @@ def write(key: dict, trace: Trace) -> None:
 
 
 def traces_of(config, optimizer_cfgs: dict, cfg, batches: list[dict], eval_shapes: dict | None,
-              device: str = "cpu", cache: bool = True, share: bool = True) -> tuple[dict, dict]:  # fmt: skip
+              device: str = "cpu", cache: bool = True, share: bool = True, steps=None) -> tuple[dict, dict]:  # fmt: skip
     """A :class:`Trace` per optimizer name, and how each was had (:data:`CACHED`, :data:`TRACED_SHARED`
     or :data:`TRACED_ALONE`). ``cache``: read and write the disk cache; ``share``: one replay of the
     forward and backward for every optimizer not cached (:func:`effitrain.memory.shared.trace_runs`),
@@ -131,8 +134,9 @@ def traces_of(config, optimizer_cfgs: dict, cfg, batches: list[dict], eval_shape
             traces[name], sources[name] = cached, CACHED
     missing = {name: node for name, node in optimizer_cfgs.items() if name not in traces}
     if share and missing:
-        traces.update(trace_runs(config, missing, cfg, batches, device, eval_shapes))
-        sources.update(dict.fromkeys(missing, TRACED_SHARED))
+        traces.update(trace_runs(config, missing, cfg, batches, device, eval_shapes, steps))
+        reused = steps.reused if steps is not None else set()
+        sources.update({name: STEP_REUSED if name in reused else TRACED_SHARED for name in missing})
     else:
         for name, node in missing.items():
             traces[name] = replay.trace_run(config, node, cfg, batches, device, eval_shapes)

@@ -8,7 +8,7 @@ import pytest
 from effitrain.commands.estimate import meta_model, replay_shapes
 from effitrain.config.registry import group_options, installed_optimizers
 from effitrain.memory.replay import trace_run
-from effitrain.memory.shared import trace_runs
+from effitrain.memory.shared import StepReplays, trace_runs
 from tests.helpers.run import compose
 
 OPTIMIZERS = installed_optimizers(group_options("optimizer"))
@@ -71,3 +71,26 @@ def test_the_step_s_own_peak_is_composed_where_it_exceeds_the_backward_s():
         later = full.phases["later_step"]
         # at the step's peak the activations are gone (freed by the backward): only the residue remains
         assert (later["activations"] < later["optimizer_state"]) == step_sets_peak, later
+
+
+@pytest.mark.slow
+def test_a_step_reused_across_micro_batches_precisions_and_checkpointing_is_the_full_trace():
+    """plan's candidates of one optimizer share its step (StepReplays): replayed for the first,
+    reused for every later candidate whose gradients match; each equals a full trace of its own."""
+    steps = StepReplays()
+    names = ["adamw", "adafactor", "apollo"]
+    for index, overrides in enumerate([
+        ["micro_batch_size=4"], ["micro_batch_size=2", "gradient_accumulation_steps=2"],
+        ["micro_batch_size=4", "precision=bf16"], ["micro_batch_size=1", "gradient_checkpointing=true"],
+    ]):  # fmt: skip
+        overrides = ["model=tiny", "max_length=32", *overrides]
+        cfg = compose(*overrides)
+        optimizers = {name: compose(*overrides, f"optimizer={name}").optimizer for name in names}
+        model = meta_model(cfg)
+        batches, evaluation = replay_shapes(cfg, model)
+        shared = trace_runs(model.config, optimizers, cfg, batches, "cpu", evaluation, steps)
+        assert steps.reused == (set(names) if index else set())
+        for name, optimizer_cfg in optimizers.items():
+            assert shared[name] == trace_run(model.config, optimizer_cfg, cfg, batches, "cpu", evaluation), (
+                name
+            )
