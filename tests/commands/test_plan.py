@@ -140,7 +140,7 @@ def test_the_search_traces_and_ranks_candidates_by_their_predicted_peaks(monkeyp
 
     asked = []
 
-    def known_peaks(cfg, optimizers, device, cache, share):
+    def known_peaks(cfg, optimizers, device, cache, share, steps=None):
         assert list(optimizers) == ["adamw"] and device == "cpu" and cfg.effective_batch_size == 8
         asked.append((cfg.micro_batch_size, cfg.gradient_checkpointing, share))
         assert cfg.micro_batch_size * cfg.gradient_accumulation_steps == 8  # derived as a run does
