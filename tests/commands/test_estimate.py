@@ -17,7 +17,7 @@ def test_estimate_traces_the_worst_case_step_and_an_evaluation_of_eval_batch_siz
 
     asked = []
 
-    def replay(config, optimizer_cfgs, cfg, batches, device, eval_shapes):
+    def replay(config, optimizer_cfgs, cfg, batches, device, eval_shapes, steps=None):
         asked.append((batches, device, eval_shapes))
         peak = dict.fromkeys(["weights", "gradients", "optimizer_state", "activations", "temporaries"], 0)
         peak["total"] = 1
