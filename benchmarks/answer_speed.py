@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -49,15 +50,24 @@ CASES = {
 HOW = ("trace_source", "confirmed_by_full_replay")
 
 
-def answer(args: list[str], cache_dir: str) -> tuple[float, dict]:
+def cpu_seconds() -> float:
+    """User and system time of the finished child processes: what a command cost the CPUs, which
+    other work on a shared machine inflates less than wall time."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return children.ru_utime + children.ru_stime
+
+
+def answer(args: list[str], cache_dir: str) -> tuple[float, float, dict]:
+    """Wall seconds, CPU seconds and the JSON answer of ``effitrain <args> --json``."""
     env = {**os.environ, "EFFITRAIN_CACHE_DIR": cache_dir}
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "effitrain.cli", *args, "--json"], capture_output=True,
-                          text=True, env=env)  # fmt: skip
-    seconds = time.perf_counter() - started
+    started, cpu = time.perf_counter(), cpu_seconds()
+    done = subprocess.run(
+        [sys.executable, "-m", "effitrain.cli", *args, "--json"], capture_output=True, text=True, env=env
+    )
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
-    return seconds, json.loads(done.stdout)
+    return seconds, cpu, json.loads(done.stdout)
 
 
 def figures(result: dict):
@@ -69,23 +79,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated of {', '.join(CASES)}")
     cases = parser.parse_args().cases.split(",")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     subprocess.run([sys.executable, "-m", "effitrain.cli", "estimate", "--help"], capture_output=True)
-    startup = time.perf_counter() - started
-    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; "
-          f"`effitrain estimate --help` (start-up, imports) {startup:.1f} s")  # fmt: skip
     print(
-        f"{'case':<12}{'today s':>9}{'shared s':>10}{'cached s':>10}{'today/shared':>14}{'today/cached':>14}"
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; "
+        f"`effitrain estimate --help` (start-up) {time.perf_counter() - started:.1f} s, {cpu_seconds() - cpu:.1f} s CPU"
     )
+    print("seconds: wall / CPU (user + system) of the command's process")
+    print(f"{'case':<12}{'today':>14}{'shared':>14}{'cached':>14}{'today/shared':>14}{'today/cached':>14}")
     for case in cases:
         with tempfile.TemporaryDirectory() as today_dir, tempfile.TemporaryDirectory() as cache_dir:
-            today, old = answer([*CASES[case], "--no-share", "--no-cache"], today_dir)
-            shared, new = answer(CASES[case], cache_dir)
-            cached, again = answer(CASES[case], cache_dir)
-        if not figures(old) == figures(new) == figures(again):
+            today = answer([*CASES[case], "--no-share", "--no-cache"], today_dir)
+            shared = answer(CASES[case], cache_dir)
+            cached = answer(CASES[case], cache_dir)
+        if not figures(today[2]) == figures(shared[2]) == figures(cached[2]):
             raise SystemExit(f"{case}: the shared or cached figures differ from today's")
-        print(f"{case:<12}{today:>9.1f}{shared:>10.1f}{cached:>10.1f}{today / shared:>14.1f}{today / cached:>14.1f}",
-              flush=True)  # fmt: skip
+        times = "".join(f"{f'{wall:.1f} / {cpu:.1f}':>14}" for wall, cpu, _ in (today, shared, cached))
+        ratios = "".join(f"{f'{today[0] / t[0]:.1f} / {today[1] / t[1]:.1f}':>14}" for t in (shared, cached))
+        print(f"{case:<12}{times}{ratios}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end; every case's figures equal today's to the byte")
 
 
