@@ -87,7 +87,8 @@ def _estimate(args) -> None:
         )
     }
     started = time.perf_counter()
-    rows = estimate_memory(cfg, optimizers, device=device, world_size=world_size)
+    rows = estimate_memory(cfg, optimizers, device=device, cache=not args.no_cache, share=not args.no_share,
+                           world_size=world_size or 1)  # fmt: skip
     took_s = time.perf_counter() - started
     if args.json:
         result = {"chosen": chosen, "device": device, "world_size": world_size, "estimate_s": took_s}
@@ -150,8 +151,8 @@ def _estimate(args) -> None:
             print(f"{name}: an upper bound of its run peak: {row['run_peak_bound']}")
     for name, error in refused.items():
         print(f"{name}: not predicted: {error}")
-    traced_s = ", ".join(f"{name} {row['trace_s']:.1f}" for name, row in rows.items())
-    print(f"\nthe estimate took {took_s:.1f} s (each optimizer's trace, s: {traced_s})")
+    sources = sorted({row["trace_source"] for row in rows.values()})
+    print(f"\nthe estimate took {took_s:.1f} s (traces: {', '.join(sources)}; --no-cache, --no-share)")
 
 
 def sharded_world_size(cfg, world_size: int | None) -> int | None:
@@ -202,7 +203,7 @@ def _check_optimizer_options(names: list[str]) -> None:
 def _plan(args) -> None:
     import json
 
-    from effitrain.commands.plan import parse_bytes, plan_adapters, plan_over_gpus, probe, weights_fit
+    from effitrain.commands.plan import parse_bytes, plan, plan_over_gpus, probe, weights_fit
     from effitrain.config.load import load
     from effitrain.memory import MIB
 
@@ -236,6 +237,7 @@ def _plan(args) -> None:
             f"--adapters={args.adapters!r} is invalid with --gpus={args.gpus}: adapters are planned on one "
             "device (an adapter under parallel=fsdp is not built)"
         )
+    traces = {"cache": not args.no_cache, "share": not args.no_share}
     if adapters:
         # an adapter whose weights alone are over budget is left out (a 4-bit base may fit where
         # the full one does not); none fitting is said as one of them
@@ -249,13 +251,13 @@ def _plan(args) -> None:
                 refused = error
         if not fitting:
             raise refused
-        rows = plan_adapters(args.overrides, budget, fitting, effective=args.effective_batch_size,
-                             optimizers=optimizers, device=device, margin=args.margin)  # fmt: skip
+        rows = plan(args.overrides, budget, args.effective_batch_size, optimizers, device=device,
+                    margin=args.margin, adapters=fitting, **traces)  # fmt: skip
     else:
         load(args.overrides, device=device, loads=False)
         rows = plan_over_gpus(
             args.overrides, budget, args.memory_budget, gpus, args.effective_batch_size, optimizers, device,
-            args.margin,
+            args.margin, **traces,
         )  # fmt: skip
     if not any(row["fits"] for row in rows):
         smallest = min(rows, key=lambda r: r["run_peak_bytes_predicted"])
@@ -310,6 +312,19 @@ def _plan(args) -> None:
     if len(shown) < len(rows):
         print(f"({len(rows) - len(shown)} more over budget; --json lists them)")
     print(f"effitrain plan: best: {rows[0]['command']}")
+
+
+def _trace_flags(parser) -> None:
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="trace again rather than read (and write) the traces kept in $EFFITRAIN_CACHE_DIR/traces",
+    )
+    parser.add_argument(
+        "--no-share",
+        action="store_true",
+        help="a full replay per optimizer, none of the forward and backward shared (as before: slower, same bytes)",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -376,14 +391,14 @@ def main(argv: list[str] | None = None) -> None:
         help="predict what this device holds, with its kernels (default: cuda where available, else cpu)",
     )
     estimate.add_argument(
-        "--optimizers",
-        help="comma-separated options of conf/optimizer to estimate (default: all; each is one trace)",
+        "--optimizers", help="comma-separated options of conf/optimizer to estimate (default: all)"
     )
     estimate.add_argument(
         "--world-size",
         type=int,
         help="with parallel=fsdp: predict one rank of this many processes (default 1)",
     )
+    _trace_flags(estimate)
     estimate.set_defaults(handler=_estimate)
     planning = commands.add_parser(
         "plan",
@@ -427,6 +442,7 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated numbers of GPUs, e.g. 1,8,64: above 1, FSDP over that many; the smallest "
         "that fits is proposed beside the single-device options (default: 1)",
     )
+    _trace_flags(planning)
     planning.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     planning.set_defaults(handler=_plan)
     args = parser.parse_args(argv)

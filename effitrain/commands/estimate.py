@@ -9,9 +9,6 @@ traced on fake tensors (:mod:`effitrain.memory.replay`).
 
 from __future__ import annotations
 
-import functools
-import time
-
 import torch
 
 from effitrain.memory.count import optimizer_params, params_footprint
@@ -21,7 +18,7 @@ from effitrain.memory.optimizer_state import estimate_optimizer_state, grads_est
 def meta_model(cfg):
     """``cfg``'s model built on ``meta`` by the run's builders, its adapter (``adapter=lora``...)
     applied: shapes, nothing allocated. A 4-bit base (``qlora``) is at full precision here: its
-    packed codes are counted by :func:`effitrain.memory.adapted.packed_4bit_bytes`."""
+    packed codes are counted by :func:`effitrain.memory.adapted.unpacked_4bit_bytes`."""
     from effitrain.train.adapters import apply_adapter
     from effitrain.train.modeling import build_model
     from effitrain.train.tasks import build_task
@@ -36,8 +33,26 @@ def meta_model(cfg):
         return apply_adapter(model, cfg.get("adapter"), task)
 
 
+def replay_shapes(cfg, model) -> tuple[list[dict], dict]:
+    """What :func:`estimate_memory` replays: ``gradient_accumulation_steps`` micro-batches of
+    ``micro_batch_size`` x ``max_length`` tokens (the worst case), and an eval batch of
+    ``eval_batch_size`` rows."""
+    from effitrain.train.tasks import build_task
+
+    tokens = (cfg.micro_batch_size, cfg.max_length)
+    batch = {
+        "input_ids": (tokens, torch.int64),
+        "attention_mask": (tokens, torch.int64),
+        "labels": (build_task(cfg).labels_shape(*tokens), torch.int64),
+    }
+    if getattr(model.config, "type_vocab_size", 0):  # BERT-like tokenizers return segment ids too
+        batch["token_type_ids"] = (tokens, torch.int64)
+    evaluation = {key: ((cfg.eval_batch_size, *shape[1:]), dtype) for key, (shape, dtype) in batch.items()}
+    return [batch] * cfg.gradient_accumulation_steps, evaluation
+
+
 def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu",
-                    world_size: int = 1) -> dict:  # fmt: skip
+                    cache: bool = False, share: bool = True, steps=None, world_size: int = 1) -> dict:  # fmt: skip
     """Memory of ``cfg``'s run before running it, in bytes, one row per optimizer.
 
     The static part (weights, gradients, optimizer state) comes from a ``meta`` model: nothing is
@@ -49,33 +64,32 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     ``optimizers`` maps names to optimizer config nodes (default: ``{"chosen": cfg.optimizer}``).
     ``device``: whose kernels the trace replays (``cpu`` or ``cuda``, see
     :func:`effitrain.memory.replay.trace_run`). Each row also holds the run's peak per phase (the
-    first step, a later step, evaluation at ``eval_batch_size``): ``run_peak`` and ``run_peak_bytes``.
-    With ``parallel=fsdp`` the step and run peaks are one rank's of ``world_size``
-    (:func:`effitrain.memory.sharded.trace_sharded`); ``trace_s``: the seconds each trace took.
+    first step, a later step, evaluation at ``eval_batch_size``): ``run_peak`` and ``run_peak_bytes``,
+    and ``trace_source``: how its trace was had (:func:`effitrain.memory.trace_cache.traces_of`, whose
+    ``cache``, ``share`` and ``steps`` these are). With ``parallel=fsdp`` the step and run peaks are
+    one rank's of ``world_size`` (:func:`effitrain.memory.sharded.trace_sharded`, a full replay per
+    optimizer, neither shared nor cached); an optimizer FSDP refuses has ``unsupported`` instead.
     """
     from effitrain.memory.adapted import unpacked_4bit_bytes
-    from effitrain.memory.replay import CATEGORIES, trace_run
-    from effitrain.memory.sharded import UnshardableOptimizer, trace_sharded
+    from effitrain.memory.replay import CATEGORIES
+    from effitrain.memory.trace_cache import traces_of
     from effitrain.train.optim import build_optimizer
-    from effitrain.train.tasks import build_task
 
-    replay = trace_run
-    if cfg.parallel.strategy == "fsdp":  # one rank's phases, the same arguments besides
-        replay = functools.partial(trace_sharded, world_size=world_size)
     model = meta_model(cfg)
-    task = build_task(cfg)
     weights_bytes = params_footprint(model).bytes - unpacked_4bit_bytes(model.config, cfg)
-    tokens = (cfg.micro_batch_size, cfg.max_length)
-    batch = {
-        "input_ids": (tokens, torch.int64),
-        "attention_mask": (tokens, torch.int64),
-        "labels": (task.labels_shape(*tokens), torch.int64),
-    }
-    if getattr(model.config, "type_vocab_size", 0):  # BERT-like tokenizers return segment ids too
-        batch["token_type_ids"] = (tokens, torch.int64)
-    evaluation = {key: ((cfg.eval_batch_size, *shape[1:]), dtype) for key, (shape, dtype) in batch.items()}
+    optimizers = optimizers or {"chosen": cfg.optimizer}
+    if step:
+        batches, evaluation = replay_shapes(cfg, model)
+        if cfg.parallel.strategy == "fsdp":
+            traces, sources = _sharded_traces(
+                model.config, optimizers, cfg, batches, evaluation, device, world_size
+            )
+        else:
+            traces, sources = traces_of(
+                model.config, optimizers, cfg, batches, evaluation, device, cache, share, steps
+            )
     rows = {}
-    for name, optimizer_cfg in (optimizers or {"chosen": cfg.optimizer}).items():
+    for name, optimizer_cfg in optimizers.items():
         optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
         grads, state = grads_estimate(optimizer), estimate_optimizer_state(optimizer)
         trainable = sum(p.numel() for p in optimizer_params(optimizer))
@@ -91,20 +105,11 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             "total_bytes": weights_bytes + grads.bytes + state.bytes if state else None,
         }
         if step:
-            started = time.perf_counter()
-            try:
-                trace = replay(
-                    model.config,
-                    optimizer_cfg,
-                    cfg,
-                    [batch] * cfg.gradient_accumulation_steps,
-                    device,
-                    evaluation,
-                )
-            except UnshardableOptimizer as error:  # the other optimizers' rows still stand
-                rows[name]["unsupported"] = str(error)
+            trace = traces[name]
+            if isinstance(trace, str):  # the reason FSDP refuses this optimizer: no figures
+                rows[name]["unsupported"] = trace
                 continue
-            rows[name]["trace_s"] = time.perf_counter() - started
+            rows[name]["trace_source"] = sources[name]
             peak = trace.step_peak(warm_up=True)
             rows[name]["step_peak_bytes"] = peak["total"]
             rows[name]["step_peak"] = {f"{c}_bytes": peak[c] for c in CATEGORIES}
@@ -115,3 +120,20 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             rows[name]["run_peak_bound"] = trace.bounds.get(trace.run_peak_phase)
             rows[name]["flops_per_step"] = trace.flops
     return rows
+
+
+def _sharded_traces(config, optimizers: dict, cfg, batches, evaluation, device: str, world_size: int):
+    """One FSDP rank's trace per optimizer (or the line saying why FSDP refuses it), each a full
+    replay of its own (:data:`effitrain.memory.trace_cache.TRACED_ALONE`)."""
+    from effitrain.memory.sharded import UnshardableOptimizer, trace_sharded
+    from effitrain.memory.trace_cache import TRACED_ALONE
+
+    traces = {}
+    for name, optimizer_cfg in optimizers.items():
+        try:
+            traces[name] = trace_sharded(
+                config, optimizer_cfg, cfg, batches, device, evaluation, world_size=world_size
+            )
+        except UnshardableOptimizer as error:  # the other optimizers' rows still stand
+            traces[name] = str(error)
+    return traces, dict.fromkeys(optimizers, TRACED_ALONE)

@@ -13,7 +13,7 @@ FLOPs), then half precision before fp32 on CUDA (its tensor cores), then the opt
 conf/optimizer. ``--probe-steps K`` runs K real steps of the top three and ranks them by measured
 step time instead.
 
-``--adapters none,lora,qlora`` plans each adapter too (:func:`plan_adapters`); without it, the
+``--adapters none,lora,qlora`` plans each adapter too (one more axis); without it, the
 config's own adapter only: an adapter changes what is trained, a choice of quality the user makes,
 not a knob for speed. The adapter ranks first, in the order given: list full fine-tuning (``none``)
 first and it is the best whenever it fits; an adapter is picked for memory, not quality.
@@ -22,7 +22,6 @@ first and it is the best whenever it fits; an adapter is picked for memory, not 
 from __future__ import annotations
 
 import re
-import sys
 
 from effitrain.config.errors import ConfigError
 from effitrain.config.load import apply_effective_batch_size
@@ -75,8 +74,8 @@ def weights_fit(cfg, budget: int, budget_text: str, margin: float = DEFAULT_MARG
 
 
 def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None,
-         checkpointing=(False, True), device: str = "cpu", margin: float = DEFAULT_MARGIN,
-         gpus: int = 1):  # fmt: skip
+         checkpointing=(False, True), device: str = "cpu", margin: float = DEFAULT_MARGIN, cache: bool = False,
+         share: bool = True, gpus: int = 1, adapters: list[str] | None = None):  # fmt: skip
     """Every traced candidate (dicts with the keys below), best first; those over budget last.
 
     A candidate fits when its run's peak (the largest of its first step, a later step and
@@ -87,10 +86,20 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     ``checkpointing``: the gradient checkpointing settings to try. With it on, only micro batches
     larger than the largest that fits without it are tried: recomputation only pays where it
     saves accumulation steps.
+
+    Candidates that differ only in the optimizer share one replay of their forward and backward
+    (``share``), and traces come from the disk cache where kept (``cache``): each row's
+    ``trace_source`` says how (:mod:`effitrain.memory.trace_cache`). The best candidate is then
+    replayed in full, alone and uncached, and must give the same bytes (``confirmed_by_full_replay``).
     """
+    from itertools import product
+
+    from tqdm.auto import tqdm
+
     from effitrain.commands.estimate import estimate_memory
     from effitrain.config.compose import compose
     from effitrain.config.overrides import names, parse
+    from effitrain.memory.shared import StepReplays
 
     base = compose(overrides)
     usable = budget * (1 - margin)
@@ -113,78 +122,142 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     cuda = device == "cuda"
     precisions = precisions or (["bf16", "fp16", "fp32"] if cuda else ["fp32", "bf16"])
     launcher = f"torchrun --nproc_per_node {gpus} train.py " if gpus > 1 else "python train.py "
+    # the axes a forward and backward depend on, each searched over; the optimizer shares them
+    axes = {"adapter": adapters} if adapters else {}
+    axes["precision"] = precisions
     rows = []
+    sizes = micro_batches(effective // gpus)
 
-    def trace(optimizer, precision, recompute, micro) -> dict:
-        accumulation = effective // (micro * gpus)
-        choice = [f"optimizer={optimizer}", f"precision={precision}", f"effective_batch_size={effective}",
-                  f"gradient_accumulation_steps={accumulation}"]  # fmt: skip
+    def accumulation(micro: int) -> int:  # the rest of the effective batch, over every process
+        return effective // (micro * gpus)
+
+    progress = tqdm(total=len(list(product(*axes.values()))) * len(optimizers) * len(checkpointing) * len(sizes),
+                    desc="effitrain plan", unit="candidate", dynamic_ncols=True, disable=False)  # fmt: skip
+    # traced: a replay of its own or shared by optimizers; derived: its optimizer step's figures from an
+    # earlier candidate's identical step; cached: from the disk; skipped: cannot fit or rank higher
+    counts = dict.fromkeys(("traced", "derived", "cached", "skipped"), 0)
+    counted = {"cached": "cached", "shared, step reused": "derived"}
+    steps = StepReplays()  # each optimizer's step, replayed once for every candidate it fits
+
+    def choice_of(setting, optimizer, recompute, micro) -> list[str]:
+        choice = [f"optimizer={optimizer}", *(f"{axis}={value}" for axis, value in setting.items()),
+                  f"effective_batch_size={effective}", f"gradient_accumulation_steps={accumulation(micro)}"]  # fmt: skip
         if recompute and not chosen:
             choice.append("gradient_checkpointing=true")
-        cfg = compose(list(overrides) + choice)
-        # micro_batch_size from the effective batch, as a run of that many processes derives it
-        apply_effective_batch_size(cfg, gpus)
-        sharded = {"world_size": gpus} if gpus > 1 else {}  # one device: the call as it always was
-        [row] = estimate_memory(cfg, {optimizer: cfg.optimizer}, device=device, **sharded).values()
-        if "unsupported" in row:  # an optimizer FSDP's sharded parameters refuse: no candidate
-            print(f"effitrain plan: {row['unsupported']}", file=sys.stderr, flush=True)
-            return {"fits": False, "gradient_accumulation_steps": accumulation}
-        fits = row["run_peak_bytes"] <= usable
-        rows.append({
-            "optimizer": optimizer, "precision": precision, "micro_batch_size": micro,
-            "gradient_accumulation_steps": accumulation, "gradient_checkpointing": recompute,
-            "step_peak_bytes_predicted": row["step_peak_bytes"],
-            "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
-            "fits": fits, "gpus": gpus, "command": launcher + " ".join(list(overrides) + choice),
-        })  # fmt: skip
-        print(f"effitrain plan: {len(rows)} traced: {optimizer} {precision} micro {micro} x {accumulation}"
-              f"{' recompute' if recompute else ''}: {row['run_peak_bytes'] / 2**20:.1f} MiB, "
-              f"{'fits' if fits else 'over'}", file=sys.stderr, flush=True)  # fmt: skip
-        return rows[-1]
+        return choice
 
-    for precision in precisions:
-        for optimizer in optimizers:
-            fewest = None  # accumulation steps of the best fit without checkpointing
-            for recompute in checkpointing:
-                sizes = [m for m in micro_batches(effective // gpus)
-                         if not (recompute and fewest is not None and effective // m >= fewest)]  # fmt: skip
-                best = None  # the largest micro batch that fits
-                for index, micro in enumerate(sizes):
-                    row = trace(optimizer, precision, recompute, micro)
-                    if row["fits"]:  # smaller micro batches fit too, and rank lower: no need to trace them
-                        best = row
+    def trace(setting, names_, recompute, micro) -> dict:
+        """The candidates of ``names_`` (optimizers) at this setting, micro batch and checkpointing:
+        one shared replay (or the cache)."""
+        cfgs = {
+            name: compose(list(overrides) + choice_of(setting, name, recompute, micro)) for name in names_
+        }
+        for cfg in cfgs.values():
+            # micro_batch_size from the effective batch, as a run of that many processes derives it
+            apply_effective_batch_size(cfg, gpus)
+        first = next(iter(cfgs.values()))
+        found = estimate_memory(first, {name: cfg.optimizer for name, cfg in cfgs.items()}, device=device,
+                                cache=cache, share=share, steps=steps, world_size=gpus)  # fmt: skip
+        traced = {}
+        for name, row in found.items():
+            if "unsupported" in row:  # an optimizer FSDP's sharded parameters refuse: no candidate
+                progress.write(f"effitrain plan: {row['unsupported']}")
+                traced[name] = {"fits": False, "gradient_accumulation_steps": accumulation(micro)}
+                continue
+            fits = row["run_peak_bytes"] <= usable
+            rows.append({
+                **setting, "optimizer": name, "micro_batch_size": micro,
+                "gradient_accumulation_steps": accumulation(micro), "gradient_checkpointing": recompute,
+                "step_peak_bytes_predicted": row["step_peak_bytes"],
+                "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
+                "fits": fits, "gpus": gpus, "trace_source": row.get("trace_source"),
+                "command": launcher + " ".join(list(overrides) + choice_of(setting, name, recompute, micro)),
+            })  # fmt: skip
+            traced[name] = rows[-1]
+            counts[counted.get(row.get("trace_source"), "traced")] += 1
+        progress.set_postfix(counts, refresh=False)
+        progress.update(len(found))
+        return traced
+
+    def search():
+        """One optimizer's search at one setting: yields (recompute, micro) to trace, is sent its row."""
+        fewest = None  # accumulation steps of the best fit without checkpointing
+        for recompute in checkpointing:
+            tried = [m for m in sizes
+                     if not (recompute and fewest is not None and accumulation(m) >= fewest)]  # fmt: skip
+            best = None  # the largest micro batch that fits
+            for index, micro in enumerate(tried):
+                row = yield recompute, micro
+                if row["fits"]:  # smaller micro batches fit too, and rank lower: no need to trace them
+                    best = row
+                    break
+                if index == 0 and len(tried) > 2:
+                    # memory grows with the micro batch: when the smallest is over budget too,
+                    # none in between fits, and tracing them would only take time
+                    best = yield recompute, tried.pop()
+                    if not best["fits"]:
+                        best = None
                         break
-                    if index == 0 and len(sizes) > 2:
-                        # memory grows with the micro batch: when the smallest is over budget too,
-                        # none in between fits, and tracing them would only take time
-                        best = trace(optimizer, precision, recompute, sizes.pop())
-                        if not best["fits"]:
-                            best = None
-                            break
-                if best is not None and not recompute:
-                    fewest = best["gradient_accumulation_steps"]
+            if best is not None and not recompute:
+                fewest = best["gradient_accumulation_steps"]
+
+    try:
+        for values in product(*axes.values()):
+            setting = dict(zip(axes, values))
+            searches = {name: search() for name in optimizers}
+            asked = {name: next(searches[name]) for name in optimizers}
+            done = dict.fromkeys(optimizers, 0)
+            while asked:  # the optimizers asking for the same candidate are traced together
+                wanted = next(iter(asked.values()))
+                together = [name for name, request in asked.items() if request == wanted]
+                for name, row in trace(setting, together, *wanted).items():
+                    done[name] += 1
+                    try:
+                        asked[name] = searches[name].send(row)
+                    except StopIteration:
+                        del asked[name]
+                        counts["skipped"] += len(checkpointing) * len(sizes) - done[name]
+                        progress.set_postfix(counts, refresh=False)
+                        progress.update(len(checkpointing) * len(sizes) - done[name])
+    finally:
+        progress.close()
     half_first = {"bf16": 0, "fp16": 0, "fp32": 1} if cuda else {"fp32": 0, "bf16": 1, "fp16": 1}
-    rows.sort(key=lambda r: (not r["fits"], r["gradient_accumulation_steps"], r["gradient_checkpointing"],
-                             half_first[r["precision"]], optimizers.index(r["optimizer"])))  # fmt: skip
+    # an adapter ranks first, in the order given: it is picked for memory, not speed (module docstring)
+    adapter_rank = adapters.index if adapters else lambda adapter: 0
+    rows.sort(key=lambda r: (not r["fits"], adapter_rank(r.get("adapter")), r["gradient_accumulation_steps"],
+                             r["gradient_checkpointing"], half_first[r["precision"]],
+                             optimizers.index(r["optimizer"])))  # fmt: skip
+    if rows:
+        confirm(rows[0], device)
     return rows
 
 
-def plan_adapters(overrides: list[str], budget: int, adapters: list[str], **kwargs) -> list[dict]:
-    """:func:`plan` for each of ``adapters`` (options of conf/adapter), its rows tagged ``adapter``
-    and ranked by it, in the order given, after whether they fit: full fine-tuning listed first is the
-    best whenever it fits, however much accumulation it needs, since an adapter trains fewer weights
-    and is picked for memory, not quality. Within an adapter, :func:`plan`'s own order. An
-    ``adapter=`` among ``overrides`` gives way to each of ``adapters``; ``adapter.*`` keys apply to all."""
-    from effitrain.config.overrides import parse
+def confirm(row: dict, device: str) -> None:
+    """Replay ``row``'s candidate in full, alone and uncached (as before traces were shared), and
+    mark it ``confirmed_by_full_replay``.
 
-    own = [o.input_line for o in parse(overrides) if o.key_or_group != "adapter"]
-    rows = [
-        {"adapter": adapter, **row}
-        for adapter in adapters
-        for row in plan([*own, f"adapter={adapter}"], budget, **kwargs)
-    ]
-    # a stable sort: plan's own order within each adapter
-    return sorted(rows, key=lambda r: (not r["fits"], adapters.index(r["adapter"])))
+    Raises:
+        RuntimeError: the full replay's bytes differ from the plan's: a fault of the shared replay.
+    """
+    from effitrain.commands.estimate import estimate_memory
+    from effitrain.config.compose import compose
+    from effitrain.memory.trace_cache import TRACED_ALONE
+
+    if row["trace_source"] == TRACED_ALONE:  # its figures are a full replay of its own already
+        row["confirmed_by_full_replay"] = True
+        return
+    cfg = compose(row["command"].split()[2:])
+    apply_effective_batch_size(cfg)
+    [full] = estimate_memory(
+        cfg, {row["optimizer"]: cfg.optimizer}, device=device, cache=False, share=False
+    ).values()
+    found = (full["step_peak_bytes"], full["run_peak_bytes"], full["run_peak"])
+    planned = (row["step_peak_bytes_predicted"], row["run_peak_bytes_predicted"], row["run_peak_predicted"])
+    if found != planned:
+        raise RuntimeError(
+            f"the full replay of the plan's best ({row['command']}) gives {found}, the plan {planned}"
+        )
+    row["confirmed_by_full_replay"] = True
 
 
 def probe(rows: list[dict], overrides: list[str], steps: int, top: int = 3) -> list[dict]:
@@ -209,7 +282,8 @@ def plan_over_gpus(overrides: list[str], budget: int, budget_text: str, gpus: li
     """:func:`plan` for each number of GPUs in ``gpus``, fewest first: one device unsharded (when 1
     is among them), then FSDP over each larger number until one fits: the smallest that does is
     proposed beside the single-device options, and larger ones are not traced. Candidates that fit
-    come first, on fewer GPUs first. ``search``: :func:`plan`'s ``precisions`` and ``checkpointing``.
+    come first, on fewer GPUs first. ``search``: :func:`plan`'s ``precisions``, ``checkpointing``,
+    ``cache`` and ``share``.
 
     Raises:
         ConfigError: a number of GPUs below 1 or that does not divide the effective batch; the

@@ -250,17 +250,123 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     keeps no state, and their state is added from the analytic estimate at every moment of every
     phase (the first step's peak is then an upper bound).
     """
+    analytic_state = counted_state(config, optimizer_cfg, cfg)
+    with replayed(config, cfg, batches, device, eval_shapes) as replay:
+        optimizer = replay.optimizer(optimizer_cfg)
+        for phase in ("first_step", "later_step"):  # reset_mod_stats per micro-batch, as StepMemory.saw
+            replay.tracked(
+                phase,
+                lambda tracker: replay.step(optimizer, lambda batch: tracker.reset_mod_stats()),
+                optimizer,
+            )
+        if replay.evaluation is not None:
+            replay.tracked("eval", replay.evaluate, optimizer)
+    return completed(Trace(replay.phases, replay.flops, replay.bounds), analytic_state, config, cfg)
+
+
+def completed(trace: Trace, analytic_state: int, config, cfg) -> Trace:
+    """``trace`` with what its replay cannot hold added to every phase: the state of an optimizer
+    counted, not replayed (``analytic_state``: :func:`counted_state`), and a 4-bit base's packed
+    weights in place of the full ones it was traced with
+    (:func:`effitrain.memory.adapted.counted_4bit`); each with the bound it makes."""
+    from effitrain.memory.adapted import counted_4bit
+
+    for peak in trace.phases.values():
+        peak["optimizer_state"] += analytic_state
+        peak["total"] += analytic_state
+    if quantized := counted_4bit(trace.phases, config, cfg):
+        for phase in trace.phases:  # a bound already said (a counted optimizer state) is kept
+            trace.bounds.setdefault(phase, quantized)
+    if analytic_state:
+        trace.bounds["first_step"] = BOUND_COUNTED_STATE
+    return trace
+
+
+def counted_state(config, optimizer_cfg, cfg) -> int:
+    """The analytic state bytes of an optimizer fake tensors cannot run (0 for one they can, whose
+    caches are then filled for real: :func:`_caches_filled_for_real`).
+
+    Raises:
+        ConfigError: neither replayed nor counted: a prediction without its state would be too low.
+    """
+    import transformers
+
+    from effitrain.memory import estimate_optimizer_state
+    from effitrain.memory.adapted import meta_model
+    from effitrain.train.optim import build_optimizer
+    from effitrain.train.tasks import build_task
+
+    if _runs_on_fake(optimizer_cfg):
+        _caches_filled_for_real(optimizer_cfg, cfg.weight_decay)
+        return 0
+    task = build_task(cfg)
+    shapes_only = meta_model(getattr(transformers, task.auto_class), config, cfg, task)
+    state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
+    if state is None:
+        raise ConfigError(
+            f"optimizer._target_={str(optimizer_cfg.get('_target_'))!r} is invalid: with these settings "
+            "its state can be neither replayed on fake tensors nor counted by effitrain's estimate"
+        )
+    return state.bytes
+
+
+@dataclasses.dataclass
+class Replay:
+    """A model on fake tensors, ready to replay a run's phases (:func:`replayed`): what a full trace
+    (:func:`trace_run`) and a shared one (:mod:`effitrain.memory.shared`) both run."""
+
+    model: torch.nn.Module
+    step: object  # step(optimizer, before_forward=None): window_step over the recorded micro-batches
+    evaluate: object  # evaluate(tracker): the eval phase's forward
+    evaluation: dict | None  # the eval batch (None: no eval phase)
+    flops: int  # of one step, counted before checkpointing is enabled
+    cuda: bool
+    weight_decay: float
+    assumed: list = dataclasses.field(default_factory=list)  # dtypes of the values assumed in a phase
+    phases: dict = dataclasses.field(default_factory=dict)
+    bounds: dict = dataclasses.field(default_factory=dict)
+
+    def optimizer(self, optimizer_cfg):
+        """The optimizer the replay steps: the configured one where fake tensors can run it, else a
+        stateless SGD (its state is counted: :func:`counted_state`)."""
+        from effitrain.memory.cuda import foreach_by_default
+        from effitrain.train.optim import build_optimizer
+
+        if _runs_on_fake(optimizer_cfg):
+            optimizer = build_optimizer(optimizer_cfg, self.model, self.weight_decay)
+            optimizer.step = _with_values_assumed(optimizer.step, self.assumed)
+        else:
+            optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        if self.cuda:
+            foreach_by_default(optimizer)
+        return optimizer
+
+    def tracked(self, phase: str, run, *external) -> None:
+        """``run(tracker)`` under a fresh step tracker that knows the model and ``external``; its peak
+        by category becomes ``phase``'s."""
+        tracker = step_tracker()
+        tracker.track_external(self.model, *external)
+        self.assumed.clear()
+        with tracker:
+            run(tracker)
+        self.phases[phase] = breakdown(tracker.get_tracker_snapshot("peak"))
+        if torch.bool in self.assumed:  # a branch was chosen; a number assumed (a seed) sizes nothing
+            self.bounds[phase] = BOUND_ASSUMED_BRANCH
+
+
+@contextlib.contextmanager
+def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes: dict | None = None):
+    """A :class:`Replay` of ``cfg``'s model under fake tensors and ``device``'s kernels, its FLOPs
+    counted and checkpointing enabled as ``cfg`` says (see :func:`trace_run`)."""
     import warnings
 
     import transformers
     from torch.utils.flop_counter import FlopCounterMode
 
     from effitrain.config.schema import DEVICES
-    from effitrain.memory import estimate_optimizer_state
-    from effitrain.memory.adapted import counted_4bit, meta_model, replay_model
-    from effitrain.memory.cuda import autocast_like, cuda_kernels, foreach_by_default
+    from effitrain.memory.adapted import replay_model
+    from effitrain.memory.cuda import autocast_like, cuda_kernels
     from effitrain.train.modeling import enable_activation_checkpointing
-    from effitrain.train.optim import build_optimizer
     from effitrain.train.step import StepMeter, StepOps, window_step
     from effitrain.train.tasks import build_task
 
@@ -272,19 +378,6 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     config = copy.deepcopy(config)  # checkpointing switches its use_cache off: not the caller's
 
     warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
-    analytic_state = 0
-    if not _runs_on_fake(optimizer_cfg):
-        shapes_only = meta_model(auto, config, cfg, task)
-        state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
-        if state is None:  # neither replayed nor counted: a prediction without it would be too low
-            raise ConfigError(
-                f"optimizer._target_={str(optimizer_cfg.get('_target_'))!r} is invalid: with these settings "
-                "its state can be neither replayed on fake tensors nor counted by effitrain's estimate"
-            )
-        analytic_state = state.bytes
-    else:
-        _caches_filled_for_real(optimizer_cfg, cfg.weight_decay)
-    phases, bounds = {}, {}
     with fake_tensor_mode(), torch.compiler.set_stance("force_eager"):
         model = replay_model(auto, config, cfg, task)
         attention = attention_implementation(model.config)
@@ -303,14 +396,6 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
             autocast = autocast_like(device, dtype)
             model.forward = MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
 
-        assumed: list[torch.dtype] = []  # the values assumed in the phase being traced
-        if _runs_on_fake(optimizer_cfg):
-            optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
-            optimizer.step = _with_values_assumed(optimizer.step, assumed)
-        else:
-            optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-        if cuda:
-            foreach_by_default(optimizer)
         meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
         window = [fake_batch(shapes) for shapes in batches]
@@ -330,16 +415,6 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
 
         def step(optimizer, before_forward=None):
             return window_step(task, model, optimizer, window, items, meter, ops, before_forward)
-
-        def tracked(phase, run):
-            tracker = step_tracker()
-            tracker.track_external(model, optimizer)
-            assumed.clear()
-            with tracker:
-                run(tracker)
-            phases[phase] = breakdown(tracker.get_tracker_snapshot("peak"))
-            if torch.bool in assumed:  # a branch was chosen; a number assumed (a seed) sizes nothing
-                bounds[phase] = BOUND_ASSUMED_BRANCH
 
         def evaluate(tracker):
             model.eval()
@@ -366,19 +441,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
                         "(no transformers _gradient_checkpointing_func): gradient checkpointing with "
                         f"precision={cfg.precision.mixed_precision} is not modeled"
                     )
-            for phase in ("first_step", "later_step"):  # reset_mod_stats per micro-batch, as StepMemory.saw
-                tracked(phase, lambda tracker: step(optimizer, lambda batch: tracker.reset_mod_stats()))
-            if evaluation is not None:
-                tracked("eval", evaluate)
-    for peak in phases.values():
-        peak["optimizer_state"] += analytic_state
-        peak["total"] += analytic_state
-    if quantized := counted_4bit(phases, config, cfg):
-        for phase in phases:  # a bound already said (a counted optimizer state) is kept
-            bounds.setdefault(phase, quantized)
-    if analytic_state:
-        bounds["first_step"] = BOUND_COUNTED_STATE
-    return Trace(phases, flops.get_total_flops(), bounds)
+            yield Replay(model, step, evaluate, evaluation, flops.get_total_flops(), cuda, cfg.weight_decay)
 
 
 @contextlib.contextmanager

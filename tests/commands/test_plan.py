@@ -3,6 +3,7 @@ step (equal to a hand count) over the step time and the device peak."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from effitrain.commands.estimate import estimate_memory
-from effitrain.commands.plan import parse_bytes, plan, plan_adapters, probe
+from effitrain.commands.plan import parse_bytes, plan, probe
 from effitrain.config.errors import ConfigError
 from tests.helpers.run import REPO, compose, run_job
 
@@ -91,9 +92,12 @@ def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 2
-    # the progress lines (one per traced candidate), then the one error line
+    # the progress bar (candidates traced, cached, skipped), then the one error line
     *progress, line = done.stderr.strip().splitlines()
-    assert progress and all(" traced: adafactor " in p for p in progress)
+    bar = [p for p in progress if p.startswith("effitrain plan: ")]  # libraries may warn before it
+    # fp32 and bf16, with and without checkpointing, micro batches 2 and 1: all 8 over, none skipped
+    counts = re.search(r"traced=(\d+), derived=(\d+), cached=(\d+), skipped=0]$", bar[-1]).groups()
+    assert "| 8/8 [" in bar[-1] and sum(map(int, counts)) == 8
     assert line.startswith(
         "effitrain: error: --memory-budget='5MiB': nothing fits; the smallest predicted run peak is"
     )
@@ -110,10 +114,11 @@ def test_a_budget_nothing_fits_traces_the_largest_and_the_smallest_micro_batch_o
         ("adafactor", 1, False),
         ("adamw", 1, False),
     ]  # fmt: skip (ranked: fewer accumulation steps first)
-    progress = capsys.readouterr().err.strip().splitlines()
-    assert [line.split(":")[1].strip() for line in progress] == [f"{i} traced" for i in range(1, 5)]
-    assert progress[0].startswith("effitrain plan: 1 traced: adafactor fp32 micro 16 x 1: ")
-    assert progress[0].endswith(f"{rows[0]['run_peak_bytes_predicted'] / 2**20:.1f} MiB, over")
+    # both optimizers' candidates from one replay each micro batch, their steps replayed at 16 and
+    # reused at 1 (the same gradients); 8, 4 and 2 of each skipped
+    assert [r["trace_source"] for r in rows] == ["shared"] * 2 + ["shared, step reused"] * 2
+    progress = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "| 10/10 [" in progress and progress.endswith("traced=2, derived=2, cached=0, skipped=6]")
 
 
 @pytest.mark.parametrize(
@@ -133,8 +138,16 @@ def test_the_search_traces_and_ranks_candidates_by_their_predicted_peaks(monkeyp
     tried only where it saves accumulation steps, fits ranked by fewer steps first."""
     import effitrain.commands.estimate
 
-    def known_peaks(cfg, optimizers, device):
-        assert list(optimizers) == ["adamw"] and device == "cpu" and cfg.effective_batch_size == 8
+    asked = []
+
+    def known_peaks(cfg, optimizers, device, cache, share, steps=None, world_size=1):
+        assert (
+            list(optimizers) == ["adamw"]
+            and device == "cpu"
+            and cfg.effective_batch_size == 8
+            and world_size == 1
+        )
+        asked.append((cfg.micro_batch_size, cfg.gradient_checkpointing, share))
         assert cfg.micro_batch_size * cfg.gradient_accumulation_steps == 8  # derived as a run does
         peak = 1000 + 100 * cfg.micro_batch_size // (4 if cfg.gradient_checkpointing else 1)
         return {"adamw": {"step_peak_bytes": peak, "run_peak_bytes": peak, "run_peak": "later_step"}}
@@ -147,8 +160,12 @@ def test_the_search_traces_and_ranks_candidates_by_their_predicted_peaks(monkeyp
     assert rows[0]["command"].endswith(
         "fp32 effective_batch_size=8 gradient_accumulation_steps=1 gradient_checkpointing=true"
     )
-    progress = capsys.readouterr().err.strip().splitlines()
-    assert [line.split(" traced: adamw fp32 ")[1].split(":")[0] for line in progress] == traced
+    # the search, then the best replayed in full, unshared
+    best = (rows[0]["micro_batch_size"], rows[0]["gradient_checkpointing"], False)
+    assert [f"micro {m} x {8 // m}{' recompute' if c else ''}" for m, c, _ in asked[:-1]] == traced
+    assert asked[-1] == best
+    assert [share for *_, share in asked] == [True] * len(traced) + [False]
+    assert rows[0]["confirmed_by_full_replay"]
 
 
 @pytest.mark.parametrize("budget", ["0", "1MiB"])
@@ -263,7 +280,7 @@ def test_on_cuda_half_precision_ranks_before_fp32_at_equal_steps(monkeypatch):
 
     devices = []
 
-    def known_peaks(cfg, optimizers, device):
+    def known_peaks(cfg, optimizers, device, **how):
         devices.append(device)
         return {name: {"step_peak_bytes": 100, "run_peak_bytes": 100, "run_peak": {}} for name in optimizers}
 
@@ -338,8 +355,8 @@ def test_full_fine_tuning_ranks_first_where_it_fits_and_an_adapter_where_only_it
     assert full[4] > full[2] > full[1] > lora
 
     def best(budget: int) -> dict:
-        rows = plan_adapters(BASE, budget, ["none", "lora"], effective=4, optimizers=["adamw"],
-                             precisions=["fp32"], checkpointing=[False], margin=0.0)  # fmt: skip
+        rows = plan(BASE, budget, effective=4, optimizers=["adamw"], adapters=["none", "lora"],
+                    precisions=["fp32"], checkpointing=[False], margin=0.0)  # fmt: skip
         return rows[0]
 
     for budget, expected in [
@@ -350,3 +367,30 @@ def test_full_fine_tuning_ranks_first_where_it_fits_and_an_adapter_where_only_it
         row = best(budget)
         assert (row["adapter"], row["micro_batch_size"], row["run_peak_bytes_predicted"]) == expected
         assert row["fits"] and f"adapter={expected[0]}" in row["command"].split()
+
+
+def test_the_best_candidate_is_confirmed_by_a_full_replay_and_a_shared_fault_is_caught(monkeypatch):
+    """Every candidate from the shared replay, the best one again from a full trace of its own:
+    equal here; a shared replay that found one byte less is refused."""
+    base = ["model=tiny", "data=synthetic", "max_length=16", "eval_batch_size=2"]
+    rows = plan(
+        base, 2**40, effective=2, optimizers=["adamw", "lion"], precisions=["fp32"], checkpointing=[False]
+    )
+    assert [(r["optimizer"], r["micro_batch_size"], r["trace_source"]) for r in rows] == [
+        ("adamw", 2, "shared"), ("lion", 2, "shared")
+    ]  # fmt: skip
+    assert rows[0]["confirmed_by_full_replay"] and "confirmed_by_full_replay" not in rows[1]
+    import effitrain.memory.shared
+
+    shared = effitrain.memory.shared.trace_runs
+
+    def one_byte_less(*args):
+        traces = shared(*args)
+        for trace in traces.values():
+            trace.phases["later_step"]["temporaries"] -= 1
+            trace.phases["later_step"]["total"] -= 1
+        return traces
+
+    monkeypatch.setattr(effitrain.memory.shared, "trace_runs", one_byte_less)
+    with pytest.raises(RuntimeError, match="the full replay of the plan's best"):
+        plan(base, 2**40, effective=2, optimizers=["adamw"], precisions=["fp32"], checkpointing=[False])

@@ -1,0 +1,104 @@
+"""How long ``effitrain estimate`` and ``plan`` take to answer: today's path (a full replay per
+optimizer and candidate, ``--no-share --no-cache``) against the shared replay, first call (empty
+cache) and second call (cached), side by side in one run, each command in a process of its own.
+
+    python benchmarks/answer_speed.py                      # every case
+    python benchmarks/answer_speed.py --cases estimate     # one
+
+Each case's answers are compared: the shared and cached figures must be today's, byte for byte. The
+machine's load average is printed beside the times: on a shared machine the seconds are inflated,
+the ratios less so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+DISTILBERT = ["model=distilbert_base_cased", "max_length=128"]
+LLAMA_7B = [  # Llama-2-7B's shape, randomly initialized from its config: nothing is downloaded
+    "task=causal_lm", "model=llama_small", "model.architecture.vocab_size=32000",
+    "model.architecture.hidden_size=4096", "model.architecture.intermediate_size=11008",
+    "model.architecture.num_hidden_layers=32", "model.architecture.num_attention_heads=32",
+    "model.architecture.num_key_value_heads=32", "model.architecture.max_position_embeddings=4096",
+    "precision=bf16", "micro_batch_size=1", "max_length=2048", "eval_batch_size=1",
+]  # fmt: skip
+CASES = {
+    "estimate": ["estimate", "--device", "cuda", *DISTILBERT],
+    "plan": [
+        "plan",
+        "--memory-budget",
+        "1GiB",
+        "--effective-batch-size",
+        "16",
+        "--device",
+        "cuda",
+        "--optimizers",
+        "adafactor,adam8bit,adamw,adamw_fused",
+        *DISTILBERT,
+    ],  # fmt: skip
+    "readme_plan": ["plan", "--memory-budget", "64MiB", "model=tiny", "data=synthetic"],
+    "llama_7b": ["estimate", "--device", "cuda", *LLAMA_7B],
+}
+# what is compared between the paths (how a figure was had differs by design)
+HOW = ("trace_source", "confirmed_by_full_replay")
+
+
+def cpu_seconds() -> float:
+    """User and system time of the finished child processes: what a command cost the CPUs, which
+    other work on a shared machine inflates less than wall time."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return children.ru_utime + children.ru_stime
+
+
+def answer(args: list[str], cache_dir: str) -> tuple[float, float, dict]:
+    """Wall seconds, CPU seconds and the JSON answer of ``effitrain <args> --json``."""
+    env = {**os.environ, "EFFITRAIN_CACHE_DIR": cache_dir}
+    started, cpu = time.perf_counter(), cpu_seconds()
+    done = subprocess.run(
+        [sys.executable, "-m", "effitrain.cli", *args, "--json"], capture_output=True, text=True, env=env
+    )
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    return seconds, cpu, json.loads(done.stdout)
+
+
+def figures(result: dict):
+    rows = result.get("candidates") or list(result["optimizers"].values())
+    return [{k: v for k, v in row.items() if k not in HOW} for row in rows]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated of {', '.join(CASES)}")
+    cases = parser.parse_args().cases.split(",")
+    started, cpu = time.perf_counter(), cpu_seconds()
+    subprocess.run([sys.executable, "-m", "effitrain.cli", "estimate", "--help"], capture_output=True)
+    print(
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; "
+        f"`effitrain estimate --help` (start-up) {time.perf_counter() - started:.1f} s, {cpu_seconds() - cpu:.1f} s CPU"
+    )
+    print("seconds: wall / CPU (user + system) of the command's process")
+    print(f"{'case':<12}{'today':>14}{'shared':>14}{'cached':>14}{'today/shared':>14}{'today/cached':>14}")
+    for case in cases:
+        with tempfile.TemporaryDirectory() as today_dir, tempfile.TemporaryDirectory() as cache_dir:
+            today = answer([*CASES[case], "--no-share", "--no-cache"], today_dir)
+            shared = answer(CASES[case], cache_dir)
+            cached = answer(CASES[case], cache_dir)
+        if not figures(today[2]) == figures(shared[2]) == figures(cached[2]):
+            raise SystemExit(f"{case}: the shared or cached figures differ from today's")
+        times = "".join(f"{f'{wall:.1f} / {cpu:.1f}':>14}" for wall, cpu, _ in (today, shared, cached))
+        ratios = "".join(f"{f'{today[0] / t[0]:.1f} / {today[1] / t[1]:.1f}':>14}" for t in (shared, cached))
+        print(f"{case:<12}{times}{ratios}", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; every case's figures equal today's to the byte")
+
+
+if __name__ == "__main__":
+    main()

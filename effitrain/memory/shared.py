@@ -1,0 +1,200 @@
+"""Many optimizers' traces from one forward and backward: what :func:`effitrain.memory.replay.trace_run`
+finds for each, phase by phase and category by category, at the cost of one model's replay.
+
+    effitrain estimate model=distilbert_base_cased --device cuda   # every optimizer, one replay
+
+The forward and backward of a step, its clipping and an evaluation do not depend on the optimizer:
+they are replayed once, and each optimizer's own step is replayed on top of them, at the moment the
+step reaches ``optimizer.step()``, on the very gradients the backward left. A phase's peak is then
+composed as the tracker of a full trace finds it. ``MemTracker`` keeps the categories at the moment
+the total first reaches its highest value (a later moment replaces it only when strictly higher),
+so a phase's peak is either
+
+- the forward and backward's peak, plus the optimizer state held throughout it (none before the
+  first step, whose ``optimizer.step`` creates it; all of it in a later step and in evaluation), or
+- the optimizer step's own peak, plus what the step found held when it began (weights, gradients,
+  the state, and the last micro-batch's loss and the gradient norm the step still holds),
+
+whichever total is higher, the first on a tie. The two parts' tensors are disjoint (the forward's
+residue is not the optimizer's), so the sums are exact; ``tests/memory/test_shared.py`` holds every
+optimizer of conf/optimizer to a full trace, to the byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+
+import torch
+
+from effitrain.memory.replay import (
+    BOUND_ASSUMED_BRANCH,
+    CATEGORIES,
+    Trace,
+    breakdown,
+    completed,
+    counted_state,
+    replayed,
+    step_tracker,
+    trace_run,
+)
+
+
+@dataclasses.dataclass
+class StepReplays:
+    """Optimizer steps replayed for earlier candidates of one ``plan``, reused for later ones. A step
+    depends on the parameters, their gradients, the optimizer's node and the device profile, not on
+    the micro batch, checkpointing or precision that produced the gradients: a record is reused only
+    where every parameter's and gradient's shape, dtype, strides and storage match (:func:`_signature`).
+    """
+
+    records: dict = dataclasses.field(default_factory=dict)  # (optimizer key, signature) -> record
+    reused: set = dataclasses.field(default_factory=set)  # names whose steps were reused, last call
+
+
+def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: str = "cpu",
+               eval_shapes: dict | None = None, steps: StepReplays | None = None) -> dict[str, Trace]:  # fmt: skip
+    """:func:`effitrain.memory.replay.trace_run` for each of ``optimizer_cfgs`` (name -> optimizer
+    node), sharing one replay of the model: a :class:`Trace` per name, equal to the full trace's.
+    ``steps``: optimizer steps replayed before, reused where they match (and added to)."""
+    steps = steps if steps is not None else StepReplays()
+    steps.reused = set()
+    analytic = {name: counted_state(config, node, cfg) for name, node in optimizer_cfgs.items()}
+    keys = {name: _optimizer_key(node, cfg.weight_decay, device) for name, node in optimizer_cfgs.items()}
+    traces = {name: Trace({}, 0) for name in optimizer_cfgs}
+    records: dict[str, dict] = {}  # name -> its steps' record, replayed here or reused
+    fallback: set[str] = set()  # a record reused for the first step that does not fit the later one
+    with replayed(config, cfg, batches, device, eval_shapes) as replay:
+        optimizers = {name: replay.optimizer(node) for name, node in optimizer_cfgs.items()}
+        for phase in ("first_step", "later_step"):
+            _shared_step(replay, optimizers, phase, traces, records, steps, keys, fallback)
+        if replay.evaluation is not None:
+            replay.tracked("eval", replay.evaluate)
+            weights = _held(replay.model)
+            for name, optimizer in ((n, o) for n, o in optimizers.items() if n not in fallback):
+                if name not in steps.reused:  # the state held throughout evaluation
+                    records[name]["eval"] = _minus(_held(replay.model, optimizer), weights)
+                traces[name].phases["eval"] = _plus(replay.phases["eval"], records[name]["eval"])
+    for name, record in records.items():
+        if name not in fallback:
+            steps.records.setdefault((keys[name], record["first_step_signature"]), record)
+    for name, trace in traces.items():
+        if name in fallback:  # replayed in full, alone
+            traces[name] = trace_run(config, optimizer_cfgs[name], cfg, batches, device, eval_shapes)
+            continue
+        trace.flops = replay.flops
+        completed(trace, analytic[name], config, cfg)
+    return traces
+
+
+def _shared_step(replay, optimizers: dict, phase: str, traces: dict, records: dict, steps: StepReplays,
+                 keys: dict, fallback: set) -> None:  # fmt: skip
+    """One step's forward and backward under a tracker that knows only the model; where it reaches
+    ``optimizer.step()``, each optimizer's step under a tracker of its own, on the same gradients
+    (or its record, where ``steps`` holds one for these gradients; ``fallback`` gets the names whose
+    record matched the first step's gradients and not the later step's)."""
+    with contextlib.ExitStack() as forward_backward:
+        tracker = step_tracker()
+        tracker.track_external(replay.model)
+        forward_backward.enter_context(tracker)
+
+        def step_each():
+            before = breakdown(tracker.get_tracker_snapshot("peak"))
+            at_step = breakdown(tracker.get_tracker_snapshot("current"))
+            forward_backward.close()  # what follows is each optimizer's, not the shared part's
+            signature = _signature(replay.model)
+            gradients = [p.grad for p in replay.model.parameters()]
+            held = _held(replay.model)  # weights and gradients
+            for name, optimizer in optimizers.items():
+                record = records.setdefault(name, {})
+                if phase == "first_step" and (keys[name], signature) in steps.records:
+                    record.update(steps.records[keys[name], signature])
+                    steps.reused.add(name)
+                elif name in steps.reused or name in fallback:
+                    if record.get(f"{phase}_signature") != signature:  # recorded on other gradients
+                        steps.reused.discard(name)
+                        fallback.add(name)
+                        continue
+                else:
+                    for param, grad in zip(replay.model.parameters(), gradients):
+                        param.grad = grad  # as the backward left them, whatever an earlier step did
+                    record[phase] = _own_step(replay, optimizer, held)
+                    record[f"{phase}_signature"] = signature
+                state, delta, bounded = record[phase]
+                stepped = _plus(at_step, _plus(state, delta))
+                forward = _plus(before, state)
+                traces[name].phases[phase] = stepped if stepped["total"] > forward["total"] else forward
+                if bounded:
+                    traces[name].bounds[phase] = BOUND_ASSUMED_BRANCH
+
+        pause = _Pause(replay.model, step_each)
+        replay.step(pause, lambda batch: tracker.reset_mod_stats())
+
+
+def _own_step(replay, optimizer, held: dict) -> tuple[dict, dict, bool]:
+    """``optimizer``'s step under a tracker of its own: the state it held before (by category), its
+    peak less what it found held, and whether a branch was assumed."""
+    own = step_tracker()
+    own.track_external(replay.model, optimizer)
+    entry = breakdown(own.get_tracker_snapshot("current"))
+    replay.assumed.clear()
+    with own:
+        optimizer.step()
+    delta = _minus(breakdown(own.get_tracker_snapshot("peak")), entry)
+    return _minus(entry, held), delta, torch.bool in replay.assumed
+
+
+def _optimizer_key(node, weight_decay: float, device: str) -> str:
+    from omegaconf import OmegaConf
+
+    return json.dumps([OmegaConf.to_container(node, resolve=True), weight_decay, device], sort_keys=True)
+
+
+def _signature(model) -> tuple:
+    """Every parameter's and gradient's shape, dtype, strides, offset and storage (its size, and
+    which earlier tensor shares it): what an optimizer's step allocates around depends on no more."""
+    storages: dict[int, int] = {}
+
+    def described(tensor):
+        if tensor is None:
+            return None
+        storage = tensor.untyped_storage()
+        shared = storages.setdefault(id(storage), len(storages))
+        return (tuple(tensor.shape), str(tensor.dtype), tensor.stride(), tensor.storage_offset(),
+                storage.nbytes(), shared)  # fmt: skip
+
+    return tuple(
+        (name, described(p), p.requires_grad, described(p.grad)) for name, p in model.named_parameters()
+    )
+
+
+class _Pause:
+    """Stands in for the optimizer in the shared forward and backward: its ``step`` is where every
+    optimizer's own step is replayed; ``zero_grad`` frees the gradients as each optimizer's would."""
+
+    def __init__(self, model, step):
+        self.model, self.step = model, step
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.model.parameters():
+            param.grad = None
+
+
+def _held(model, *external) -> dict[str, int]:
+    """Bytes by category a fresh tracker finds held by ``model`` (weights, gradients) and ``external``
+    (an optimizer's state)."""
+    tracker = step_tracker()
+    tracker.track_external(model, *external)
+    with tracker:  # its exit removes the gradient hooks track_external installs
+        pass
+    return breakdown(tracker.get_tracker_snapshot("current"))
+
+
+def _plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    total = {c: a[c] + b[c] for c in CATEGORIES}
+    return {**total, "total": sum(total.values())}
+
+
+def _minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return _plus(a, {c: -b[c] for c in CATEGORIES})

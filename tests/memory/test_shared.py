@@ -1,0 +1,100 @@
+"""The shared replay (effitrain.memory.shared): every optimizer's trace from one forward and
+backward equals a full trace of that optimizer alone, phase by phase and category by category."""
+
+from __future__ import annotations
+
+import pytest
+
+from effitrain.commands.estimate import meta_model, replay_shapes
+from effitrain.config.registry import group_options, installed_optimizers
+from effitrain.memory.replay import trace_run
+from effitrain.memory.shared import StepReplays, trace_runs
+from tests.helpers.run import compose
+
+OPTIMIZERS = installed_optimizers(group_options("optimizer"))
+
+CASES = {  # (device profile, overrides): each axis the forward and backward depend on
+    "classification": ("cpu", ["model=tiny", "max_length=64"]),
+    "causal_lm": ("cpu", ["task=causal_lm", "model=llama_tiny", "max_length=64"]),
+    "checkpointing": ("cpu", ["model=tiny", "max_length=64", "gradient_checkpointing=true"]),
+    "accumulation_2_bf16": (
+        "cpu",
+        ["model=tiny", "max_length=64", "gradient_accumulation_steps=2", "precision=bf16"],
+    ),  # fmt: skip
+    "cuda": ("cuda", ["model=tiny", "max_length=64"]),
+    # an adapter: its frozen weights, its dead DoRA graph, a 4-bit base counted beside the replay
+    "lora": ("cpu", ["model=tiny", "max_length=64", "adapter=lora"]),
+    "dora_causal": ("cpu", ["task=causal_lm", "model=llama_tiny", "max_length=64", "adapter=dora"]),
+    "qlora": ("cpu", ["model=tiny", "max_length=64", "adapter=qlora"]),
+    "cuda_causal_bf16_checkpointing": (
+        "cuda",
+        [
+            "task=causal_lm",
+            "model=llama_tiny",
+            "max_length=64",
+            "precision=bf16",
+            "gradient_checkpointing=true",
+            "gradient_accumulation_steps=2",
+        ],
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_each_optimizer_s_shared_trace_is_its_full_trace_to_the_byte(case):
+    device, overrides = CASES[case]
+    cfg = compose(*overrides)
+    optimizers = {name: compose(*overrides, f"optimizer={name}").optimizer for name in OPTIMIZERS}
+    model = meta_model(cfg)
+    batches, evaluation = replay_shapes(cfg, model)
+    shared = trace_runs(model.config, optimizers, cfg, batches, device, evaluation)
+    assert list(shared) == OPTIMIZERS
+    for name, optimizer_cfg in optimizers.items():
+        full = trace_run(model.config, optimizer_cfg, cfg, batches, device, evaluation)
+        assert list(shared[name].phases) == ["first_step", "later_step", "eval"]
+        for phase, peak in full.phases.items():
+            assert shared[name].phases[phase] == peak, (name, phase)
+        assert (shared[name].flops, shared[name].bounds) == (full.flops, full.bounds), name
+
+
+def test_the_step_s_own_peak_is_composed_where_it_exceeds_the_backward_s():
+    """A case where the optimizer step sets a phase's peak and one where the backward does, both
+    found: AdamW's later step on a model of few activations (4 tokens) holds two moments and its
+    temporaries above the backward's peak; with 512 tokens the backward's activations dominate."""
+    for max_length, step_sets_peak in ((4, True), (512, False)):
+        overrides = ["model=tiny", f"max_length={max_length}", "optimizer=adamw", "eval_batch_size=1"]
+        cfg = compose(*overrides)
+        model = meta_model(cfg)
+        batches, evaluation = replay_shapes(cfg, model)
+        [shared] = trace_runs(
+            model.config, {"adamw": cfg.optimizer}, cfg, batches, "cpu", evaluation
+        ).values()
+        full = trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", evaluation)
+        assert shared == full
+        later = full.phases["later_step"]
+        # at the step's peak the activations are gone (freed by the backward): only the residue remains
+        assert (later["activations"] < later["optimizer_state"]) == step_sets_peak, later
+
+
+@pytest.mark.slow
+def test_a_step_reused_across_micro_batches_precisions_and_checkpointing_is_the_full_trace():
+    """plan's candidates of one optimizer share its step (StepReplays): replayed for the first,
+    reused for every later candidate whose gradients match; each equals a full trace of its own."""
+    steps = StepReplays()
+    names = ["adamw", "adafactor", "apollo"]
+    for index, overrides in enumerate([
+        ["micro_batch_size=4"], ["micro_batch_size=2", "gradient_accumulation_steps=2"],
+        ["micro_batch_size=4", "precision=bf16"], ["micro_batch_size=1", "gradient_checkpointing=true"],
+    ]):  # fmt: skip
+        overrides = ["model=tiny", "max_length=32", *overrides]
+        cfg = compose(*overrides)
+        optimizers = {name: compose(*overrides, f"optimizer={name}").optimizer for name in names}
+        model = meta_model(cfg)
+        batches, evaluation = replay_shapes(cfg, model)
+        shared = trace_runs(model.config, optimizers, cfg, batches, "cpu", evaluation, steps)
+        assert steps.reused == (set(names) if index else set())
+        for name, optimizer_cfg in optimizers.items():
+            assert shared[name] == trace_run(model.config, optimizer_cfg, cfg, batches, "cpu", evaluation), (
+                name
+            )
