@@ -144,7 +144,17 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     check_output_overrides(overrides)
     sweeps = [o for o in parsed if o.is_sweep_override()]
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    cfg, problems = _compose_with(config, fixed) if config else compose_checked(fixed)
+    try:
+        cfg, problems = _compose_with(config, fixed) if config else compose_checked(fixed)
+    except ConfigError:
+        # a +key under a group a sweep varies (adapter=lora,qlora +adapter.bias=all) exists in its
+        # jobs only: the sweep's own config is composed without the added keys, each job with them
+        base = [o.input_line for o in parse(fixed) if not (o.is_add() or o.is_force_add())]
+        if base == fixed:
+            raise
+        cfg, problems = _compose_with(config, base) if config else compose_checked(base)
+        if not (flags or str(cfg.hydra.mode) == "RunMode.MULTIRUN"):
+            raise
     multirun = bool(flags) or str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     if sweeps and not multirun:
         raise ConfigError(

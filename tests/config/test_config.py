@@ -234,6 +234,21 @@ def test_preflight_checks_every_job_of_a_sweep_and_accepts_hydra_syntax():
         preflight(TINY + ["sweep=optimizers", "micro_batch_size=0"])
 
 
+def test_a_key_added_under_a_swept_group_is_checked_in_each_job_not_in_the_default_option():
+    """adapter=none (the default) has no _target_, so +adapter.bias adds a key nothing reads there;
+    a sweep over lora and dora reads it in every job, and one that includes none refuses that job."""
+    checked: list[int] = []
+    assert preflight(TINY + ["-m", "adapter=lora,dora", "+adapter.bias=all"], jobs_checked=checked) is None
+    assert checked == [2]
+    with pytest.raises(ConfigError) as error:
+        preflight(TINY + ["-m", "adapter=lora,none", "+adapter.bias=all"])
+    assert str(error.value) == (
+        "the sweep's job adapter=none:\nadapter.bias='all' adds a key nothing reads: did you mean adapter._target_?"
+    )
+    with pytest.raises(ConfigError, match=r"^adapter.bias='all' adds a key nothing reads"):
+        preflight(TINY + ["+adapter.bias=all"])  # one run: refused as before
+
+
 def test_a_sweep_folder_named_by_the_job_number_is_checked_without_a_traceback():
     # ${hydra.job.num} is Hydra's to decide at launch: the preflight leaves the folder to the job
     checked: list[int] = []
