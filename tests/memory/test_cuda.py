@@ -180,9 +180,9 @@ def test_gpu_benchmark_dry_run_checks_every_case_on_a_cpu_machine():
     done = subprocess.run([sys.executable, "benchmarks/gpu.py", "--out", "unused", "--dry-run"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    # 2 models x 3 optimizers x checkpointing off/on x fp32/bf16, 2 models x lora/qlora, and compile
-    # off/on x 2 backends
-    assert done.stdout.strip().splitlines()[-1] == "gpu.py --dry-run: 32 of 32 cases compose and are valid"
+    # 2 models x 3 optimizers x checkpointing off/on x fp32/bf16, 2 models x lora/qlora, compile
+    # off/on x 2 backends, and one FSDP rank with CPU offload off/on
+    assert done.stdout.strip().splitlines()[-1] == "gpu.py --dry-run: 34 of 34 cases compose and are valid"
     assert not (REPO / "unused").exists()
 
 
@@ -206,7 +206,7 @@ def test_gpu_report_reads_what_isolated_runs_write():
         (adamw["mem/step_peak_bytes"] - eight["mem/step_peak_bytes"]) / adamw["params/trainable"]
     )
     result = {"device": "cpu", "torch": torch.__version__, "command": "test", "seconds": 0.0, "memory": rows,
-              "adam8bit_saving": [saving], "timing": []}  # fmt: skip
+              "adam8bit_saving": [saving], "timing": [], "fsdp": []}  # fmt: skip
     page = gpu.markdown(result)
     assert (
         f"| tiny | adamw | false | fp32 | {adamw['mem/step_peak_predicted/weights_bytes'] / MIB:.1f} / "
