@@ -24,10 +24,10 @@ def replay_model(auto, config, cfg, task):
     if not uses_adapter(adapter_cfg):
         with torch.device("cpu"):
             return auto.from_config(config)
-    return faked(meta_model(auto, config, cfg, task))
+    return faked(adapted_on_meta(auto, config, cfg, task))
 
 
-def meta_model(auto, config, cfg, task):
+def adapted_on_meta(auto, config, cfg, task):
     """``cfg``'s model with its adapter, on ``meta``: shapes and ``requires_grad``, nothing allocated."""
     from effitrain.train.adapters import apply_adapter
 

@@ -175,6 +175,21 @@ def fake_batch(shapes: dict) -> dict:
     return batch
 
 
+def fake_window(batches: list[dict], eval_shapes: dict | None):
+    """The recorded micro-batches and eval batch as fake zeros (:func:`fake_batch`, made under fake
+    mode), the items (labels) the window holds, and the ids of the attention masks recorded without
+    padding (:func:`_mask_skipping_as_recorded`)."""
+    window = [fake_batch(shapes) for shapes in batches]
+    evaluation = fake_batch(eval_shapes) if eval_shapes is not None else None
+    items = sum(len(b["labels"]) for b in window)
+    unpadded = {
+        id(b["attention_mask"])
+        for b, s in [*zip(window, batches), (evaluation, eval_shapes)]
+        if b is not None and "attention_mask" in b and not s.get("padded", True)
+    }
+    return window, evaluation, items, unpadded
+
+
 # The phases of a run whose peaks are predicted: the first optimizer step (its state is created in
 # it), a later step (the state exists throughout) and evaluation (a forward of eval_batch_size rows
 # with no gradients, while the weights and the optimizer state are still held).
@@ -292,7 +307,7 @@ def counted_state(config, optimizer_cfg, cfg) -> int:
     import transformers
 
     from effitrain.memory import estimate_optimizer_state
-    from effitrain.memory.adapted import meta_model
+    from effitrain.memory.adapted import adapted_on_meta
     from effitrain.train.optim import build_optimizer
     from effitrain.train.tasks import build_task
 
@@ -300,7 +315,7 @@ def counted_state(config, optimizer_cfg, cfg) -> int:
         _caches_filled_for_real(optimizer_cfg, cfg.weight_decay)
         return 0
     task = build_task(cfg)
-    shapes_only = meta_model(getattr(transformers, task.auto_class), config, cfg, task)
+    shapes_only = adapted_on_meta(getattr(transformers, task.auto_class), config, cfg, task)
     state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
     if state is None:
         raise ConfigError(
@@ -398,14 +413,7 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
 
         meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
-        window = [fake_batch(shapes) for shapes in batches]
-        evaluation = fake_batch(eval_shapes) if eval_shapes is not None else None
-        items = sum(len(b["labels"]) for b in window)
-        unpadded = {
-            id(b["attention_mask"])
-            for b, s in [*zip(window, batches), (evaluation, eval_shapes)]
-            if b is not None and "attention_mask" in b and not s.get("padded", True)
-        }
+        window, evaluation, items, unpadded = fake_window(batches, eval_shapes)
 
         ops = StepOps(
             backward=lambda loss: loss.backward(),

@@ -52,7 +52,7 @@ from effitrain.memory.replay import (
     _caches_filled_for_real,
     _mask_skipping_as_recorded,
     _with_values_assumed,
-    fake_batch,
+    fake_window,
 )
 from effitrain.util.compat import fake_process_group, fake_tensor_mode, fsdp_mem_tracker_class
 
@@ -211,14 +211,7 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
         optimizer = make_optimizer()
         meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
-        window = [fake_batch(shapes) for shapes in batches]
-        evaluation = fake_batch(eval_shapes) if eval_shapes is not None else None
-        items = sum(len(b["labels"]) for b in window)
-        unpadded = {
-            id(b["attention_mask"])
-            for b, s in [*zip(window, batches), (evaluation, eval_shapes)]
-            if b is not None and "attention_mask" in b and not s.get("padded", True)
-        }
+        window, evaluation, items, unpadded = fake_window(batches, eval_shapes)
         ops = StepOps(
             backward=lambda loss: loss.backward(),
             no_sync=lambda: gradient_sync_off(model),

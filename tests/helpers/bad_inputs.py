@@ -40,7 +40,10 @@ PARSE = [
     (["a=[1,"], "'a=[1,' is not a valid override"),
     (["optimizer=adamw,adafactor"], "optimizer=adamw,adafactor is a sweep (several values): add -m"),
     # a deletion of a key every run reads (valid grammar; the run then failed on the missing key)
-    (["~seed"], "~seed is invalid: every run reads seed: give it a value instead (~ deletes only an argument of a _target_ node"),
+    (
+        ["~seed"],
+        "~seed is invalid: every run reads seed: give it a value instead (~ deletes only an argument of a _target_ node",
+    ),
     (["~optimizer"], "~optimizer is invalid: every run reads optimizer: give it a value instead"),
     (["seed=x"], "seed='x' is invalid: must be an integer"),
     (["max_steps=1.5"], "max_steps=1.5 is invalid: must be an integer"),

@@ -123,3 +123,27 @@ def optimizer_option(name: str):
     missing = missing_module(OmegaConf.load(CONF_DIR / "optimizer" / f"{name}.yaml"))
     reason = f"{missing} is not installed ({install_hint(missing)})" if missing else ""
     return pytest.param(name, marks=pytest.mark.skipif(missing is not None, reason=reason))
+
+
+def final_weights(run_dir: Path) -> dict:
+    """The last checkpoint's whole weights: its model.safetensors, or under parallel=fsdp the ranks'
+    torch.distributed.checkpoint shards joined."""
+    import torch
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    [folder] = sorted(Path(run_dir).glob("checkpoints/step-*"))[-1:]
+    if (folder / "model.safetensors").exists():
+        return load_file(folder / "model.safetensors")
+    dcp_to_torch_save(folder, Path(run_dir) / "joined.pt")
+    return torch.load(Path(run_dir) / "joined.pt", weights_only=True)["model"]
+
+
+def relative_difference(a: dict, b: dict, names=None) -> float:
+    """||a - b|| / ||a|| over the named tensors (default: all of ``a``'s) taken as one vector."""
+    import torch
+
+    names = sorted(a) if names is None else list(names)
+    flat_a = torch.cat([a[n].flatten().double() for n in names])
+    flat_b = torch.cat([b[n].flatten().double() for n in names])
+    return ((flat_a - flat_b).norm() / flat_a.norm()).item()

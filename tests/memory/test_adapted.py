@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn import Parameter
 
 from effitrain.commands.estimate import estimate_memory
-from effitrain.memory.adapted import BOUND_DEQUANTIZED, faked, meta_model
+from effitrain.memory.adapted import BOUND_DEQUANTIZED, adapted_on_meta, faked
 from effitrain.memory.replay import CATEGORIES
 from effitrain.train.modeling import build_model
 from effitrain.train.tasks import build_task
@@ -52,13 +52,13 @@ def test_a_faked_model_is_the_meta_model_in_fake_tensors(adapter):
     task = build_task(cfg)
     config = build_model(cfg.model, None, device="meta", auto_class=task.auto_class).config
     auto = getattr(transformers, task.auto_class)
-    meta = meta_model(auto, config, cfg, task)
+    meta = adapted_on_meta(auto, config, cfg, task)
     expected = [
         (n, p.shape, p.dtype, p.requires_grad) for n, p in meta.named_parameters(remove_duplicate=False)
     ]
     buffers = [(n, b.shape, b.dtype) for n, b in meta.named_buffers()]
     with fake_tensor_mode():
-        model = faked(meta_model(auto, config, cfg, task))
+        model = faked(adapted_on_meta(auto, config, cfg, task))
     params = list(model.named_parameters(remove_duplicate=False))
     assert [(n, p.shape, p.dtype, p.requires_grad) for n, p in params] == expected
     assert [(n, b.shape, b.dtype) for n, b in model.named_buffers()] == buffers

@@ -16,14 +16,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from effitrain.config.errors import ConfigError
 from effitrain.config.load import load
 from effitrain.train.tasks import IGNORE_INDEX
 from tests.backends.test_equivalence import assert_same_training
 from tests.helpers.bad_inputs import HUB, files
-from tests.helpers.run import REPO, compose, read_metrics, run_job, train_py
+from tests.helpers.run import (
+    REPO,
+    compose,
+    final_weights,
+    read_metrics,
+    relative_difference,
+    run_job,
+    train_py,
+)
 
 # 58 texts: with an effective batch of 16 the last step of the epoch holds 10, so accumulation
 # 4 x 4 ends on micro-batches of 4, 4 and 2 rows; lengths vary, so do the real tokens per micro-batch.
@@ -220,26 +227,25 @@ def test_sigkill_then_resume_auto_is_bit_identical_for_the_decoder(tmp_path, bac
 
 
 @pytest.mark.slow
-def test_two_processes_with_k_equal_one_process_with_2k_on_tokens(tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_with_k_equal_one_process_with_2k_on_tokens(tmp_path, parallel):
     """Each process holds micro-batches with other numbers of real tokens: the step divides the
-    summed loss by the real tokens over both processes, as one process does."""
+    summed loss by the real tokens over both processes, as one process does; sharded (fsdp) or not."""
     from tests.train.test_distributed import torchrun
 
     common = [*CAUSAL, "micro_batch_size=4", "epochs=1", "data.num_train=64", "checkpoint_every=4"]
-    parallel = torchrun(*common, "gradient_accumulation_steps=2", "hydra.run.dir=ddp", cwd=tmp_path)
-    assert parallel.returncode == 0, parallel.stderr[-3000:]
+    two = torchrun(*common, f"parallel={parallel}", "gradient_accumulation_steps=2", "hydra.run.dir=two",
+                   cwd=tmp_path)  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
     single = train_py(*common, "gradient_accumulation_steps=4", f"hydra.run.dir={tmp_path / 'one'}")
     assert single.returncode == 0, single.stderr[-3000:]
-    ddp, one = read_metrics(tmp_path / "ddp"), read_metrics(tmp_path / "one")
-    assert [line["train/tokens"] for line in ddp] == [line["train/tokens"] for line in one]
-    assert [line["train/loss"] for line in ddp] == pytest.approx(
+    lines, one = read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one")
+    assert [line["train/tokens"] for line in lines] == [line["train/tokens"] for line in one]
+    assert [line["train/loss"] for line in lines] == pytest.approx(
         [line["train/loss"] for line in one], rel=1e-5
     )
-    a = load_file(next((tmp_path / "ddp").glob("checkpoints/step-*/model.safetensors")))
-    b = load_file(next((tmp_path / "one").glob("checkpoints/step-*/model.safetensors")))
-    flat_a = torch.cat([a[n].flatten().double() for n in sorted(a)])
-    flat_b = torch.cat([b[n].flatten().double() for n in sorted(a)])
-    assert ((flat_a - flat_b).norm() / flat_a.norm()).item() < 1e-5
+    a, b = final_weights(tmp_path / "two"), final_weights(tmp_path / "one")
+    assert relative_difference(a, b) < 1e-5
 
 
 @pytest.mark.slow
@@ -325,12 +331,11 @@ def test_causal_lm_accepts_encoders_only_built_causal():
     """Every model task=causal_lm accepts, built as a run builds it: the output at position t does not
     change when a later token changes. BERT (model=tiny, model=minilm) is built with is_decoder=True;
     the same BERT built as the encoder it is would see later tokens, as the check says."""
+    from effitrain.commands.estimate import meta_model
     from effitrain.config.causality import sees_later_tokens
     from effitrain.run.build import build_job
     from effitrain.train.distributed import process_state
     from effitrain.train.modeling import build_config
-
-    from effitrain.commands.estimate import meta_model
 
     accepted = causal_lm_models()
     assert {"tiny", "minilm", "llama_tiny", "llama_small"} <= set(accepted)

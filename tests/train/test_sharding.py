@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from effitrain.train.sharding import mixed_precision_policy, shard, transformer_blocks
+from tests.helpers.run import final_weights, relative_difference
 
 
 def tiny_bert():
@@ -98,24 +99,6 @@ def test_the_no_decay_group_survives_sharding(fake_group):
     assert "bert.encoder.layer.0.output.LayerNorm.weight" in after[1] and "classifier.bias" in after[1]
 
 
-def full_weights(run_dir) -> dict:
-    """The final checkpoint's whole weights: safetensors (ddp) or the ranks' shards joined (fsdp)."""
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    [folder] = sorted(run_dir.glob("checkpoints/step-*"))[-1:]
-    if (folder / "model.safetensors").exists():
-        return load_file(folder / "model.safetensors")
-    dcp_to_torch_save(folder, run_dir / "joined.pt")
-    return torch.load(run_dir / "joined.pt", weights_only=True)["model"]
-
-
-def relative_difference(a: dict, b: dict, names) -> float:
-    flat_a = torch.cat([a[n].flatten().double() for n in names])
-    flat_b = torch.cat([b[n].flatten().double() for n in names])
-    return ((flat_a - flat_b).norm() / flat_a.norm()).item()
-
-
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     """The data-parallel test's comparison, sharded: 2 processes with parallel=fsdp and
@@ -148,7 +131,7 @@ def test_fsdp_over_two_processes_with_k_equals_one_process_with_2k(two_runs):
         assert line["train/loss"] == pytest.approx(expected["train/loss"], rel=1e-5)
         assert line["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
         assert line["grad_norm"] > 0.05  # clipped
-    a, b = full_weights(fsdp), full_weights(one)
+    a, b = final_weights(fsdp), final_weights(one)
     assert a.keys() == b.keys()
     # zero-gradient noise in the key bias, as in the data-parallel test
     assert relative_difference(a, b, [n for n in a if not n.endswith("attention.self.key.bias")]) < 1e-5
@@ -194,7 +177,7 @@ def test_each_rank_measures_its_shards(two_runs):
     summary = json.loads((fsdp / "summary.json").read_text())
     assert [figures["env/rank"] for figures in ranks] == [0, 1]
     assert {k: v for k, v in summary.items() if k in ranks[0]} == ranks[0]
-    shapes = [tuple(t.shape) for t in full_weights(fsdp).values()]
+    shapes = [tuple(t.shape) for t in final_weights(fsdp).values()]
     assert (3, 32) in shapes  # the classifier: its rows do not divide by 2
     padded = sum(math.ceil(s[0] / world) * math.prod(s[1:]) * 4 for s in shapes)
     for rank, figures in enumerate(ranks):
@@ -265,33 +248,10 @@ def test_a_killed_fsdp_run_resumes_bit_identical_and_not_with_one_process(tmp_pa
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((killed / "summary.json").read_text())
     assert 3 <= summary["train/resumed_from_step"] < 24
-    a, b = full_weights(tmp_path / "reference"), full_weights(killed)
+    a, b = final_weights(tmp_path / "reference"), final_weights(killed)
     assert a.keys() == b.keys()
     different = [name for name in a if not torch.equal(a[name], b[name])]
     assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
     assert [line["train/loss"] for line in read_metrics(killed)] == [
         line["train/loss"] for line in read_metrics(tmp_path / "reference")
     ]
-
-
-@pytest.mark.slow
-def test_fsdp_causal_accumulation_stays_token_exact(tmp_path):
-    """Each rank's micro-batches hold other numbers of real tokens; the sharded step divides by the
-    tokens over both ranks, as one process does."""
-    from tests.helpers.run import read_metrics, train_py
-    from tests.train.test_causal import CAUSAL
-    from tests.train.test_distributed import torchrun
-
-    common = [*CAUSAL, "micro_batch_size=4", "epochs=1", "data.num_train=64", "checkpoint_every=4"]
-    parallel = torchrun(*common, "parallel=fsdp", "gradient_accumulation_steps=2", "hydra.run.dir=fsdp",
-                        cwd=tmp_path)  # fmt: skip
-    assert parallel.returncode == 0, parallel.stderr[-3000:]
-    single = train_py(*common, "gradient_accumulation_steps=4", f"hydra.run.dir={tmp_path / 'one'}")
-    assert single.returncode == 0, single.stderr[-3000:]
-    sharded, one = read_metrics(tmp_path / "fsdp"), read_metrics(tmp_path / "one")
-    assert [line["train/tokens"] for line in sharded] == [line["train/tokens"] for line in one]
-    assert [line["train/loss"] for line in sharded] == pytest.approx(
-        [line["train/loss"] for line in one], rel=1e-5
-    )
-    a, b = full_weights(tmp_path / "fsdp"), full_weights(tmp_path / "one")
-    assert relative_difference(a, b, sorted(b)) < 1e-5
