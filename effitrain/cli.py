@@ -149,6 +149,13 @@ def _estimate(args) -> None:
     for name, row in rows.items():
         if row["run_peak_bound"]:
             print(f"{name}: an upper bound of its run peak: {row['run_peak_bound']}")
+    if cfg.get("adapter") is not None and cfg.adapter.get("quantization") is not None:
+        # said, not left silent: the tracker counts tensors, and this state is neither a parameter nor a buffer
+        print(
+            "weights: the 4-bit layers by their packed codes; their quantization state (absmax, the nested "
+            "state and map, about 1/64 B per weight more) is outside these figures, counted in a run's "
+            "mem/params_bytes"
+        )
     for name, error in refused.items():
         print(f"{name}: not predicted: {error}")
     sources = sorted({row["trace_source"] for row in rows.values()})

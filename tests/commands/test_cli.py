@@ -282,3 +282,30 @@ def test_estimate_refuses_a_world_size_it_cannot_shard_over_in_one_line(capsys, 
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(f"effitrain: error: {message}") and err.count("\n") == 1
+
+
+def test_a_4bit_base_s_estimate_says_its_quantization_state_is_outside_the_figures(
+    capsys, tmp_path, monkeypatch
+):
+    """estimate's weights for adapter=qlora are the packed codes; the absmax and nested state a run's
+    mem/params_bytes counts are not in them, and the output says so instead of staying silent."""
+    from effitrain.cli import main
+
+    monkeypatch.setenv("EFFITRAIN_CACHE_DIR", str(tmp_path))
+    main(
+        [
+            "estimate",
+            "model=tiny",
+            "data=synthetic",
+            "max_length=16",
+            "adapter=qlora",
+            "--optimizers",
+            "adamw",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "their quantization state (absmax, the nested state and map, about 1/64 B per weight more)" in out
+    main(
+        ["estimate", "model=tiny", "data=synthetic", "max_length=16", "adapter=lora", "--optimizers", "adamw"]
+    )
+    assert "quantization state" not in capsys.readouterr().out
