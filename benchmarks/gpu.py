@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -167,7 +168,9 @@ def eight_bit_savings(rows: list[dict]) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# GPU results: {result['device']}", "", f"torch {result['torch']}; written by `{result['command']}`; "
+    lines = [f"# GPU results: {result['device']}", "", f"torch {result['torch']}, "
+             + ", ".join(f"{name} {v}" for name, v in result.get("libraries", {}).items())
+             + f"; written by `{result['command']}`; "
              f"{result['seconds']:.0f} s.", "", "## Step peak: predicted for CUDA / measured by MemTracker (MiB)", "",
              "| model | optimizer | recompute | precision | " + " | ".join(CATEGORIES)
              + " | step peak | predicted / measured | run peak predicted | max allocated | max reserved | "
@@ -240,30 +243,38 @@ def main() -> None:
     from effitrain.run.isolated import run_isolated
 
     started = time.time()
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        summaries = list(pool.map(lambda c: run_isolated(c["overrides"], args.timeout), memory))
-    rows = [memory_row(case, summary) for case, summary in zip(memory, summaries)]
-    timed = []
-    for case in timing:
-        s = run_isolated(case["overrides"], args.timeout)
-        timed.append({"backend": case["backend"], "compile": case["compile"], "status": s["status"],
-                      "error": s.get("error"), "step_s": s.get("speed/step_s_median"),
-                      "compile_s": s.get("speed/compile_s"), "samples_per_s": s.get("speed/samples_per_s"),
-                      "mfu": s.get("speed/mfu")})  # fmt: skip
-    sharded = []
-    for case in fsdp:
-        s = run_isolated(case["overrides"], args.timeout)
-        sharded.append({"offload": case["offload"], "status": s["status"], "error": s.get("error"),
-                        **{key: s.get(f"mem/{key}") for key in FSDP_KEYS},
-                        "step_s": s.get("speed/step_s_median")})  # fmt: skip
     result = {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "seconds": time.time() - started,
-        "memory": rows, "adam8bit_saving": eight_bit_savings(rows), "timing": timed, "fsdp": sharded,
+        "libraries": {name: metadata.version(name) for name in ("transformers", "accelerate", "peft", "bitsandbytes")},
+        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "seconds": 0.0,
+        "memory": [], "adam8bit_saving": [], "timing": [], "fsdp": [],
     }  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "gpu.md").write_text(markdown(result))
+
+    def write() -> None:
+        """Both files after every phase: a machine taken back mid-way still leaves the phases done."""
+        result["seconds"] = time.time() - started
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+        (args.out / "gpu.md").write_text(markdown(result))
+
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        summaries = list(pool.map(lambda c: run_isolated(c["overrides"], args.timeout), memory))
+    result["memory"] = [memory_row(case, summary) for case, summary in zip(memory, summaries)]
+    result["adam8bit_saving"] = eight_bit_savings(result["memory"])
+    write()
+    for case in fsdp:
+        s = run_isolated(case["overrides"], args.timeout)
+        result["fsdp"].append({"offload": case["offload"], "status": s["status"], "error": s.get("error"),
+                               **{key: s.get(f"mem/{key}") for key in FSDP_KEYS},
+                               "step_s": s.get("speed/step_s_median")})  # fmt: skip
+    write()
+    for case in timing:
+        s = run_isolated(case["overrides"], args.timeout)
+        result["timing"].append({"backend": case["backend"], "compile": case["compile"], "status": s["status"],
+                                 "error": s.get("error"), "step_s": s.get("speed/step_s_median"),
+                                 "compile_s": s.get("speed/compile_s"), "samples_per_s": s.get("speed/samples_per_s"),
+                                 "mfu": s.get("speed/mfu")})  # fmt: skip
+        write()
     print(markdown(result))
 
 
