@@ -281,7 +281,9 @@ def _plan(args) -> None:
     print(
         f"effitrain plan: budget {budget / MIB:.0f} MiB on {device.upper()}; a candidate fits when its run's peak "
         f"(the largest phase, predicted at max_length) plus a {args.margin:.0%} margin for the allocator's "
-        "fragmentation (--margin) is within it; best first"
+        "fragmentation (--margin)"
+        + (" and cuBLAS's two workspaces (64 MiB)" if device == "cuda" else "")
+        + " is within it; best first"
     )
     if adapters:
         print(

@@ -79,7 +79,8 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     """Every traced candidate (dicts with the keys below), best first; those over budget last.
 
     A candidate fits when its run's peak (the largest of its first step, a later step and
-    evaluation), predicted for ``device``'s kernels, is at most ``budget * (1 - margin)``.
+    evaluation), predicted for ``device``'s kernels, is at most ``budget * (1 - margin)``, less
+    cuBLAS's workspaces on ``cuda`` (:data:`effitrain.memory.cuda.CUBLAS_WORKSPACES_BYTES`).
     ``gpus`` above 1: FSDP over that many processes (``parallel=fsdp``), one rank's peak against the
     budget of one device; the effective batch is split over the processes.
 
@@ -99,10 +100,11 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     from effitrain.commands.estimate import estimate_memory
     from effitrain.config.compose import compose
     from effitrain.config.overrides import names, parse
+    from effitrain.memory.cuda import CUBLAS_WORKSPACES_BYTES
     from effitrain.memory.shared import StepReplays
 
     base = compose(overrides)
-    usable = budget * (1 - margin)
+    usable = budget * (1 - margin) - (CUBLAS_WORKSPACES_BYTES if device == "cuda" else 0)
     chosen = any(names(o, "gradient_checkpointing") for o in parse(overrides))
     if chosen:  # the user's own setting is the only one tried
         checkpointing = [bool(base.gradient_checkpointing)]

@@ -35,6 +35,13 @@ from effitrain.util.compat import sdpa_kernel_op, tree_map
 # memory-efficient, math; cuDNN after math, so never chosen by default).
 FLASH, EFFICIENT, MATH = "flash", "efficient", "math"
 _CPU_DROPOUT = F.dropout
+# What the CUDA allocator holds beside the step's tensors, which no replay of them shows: cuBLAS's
+# workspace, one per cuBLAS handle, and torch keeps a handle per thread, so the step's thread and
+# autograd's backward thread hold one each; torch sizes it by compute capability (":4096:8", 32 MiB,
+# from 9.0, the Hopper GPUs this profile replays: cuBLAS's recommended size for them). On an H200,
+# max_memory_allocated was 64.4 MiB or more above the predicted run peak in every case
+# (docs/results.md, "On a GPU").
+CUBLAS_WORKSPACES_BYTES = 2 * 32 * 2**20
 
 
 def sdpa_kernel(query, key, value, attn_mask, dropout_p: float, is_causal: bool, enable_gqa: bool,

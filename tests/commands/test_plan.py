@@ -286,7 +286,7 @@ def test_on_cuda_half_precision_ranks_before_fp32_at_equal_steps(monkeypatch):
 
     monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
     for device, order in (("cuda", ["bf16", "fp32"]), ("cpu", ["fp32", "bf16"])):
-        rows = plan(BASE, 10**6, effective=4, optimizers=["adamw"], precisions=["fp32", "bf16"],
+        rows = plan(BASE, 10**9, effective=4, optimizers=["adamw"], precisions=["fp32", "bf16"],
                     checkpointing=[False], device=device)  # fmt: skip
         # the largest micro batch fits for each precision: one row each
         assert [(r["precision"], r["micro_batch_size"], r["fits"]) for r in rows] == [
@@ -294,6 +294,27 @@ def test_on_cuda_half_precision_ranks_before_fp32_at_equal_steps(monkeypatch):
         ]
         assert set(devices) == {device}
         devices.clear()
+
+
+@pytest.mark.parametrize(
+    "device, peak, fits",
+    [("cpu", 966_367_641, True), ("cpu", 966_367_642, False),  # 1 GiB x 0.9 = 966,367,641.6
+     ("cuda", 966_367_641, False), ("cuda", 899_258_777, True), ("cuda", 899_258_778, False)],
+)  # fmt: skip
+def test_on_cuda_the_budget_keeps_cublas_workspaces_free(monkeypatch, device, peak, fits):
+    """On CUDA, cuBLAS's workspaces (32 MiB for each of the step's and autograd's threads, which no
+    replayed tensor holds) come off the budget with the margin: 1 GiB x 0.9 - 64 MiB = 899,258,777.6."""
+    import effitrain.commands.estimate
+
+    def known_peak(cfg, optimizers, device, **how):
+        return {
+            name: {"step_peak_bytes": peak, "run_peak_bytes": peak, "run_peak": {}} for name in optimizers
+        }
+
+    monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peak)
+    rows = plan(BASE, 2**30, effective=1, optimizers=["adamw"], precisions=["fp32"], checkpointing=[False],
+                device=device)  # fmt: skip
+    assert [row["fits"] for row in rows] == [fits]
 
 
 def sharded_peak(gpus: int, micro: int, effective: int = 8) -> int:
