@@ -1,7 +1,7 @@
 """Everything only a GPU shows, in one command: the CUDA memory prediction against the GPU's own
 figures, 8-bit Adam's saving, compile's speed-up on both backends, and MFU.
 
-    python benchmarks/gpu.py --out gpu-results              # on a CUDA machine (about 7 min on one H100)
+    python benchmarks/gpu.py --out gpu-results              # on a CUDA machine (301 s on one H200, --jobs 8)
     python benchmarks/gpu.py --out gpu-results --dry-run    # anywhere: every case composes and is valid
 
 Each case is one real run (``effitrain train``, logger off, synthetic data, no network) in a process
@@ -231,8 +231,14 @@ def main() -> None:
     parser.add_argument("--optimizers", nargs="+", default=OPTIMIZERS, help="options of conf/optimizer")
     parser.add_argument("--jobs", type=int, default=4, help="memory cases run at once (one process each)")
     parser.add_argument("--timeout", type=float, default=420, help="seconds one case may take")
+    parser.add_argument("--phases", default="memory,fsdp,timing", help="which of memory,fsdp,timing to run")
     args = parser.parse_args()
     memory, timing, fsdp = memory_cases(args.optimizers) + adapter_cases(), timing_cases(), fsdp_cases()
+    phases = set(args.phases.split(","))
+    if not phases <= {"memory", "fsdp", "timing"}:
+        raise SystemExit(f"--phases={args.phases!r} is invalid: give some of memory,fsdp,timing")
+    memory, fsdp, timing = (cases if name in phases else [] for name, cases in
+                            (("memory", memory), ("fsdp", fsdp), ("timing", timing)))  # fmt: skip
     if args.dry_run:
         dry_run(memory + timing + fsdp)
         return

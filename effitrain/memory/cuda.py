@@ -35,6 +35,59 @@ from effitrain.util.compat import sdpa_kernel_op, tree_map
 # memory-efficient, math; cuDNN after math, so never chosen by default).
 FLASH, EFFICIENT, MATH = "flash", "efficient", "math"
 _CPU_DROPOUT = F.dropout
+# The CUDA caching allocator's smallest block (c10's kMinBlockSize): every CUDA storage takes a
+# whole number of them, and MemTracker counts a CUDA storage so (its _PYTORCH_MIN_ALLOCATE).
+CUDA_BLOCK = 512
+
+
+def in_blocks(nbytes: int) -> int:
+    return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
+
+
+def _steps_on_host(optimizer) -> bool:
+    """torch's optimizers keep their step counts on the CPU unless fused or capturable
+    (``_init_group``: ``torch.tensor(0.0)``), and the scalars their update derives from them."""
+    return type(optimizer).__module__.startswith("torch.optim") and not any(
+        group.get("fused") or group.get("capturable") for group in optimizer.param_groups
+    )
+
+
+@contextlib.contextmanager
+def allocator_blocks():
+    """Inside it, the step tracker counts each storage as a CUDA run's MemTracker does: in whole
+    512-byte blocks, except what a CUDA run keeps on the CPU, counted at its size: a torch
+    optimizer's step counts and the scalars made during its step, and the RNG seed and offset
+    the memory-efficient attention returns (:func:`_rng_state_on_host`)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    from effitrain.util.compat import storages_counted_as
+
+    host = WeakIdKeyDictionary()
+    stepping = []
+
+    def before(optimizer, args, kwargs):
+        stepping.append(_steps_on_host(optimizer))
+
+    def after(optimizer, args, kwargs):
+        if stepping.pop():
+            for state in optimizer.state.values():
+                if isinstance(state.get("step"), torch.Tensor):
+                    host[state["step"].untyped_storage()] = True
+
+    def is_host(storage, device) -> bool:
+        stepping_on_host = bool(stepping) and stepping[-1] and storage.size() <= 8
+        return storage in host or stepping_on_host or (_attention_rng and storage.size() <= 16)
+
+    handles = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
+    try:
+        with storages_counted_as(in_blocks, is_host):
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 # What the CUDA allocator holds beside the step's tensors, which no replay of them shows: cuBLAS's
 # workspace, one per cuBLAS handle, and torch keeps a handle per thread, so the step's thread and
 # autograd's backward thread hold one each; torch sizes it by compute capability (":4096:8", 32 MiB,
@@ -106,6 +159,22 @@ def _math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     return probs @ value
 
 
+_attention_rng: list = []  # non-empty while the memory-efficient attention runs (allocator_blocks reads it)
+
+
+@contextlib.contextmanager
+def _rng_state_on_host():
+    """Around the memory-efficient attention op: its outputs of at most 16 bytes are its RNG seed
+    and offset, which a CUDA run keeps on the CPU (its meta function makes them on ``meta``; every
+    other output holds rows of the batch). The flash kernel's stay on the GPU (torch's "BC breaking
+    change to flash seed/offset"), as an H200 counted them."""
+    _attention_rng.append(True)
+    try:
+        yield
+    finally:
+        _attention_rng.pop()
+
+
 def cuda_sdpa(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
@@ -129,9 +198,10 @@ def cuda_sdpa(
         if mask is not None:
             mask = _pad_last(mask, 16).expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-        return sdpa_kernel_op("_scaled_dot_product_efficient_attention")(
-            query, key, value, mask, needs_grad, dropout_p, is_causal, scale=scale
-        )[0]
+        with _rng_state_on_host():
+            return sdpa_kernel_op("_scaled_dot_product_efficient_attention")(
+                query, key, value, mask, needs_grad, dropout_p, is_causal, scale=scale
+            )[0]
     return _math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
@@ -145,7 +215,8 @@ def cuda_dropout(input, p=0.5, training=True, inplace=False):
 
 @contextlib.contextmanager
 def cuda_kernels():
-    """Inside it, dropout and attention run the ops CUDA would run, on any (fake) tensor.
+    """Inside it, dropout and attention run the ops CUDA would run, on any (fake) tensor, and
+    storages are counted in the allocator's blocks (:func:`allocator_blocks`).
 
     ``torch.nn.functional.dropout`` and ``scaled_dot_product_attention`` are replaced for the
     duration, not intercepted by a ``TorchFunctionMode``: a mode is set aside while it handles a
@@ -156,7 +227,8 @@ def cuda_kernels():
     originals = F.dropout, F.scaled_dot_product_attention
     F.dropout, F.scaled_dot_product_attention = cuda_dropout, cuda_sdpa
     try:
-        yield
+        with allocator_blocks():
+            yield
     finally:
         F.dropout, F.scaled_dot_product_attention = originals
 

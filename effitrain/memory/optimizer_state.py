@@ -4,6 +4,8 @@ its step peak is :func:`effitrain.commands.estimate.estimate_memory`."""
 
 from __future__ import annotations
 
+import contextvars
+
 import torch
 
 from effitrain.memory.count import Footprint, footprint, optimizer_params
@@ -13,8 +15,13 @@ from effitrain.memory.count import Footprint, footprint, optimizer_params
 BNB_BLOCKSIZE = 256
 
 
+# The allocation unit each state tensor is rounded up to (1: bytes; CUDA's allocator: 512).
+_BLOCK = contextvars.ContextVar("block", default=1)
+
+
 def _tensor(numel: int, dtype: torch.dtype) -> Footprint:
-    return Footprint(bytes=numel * dtype.itemsize, elements=numel, storages=1)
+    block = _BLOCK.get()
+    return Footprint(bytes=-(-numel * dtype.itemsize // block) * block, elements=numel, storages=1)
 
 
 def _local_numel(param) -> int:
@@ -188,8 +195,9 @@ ESTIMATORS = [
 ]
 
 
-def estimate_optimizer_state(optimizer) -> Footprint | None:
-    """The state ``optimizer`` will hold after its first step, from its parameters' shapes alone.
+def estimate_optimizer_state(optimizer, block: int = 1) -> Footprint | None:
+    """The state ``optimizer`` will hold after its first step, from its parameters' shapes alone;
+    each tensor rounded up to whole ``block``s of bytes (CUDA's allocator: 512).
 
     The optimizer may be built on ``meta`` parameters: construction allocates no state. Only the
     parameters that get a gradient get state; all of the optimizer's parameters are assumed to.
@@ -201,7 +209,11 @@ def estimate_optimizer_state(optimizer) -> Footprint | None:
         if name in names:
             if estimator is _bnb_two_state and not _bnb_two_state_unchanged(cls):
                 return None
-            return estimator(optimizer)
+            token = _BLOCK.set(block)
+            try:
+                return estimator(optimizer)
+            finally:
+                _BLOCK.reset(token)
     return None
 
 

@@ -265,7 +265,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     keeps no state, and their state is added from the analytic estimate at every moment of every
     phase (the first step's peak is then an upper bound).
     """
-    analytic_state = counted_state(config, optimizer_cfg, cfg)
+    analytic_state = counted_state(config, optimizer_cfg, cfg, device)
     with replayed(config, cfg, batches, device, eval_shapes) as replay:
         optimizer = replay.optimizer(optimizer_cfg)
         for phase in ("first_step", "later_step"):  # reset_mod_stats per micro-batch, as StepMemory.saw
@@ -297,9 +297,10 @@ def completed(trace: Trace, analytic_state: int, config, cfg) -> Trace:
     return trace
 
 
-def counted_state(config, optimizer_cfg, cfg) -> int:
+def counted_state(config, optimizer_cfg, cfg, device: str = "cpu") -> int:
     """The analytic state bytes of an optimizer fake tensors cannot run (0 for one they can, whose
-    caches are then filled for real: :func:`_caches_filled_for_real`).
+    caches are then filled for real: :func:`_caches_filled_for_real`), each tensor in ``device``'s
+    allocation blocks.
 
     Raises:
         ConfigError: neither replayed nor counted: a prediction without its state would be too low.
@@ -316,7 +317,10 @@ def counted_state(config, optimizer_cfg, cfg) -> int:
         return 0
     task = build_task(cfg)
     shapes_only = adapted_on_meta(getattr(transformers, task.auto_class), config, cfg, task)
-    state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay))
+    from effitrain.memory.cuda import CUDA_BLOCK
+
+    block = CUDA_BLOCK if device == "cuda" else 1
+    state = estimate_optimizer_state(build_optimizer(optimizer_cfg, shapes_only, cfg.weight_decay), block)
     if state is None:
         raise ConfigError(
             f"optimizer._target_={str(optimizer_cfg.get('_target_'))!r} is invalid: with these settings "

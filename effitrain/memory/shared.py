@@ -60,7 +60,7 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
     ``steps``: optimizer steps replayed before, reused where they match (and added to)."""
     steps = steps if steps is not None else StepReplays()
     steps.reused = set()
-    analytic = {name: counted_state(config, node, cfg) for name, node in optimizer_cfgs.items()}
+    analytic = {name: counted_state(config, node, cfg, device) for name, node in optimizer_cfgs.items()}
     keys = {name: _optimizer_key(node, cfg.weight_decay, device) for name, node in optimizer_cfgs.items()}
     traces = {name: Trace({}, 0) for name in optimizer_cfgs}
     records: dict[str, dict] = {}  # name -> its steps' record, replayed here or reused

@@ -143,6 +143,41 @@ def step_peak_tracker_class():
     return StepPeakTracker
 
 
+@contextlib.contextmanager
+def storages_counted_as(count, is_host):
+    """Inside it, torch's MemTracker counts a storage as ``count(nbytes)`` where it counts it as
+    ``nbytes``, unless ``is_host(storage, device)`` (a storage that stays on the CPU): its private
+    ``_WeakRefInfo.create_winfo`` and ``_calculate_mem_consumed`` are replaced for the duration.
+    Fallback: storages counted as they are (a warning says so)."""
+    from torch.distributed._tools import mem_tracker
+
+    info = private("torch", mem_tracker, "_WeakRefInfo")
+    if info is None or not all(hasattr(info, name) for name in ("create_winfo", "_calculate_mem_consumed")):
+        log.warning("torch %s: storages counted at their own size, not as CUDA's allocator holds them",
+                    version("torch"))  # fmt: skip
+        yield
+        return
+    saved = {name: info.__dict__[name] for name in ("create_winfo", "_calculate_mem_consumed")}
+    create = info.create_winfo
+
+    def counted(self) -> int:
+        nbytes = self.size * self.element_size
+        return nbytes if getattr(self, "host", True) else count(nbytes)
+
+    def create_winfo(st, device, reftype, callback=None):
+        winfo, ref = create(st, device, reftype, callback)
+        winfo.host = is_host(st, device)
+        winfo.mem_consumed = winfo._calculate_mem_consumed()
+        return winfo, ref
+
+    info.create_winfo, info._calculate_mem_consumed = create_winfo, counted
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(info, name, value)
+
+
 def fake_process_group(rank: int, world_size: int) -> None:
     """The default process group as ``rank`` of ``world_size`` processes that are not there: torch's
     ``fake`` backend (``torch.testing._internal.distributed.fake_pg``, a testing module), whose
