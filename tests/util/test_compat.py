@@ -3,6 +3,7 @@ upgrade renames or changes one, the test of that entry fails and names it."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -301,3 +302,23 @@ def test_the_step_tracker_frees_the_graph_a_dora_layer_leaves_unused():
     # MemTracker hooks every parameter, frozen or not (which raises): the models here train them all
     assert _autograd_nodes_in_garbage(dora().requires_grad_(True), compat.mem_tracker_class()()) >= 13
     assert _autograd_nodes_in_garbage(dora(), compat.step_peak_tracker_class()()) == 0
+
+
+def test_storages_counted_as_is_what_mem_tracker_counts_and_is_undone_after():
+    """MemTracker counts each storage through the replaced ``_WeakRefInfo``: 100 bytes as 128 inside,
+    a storage said to stay on the host at its size (40), and every storage at its size once left."""
+    from torch.distributed._tools import mem_tracker
+
+    from effitrain.memory.replay import breakdown, step_tracker
+
+    before = dict(vars(mem_tracker._WeakRefInfo))
+    counted = []
+    for replaced in (True, False):
+        blocks = compat.storages_counted_as(lambda n: -(-n // 128) * 128, lambda st, device: st.size() == 40)
+        with blocks if replaced else contextlib.nullcontext():
+            tracker = step_tracker()
+            with tracker:
+                kept = [torch.empty(25), torch.empty(10)]  # noqa: F841  (held while the tracker reads)
+                counted.append(breakdown(tracker.get_tracker_snapshot("current"))["total"])
+    assert counted == [128 + 40, 100 + 40]
+    assert dict(vars(mem_tracker._WeakRefInfo)) == before
