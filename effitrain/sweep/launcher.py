@@ -20,7 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
+from omegaconf import DictConfig, open_dict
 
 from effitrain.config.errors import ConfigError, fail
 from effitrain.run import folders, results
@@ -71,8 +74,6 @@ class LocalSweep:
     """One batch of jobs on this machine: decide, start, watch, stop and record them."""
 
     def __init__(self, launcher, job_overrides, initial_job_idx: int):
-        from hydra.core.utils import configure_log, setup_globals
-
         setup_globals()
         configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
         self.launcher = launcher
@@ -98,15 +99,11 @@ class LocalSweep:
         self.stop_signal: int | None = None
 
     def _prepare(self, overrides: list, idx: int, label: str) -> LaunchedJob:
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf import open_dict
-
         config = self.launcher.hydra_context.config_loader.load_sweep_config(self.launcher.config, overrides)
         with open_dict(config):
             config.hydra.job.id = config.hydra.job.num = idx
-        HydraConfig.instance().set_config(
-            config
-        )  # as Hydra's BasicLauncher: the subdir may read ${hydra:...}
+        # as Hydra's BasicLauncher does: the job's subdir may read ${hydra:...}
+        HydraConfig.instance().set_config(config)
         folder = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         return LaunchedJob(idx, overrides, config, folder, os.path.relpath(folder, self.sweep_dir), label)
 
@@ -140,7 +137,6 @@ class LocalSweep:
 
     def _start(self, job: LaunchedJob) -> None:
         import cloudpickle
-        from hydra.core.singleton import Singleton
 
         job.cpus, job.gpus = self.cpu_slots.pop(0), self.gpu_groups.pop(0) if self.gpu_groups else None
         spec, job.result = self.specs / f"job-{job.idx}.pkl", self.specs / f"job-{job.idx}.json"
@@ -173,17 +169,15 @@ class LocalSweep:
         print(f"effitrain: job {job.idx} started ({', '.join(where)}): {job.label}", flush=True)
 
     def _send(self, job: LaunchedJob, signum: int) -> None:
-        """``signum`` to a running job (SIGKILL to its whole process group: nothing it started outlives
-        it); SIGKILL follows once ``kill_grace_s`` has run out."""
+        """``signum`` to a running job; SIGKILL to its process group (nothing it started outlives it)."""
         if job.process.poll() is not None:
             return
         job.stop_signal = job.stop_signal or signum
-        job.deadline = time.time() + self.settings["kill_grace_s"]
-        with contextlib.suppress(ProcessLookupError):
-            if signum == signal.SIGKILL:
-                os.killpg(job.process.pid, signum)
-            else:
-                job.process.send_signal(signum)
+        job.deadline = time.time() + self.settings["kill_grace_s"]  # then SIGKILL
+        if signum == signal.SIGKILL:  # unreaped (polled above): its group exists even if it just ended
+            os.killpg(job.process.pid, signum)
+        else:
+            job.process.send_signal(signum)
 
     def _finish(self, job: LaunchedJob) -> None:
         """A job whose process has ended: how it ended, its slots back (to the back: every GPU gets used)."""
@@ -192,7 +186,7 @@ class LocalSweep:
         job.lock.close()  # let go only after a killed job's summary is written under it
         self.cpu_slots.append(job.cpus)
         self.gpu_groups += [job.gpus] if job.gpus is not None else []
-        job.value = result.get("return_value") if result is not None and result.get("completed") else None
+        job.value = (result or {}).get("return_value")  # None when the task raised
         ended = time.time()
         self._record(
             job, status=outcome.status, pid=job.process.pid, returncode=code, ended=ended, error=outcome.error
@@ -212,8 +206,6 @@ class LocalSweep:
             self._send(job, signum if first else signal.SIGKILL)
 
     def run(self) -> list:
-        from hydra.core.utils import JobReturn, JobStatus
-
         signals: list[int] = []  # acted on in the loop below, not inside the handler
         handlers = {
             s: signal.signal(s, lambda s, _: signals.append(s)) for s in (signal.SIGINT, signal.SIGTERM)
@@ -300,20 +292,16 @@ def job_outcome(job: LaunchedJob, code: int, result: dict | None, timeout_min) -
         return JobOutcome(job.folder, said, False, written.get("error"), log)
     elif result is not None and not result.get("completed"):
         return JobOutcome(job.folder, "failed", False, result.get("error"), log)
-    elif (
-        code == 0 and result is not None
-    ):  # no new summary: an ok run resume=auto kept, or a task that writes none
+    elif code == 0 and result is not None:
+        # no new summary: an ok run that resume=auto kept, or a task that writes none
         summary = summary or {"status": "ok"}
         return JobOutcome(job.folder, summary.get("status", "failed"), False, summary.get("error"), log)
     else:
         error = f"its process exited with code {code} and no summary.json: see {log}"
         return JobOutcome(job.folder, "failed", False, error, log)
     if written is None:  # nothing of its own (an interrupted run's measurements): its keys and steps
-        written = {
-            "env/pid": job.process.pid,
-            "env/cuda_visible_devices": job.gpus,
-            "env/cpu_affinity": job.cpus,
-        }
+        written = {"env/pid": job.process.pid, "env/cuda_visible_devices": job.gpus}
+        written["env/cpu_affinity"] = job.cpus
         with contextlib.suppress(Exception):  # the keys are context; the status is written regardless
             written.update(summary_config_keys(job.config, job.folder, 1))
         if file_id(job.folder / results.METRICS) != job.before[results.METRICS]:

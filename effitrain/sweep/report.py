@@ -17,6 +17,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from effitrain.run import results
+from effitrain.train.loggers import offline_sync_hint
 
 
 @dataclass
@@ -74,8 +75,6 @@ class SweepReport(Callback):
         RECORD.jobs, RECORD.signal = None, None
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from effitrain.train.loggers import offline_sync_hint
-
         sweep_dir = Path(config.hydra.sweep.dir)
         # effitrain's launcher: the jobs Hydra handed it, whatever is on disk; another: what is on disk
         outcomes = RECORD.jobs if RECORD.jobs is not None else sweep_outcomes(sweep_dir, self.started)

@@ -1,8 +1,6 @@
-"""A sweep's job in its own process: :func:`start_job`, what every job does before its run (under
-effitrain's launcher and ``submitit_slurm`` alike), and ``python -m effitrain.sweep.worker <spec>``, the
-process effitrain's launcher starts: it runs Hydra's ``run_job`` on ``<spec>`` (the task, the job's
-config and Hydra's state, pickled by the sweep) and leaves its result as JSON.
-"""
+"""A sweep's job: :func:`start_job`, what it does before its run under any launcher, and the process
+effitrain's launcher starts (``python -m effitrain.sweep.worker <spec>``), which runs Hydra's ``run_job``
+on the pickled spec and leaves its result as JSON."""
 
 from __future__ import annotations
 
@@ -13,9 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-INDUCTOR_CACHE = (
-    ".cache/inductor"  # Inductor's compile cache, shared by a sweep's jobs: a dot-folder of the sweep
-)
+INDUCTOR_CACHE = ".cache/inductor"  # Inductor's compile cache, shared by a sweep's jobs
 
 
 def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
@@ -28,11 +24,9 @@ def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
         from submitit.helpers import TorchDistributedEnvironment
 
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-    # Inductor's cache defaults to /tmp of each machine; under the sweep folder it is shared by all
-    # jobs of the sweep, on one box or across cluster nodes, so later compile=on jobs start faster.
-    os.environ.setdefault(
-        "TORCHINDUCTOR_CACHE_DIR", str(Path(hydra_cfg.sweep.dir).resolve() / INDUCTOR_CACHE)
-    )
+    # under the sweep folder, not each machine's /tmp: later compile=on jobs start faster, across nodes too
+    cache = Path(hydra_cfg.sweep.dir).resolve() / INDUCTOR_CACHE
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
     decision = folders.decide(Path(hydra_cfg.runtime.output_dir), cfg, job_of_sweep=True)
     if decision.action != "skip":  # a refused one runs: the run itself refuses the folder, in its summary
         return None
@@ -41,18 +35,13 @@ def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
 
 
 def main(spec_path: str) -> int:
-    # Until the task runs, Ctrl-C forwarded by the sweep ends this process outright, as SIGTERM
-    # does: a KeyboardInterrupt raised in this start-up (imports, unpickling) could be caught on
-    # its way out and the job would sleep on until the sweep's kill_grace_s ran out.
+    # Until the task runs, a forwarded Ctrl-C ends this process as SIGTERM does: a KeyboardInterrupt in
+    # start-up (imports, unpickling) could be caught and the job sleep on until kill_grace_s ran out.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     folder, spec = os.stat(Path(spec_path).parent), os.stat(spec_path)
-    if not (
-        folder.st_uid == spec.st_uid == os.getuid() and not folder.st_mode & 0o077
-    ):  # unpickling runs code
-        print(
-            f"effitrain: error: {spec_path} is not in a folder only this user may write: not read",
-            file=sys.stderr,
-        )
+    if folder.st_uid != os.getuid() or spec.st_uid != os.getuid() or folder.st_mode & 0o077:
+        error = f"{spec_path} is not in a folder only this user may write: not read"  # unpickling runs code
+        print(f"effitrain: error: {error}", file=sys.stderr)
         return 2
     import json
     import traceback
