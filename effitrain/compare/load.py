@@ -19,7 +19,7 @@ from pathlib import Path
 
 from effitrain.config.errors import ConfigError
 from effitrain.run import results
-from effitrain.sweep.report import job_folders
+from effitrain.run.results import job_folders
 from effitrain.train.loggers import read_metrics
 from effitrain.train.step import WARMUP_STEPS
 from effitrain.train.tasks import reported_metrics

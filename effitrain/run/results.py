@@ -1,4 +1,4 @@
-"""Result files of a run: ``summary.json`` (atomic) and ``metrics.jsonl`` (a line per step)."""
+"""A run's result files: ``summary.json`` (atomic), ``metrics.jsonl`` (a line per step), where they are."""
 
 from __future__ import annotations
 
@@ -35,6 +35,19 @@ def read_summary(folder: Path) -> dict | None:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
     return summary if isinstance(summary, dict) else None  # valid JSON but not a summary: unreadable
+
+
+def job_folders(root: Path) -> list[Path]:
+    """Folders under ``root`` (itself included) that hold a job: its summary.json or Hydra's record.
+
+    Dot-folders (.effitrain, .submitit, .cache with thousands of Inductor files, .hydra) are not searched.
+    """
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+        if SUMMARY in files or os.path.exists(os.path.join(folder, ".hydra", "overrides.yaml")):
+            found.append(Path(folder))
+    return found
 
 
 def _version(package: str) -> str | None:

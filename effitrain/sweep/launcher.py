@@ -1,17 +1,14 @@
-"""Multiruns: effitrain's launcher (``hydra/launcher=effitrain``, the default).
-
-    python train.py -m optimizer=adamw,adafactor hydra.launcher.max_parallel=2   # two at once
-    python train.py sweep=optimizers max_steps=20 hydra.sweep.dir=multirun/optimizers/<date_time>  # resume
-
-Each job runs Hydra's ``run_job`` in a process of its own (:mod:`effitrain.sweep.worker`), its output
-in ``<job>/job.log``, watched by one loop in the sweep's process. effitrain adds the folder policy
-before a process starts (:func:`effitrain.run.folders.claimed`), one slot per running job (its GPUs,
-its CPU cores: :mod:`effitrain.sweep.slots`), timeouts, signals forwarded, and how each job ended.
+"""effitrain's launcher (``hydra/launcher=effitrain``, the default): each job in a process of its own
+(:mod:`effitrain.sweep.worker`, its output in ``<job>/job.log``), watched by one loop in the sweep's
+process. effitrain adds the folder policy before a process starts (:func:`effitrain.run.folders.claimed`),
+one slot per running job (its GPUs, its CPU cores), timeouts, signals forwarded, and how each job ended.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
 import os
 import shutil
@@ -19,15 +16,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
+from omegaconf import DictConfig, open_dict
 
 from effitrain.config.errors import ConfigError, fail
 from effitrain.run import folders, results
+from effitrain.run.summary_keys import summary_config_keys
 from effitrain.sweep.report import RECORD, JobOutcome, signal_name
 from effitrain.sweep.slots import cpu_sets, launcher_settings, visible_gpus
 from effitrain.train.loggers import read_metrics
@@ -58,33 +58,28 @@ class LaunchedJob:
     label: str = ""  # what sets it apart from the sweep's other jobs, for its console lines
     lock: contextlib.ExitStack | None = None  # the folder's, held while the job runs
     process: subprocess.Popen | None = None
-    gpus: list | None = None
+    result: Path | None = None  # what its process says of its task (JSON)
+    gpus: str | None = None  # its CUDA_VISIBLE_DEVICES
     cpus: list | None = None
     started: float = 0.0
     deadline: float = 0.0  # when it is sent SIGTERM (timeout_min), or SIGKILL (kill_grace_s after a signal)
-    summary_before: tuple | None = None
-    metrics_before: tuple | None = None
+    before: dict | None = None  # file_id of its summary.json and metrics.jsonl when it started
     stop_signal: int | None = None  # what the launcher sent it (a timeout or the sweep's stop)
     timed_out: bool = False
     outcome: JobOutcome | None = None
     value: object = None
-
-    def result(self, specs: Path) -> Path:
-        return specs / f"job-{self.idx}.json"
 
 
 class LocalSweep:
     """One batch of jobs on this machine: decide, start, watch, stop and record them."""
 
     def __init__(self, launcher, job_overrides, initial_job_idx: int):
-        from hydra.core.utils import configure_log, setup_globals
-
         setup_globals()
         configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
         self.launcher = launcher
         try:
-            self.settings = launcher_settings(launcher.params)
-        except ConfigError as error:
+            self.settings = settings = launcher_settings(launcher.params)
+        except ConfigError as error:  # an app other than train.py, whose preflight checks them first
             fail(str(error))
         self.sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
         (self.sweep_dir / LAUNCHER_DIR).mkdir(parents=True, exist_ok=True)
@@ -94,46 +89,40 @@ class LocalSweep:
         self.jobs = [
             self._prepare(list(o), initial_job_idx + i, labels[i]) for i, o in enumerate(job_overrides)
         ]
-        devices, per_job = self.settings["devices"], self.settings["gpus_per_job"]
+        devices, per_job = settings["devices"], settings["gpus_per_job"]
         devices = visible_gpus() if devices is None else devices
-        self.gpu_groups = [devices[i : i + per_job] for i in range(0, len(devices) - per_job + 1, per_job)]
-        parallel = self.settings["max_parallel"]
-        self.parallel = min(parallel, len(self.gpu_groups)) if self.gpu_groups else parallel
-        self.cpu_slots = cpu_sets(self.parallel, self.settings["cpu_pinning"])
+        self.gpu_groups = [
+            ",".join(devices[i : i + per_job]) for i in range(0, len(devices) - per_job + 1, per_job)
+        ]
+        parallel = min(settings["max_parallel"], len(self.gpu_groups) or settings["max_parallel"])
+        self.cpu_slots = cpu_sets(parallel, settings["cpu_pinning"])  # a job starts while one is free
         self.stop_signal: int | None = None
 
     def _prepare(self, overrides: list, idx: int, label: str) -> LaunchedJob:
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf import open_dict
-
         config = self.launcher.hydra_context.config_loader.load_sweep_config(self.launcher.config, overrides)
         with open_dict(config):
             config.hydra.job.id = config.hydra.job.num = idx
-        previous = HydraConfig.instance().cfg  # the job's subdir may read ${hydra:...}
+        # as Hydra's BasicLauncher does: the job's subdir may read ${hydra:...}
         HydraConfig.instance().set_config(config)
-        try:
-            folder = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
-        finally:
-            HydraConfig.instance().cfg = previous
+        folder = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         return LaunchedJob(idx, overrides, config, folder, os.path.relpath(folder, self.sweep_dir), label)
 
     def _decide_without_process(self, job: LaunchedJob) -> bool:
         """Settle a job that needs no process (outside the sweep folder, skipped, refused or in use)
         and say True; else False, with its folder locked (``job.lock``) until the job has ended."""
         sweep, target = self.sweep_dir.resolve(), job.folder.resolve()
-        if target == sweep or sweep not in target.parents:
+        if target == sweep or not target.is_relative_to(sweep):
             error = (
                 f"hydra.sweep.subdir={job.name!r} is invalid: a job folder must be inside the sweep folder "
                 f"{self.sweep_dir} (overrides {' '.join(job.overrides)})"
             )
             job.outcome = JobOutcome(job.folder, "failed", False, error)
             return True
-        job.lock = contextlib.ExitStack()
-        decision = job.lock.enter_context(folders.claimed(job.folder, job.config, job_of_sweep=True))
-        if decision.action == "run":
-            return False
-        job.lock.close()
-        job.lock = None
+        with contextlib.ExitStack() as lock:
+            decision = lock.enter_context(folders.claimed(job.folder, job.config, job_of_sweep=True))
+            if decision.action == "run":
+                job.lock = lock.pop_all()
+                return False
         if decision.action == "skip":
             job.value = decision.previous.get(job.config.get("optimized_metric", "eval/loss"))
             job.outcome, fields = JobOutcome(job.folder, "ok", True, None), {"skipped": True}
@@ -146,64 +135,58 @@ class LocalSweep:
         self._record(job, status=job.outcome.status, **fields)
         return True
 
-    def _start(self, job: LaunchedJob, specs: Path) -> None:
+    def _start(self, job: LaunchedJob) -> None:
         import cloudpickle
-        from hydra.core.singleton import Singleton
 
-        job.cpus = self.cpu_slots.pop(0)
-        job.gpus = self.gpu_groups.pop(0) if self.gpu_groups else None
+        job.cpus, job.gpus = self.cpu_slots.pop(0), self.gpu_groups.pop(0) if self.gpu_groups else None
+        spec, job.result = self.specs / f"job-{job.idx}.pkl", self.specs / f"job-{job.idx}.json"
         state = {"task_function": self.launcher.task_function, "hydra_context": self.launcher.hydra_context}
-        state.update(config=job.config, singletons=Singleton.get_state(), result=str(job.result(specs)))
-        with open(specs / f"job-{job.idx}.pkl", "wb") as handle:
+        state.update(config=job.config, singletons=Singleton.get_state(), result=str(job.result))
+        with open(spec, "wb") as handle:
             cloudpickle.dump(state, handle)
         env = dict(os.environ, **{folders.LOCKED_ENV: str(job.folder.resolve())})
-        env["EFFITRAIN_LAUNCHER_PID"] = str(os.getpid())  # a job's process ends when this one dies
         if job.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus)
+            env["CUDA_VISIBLE_DEVICES"] = job.gpus
         if job.cpus is not None:
-            env["EFFITRAIN_CPUS"] = ",".join(map(str, job.cpus))  # the cores it pins itself to
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(len(job.cpus))  # one thread per core
         # a job's process imports the same effitrain (and hydra_plugins) as the sweep, wherever started
         roots = [] if ROOT.name in ("site-packages", "dist-packages") else [str(ROOT)]
         env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in [env.get("PYTHONPATH")] if p])
-        job.summary_before = file_id(job.folder / results.SUMMARY)
-        job.metrics_before = file_id(job.folder / results.METRICS)
+        job.before = {name: file_id(job.folder / name) for name in (results.SUMMARY, results.METRICS)}
+        setup = functools.partial(_in_the_job, job.cpus, os.getpid(), ctypes.CDLL(None).prctl)
         with open(job.folder / JOB_LOG, "wb") as log:
             job.started = time.time()
             job.deadline = job.started + self.settings["timeout_min"] * 60
             # its own session: a Ctrl-C at the terminal reaches the sweep only, which forwards it
             # once to every job (a job hit twice could be stopped while writing its summary)
-            command = [sys.executable, "-m", "effitrain.sweep.worker", str(specs / f"job-{job.idx}.pkl")]
             job.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
+                [sys.executable, "-m", "effitrain.sweep.worker", str(spec)], stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=setup,
             )  # fmt: skip
         where = [f"pid {job.process.pid}"]
-        where += [f"CUDA_VISIBLE_DEVICES={','.join(job.gpus)}"] if job.gpus is not None else []
+        where += [f"CUDA_VISIBLE_DEVICES={job.gpus}"] if job.gpus is not None else []
         where += [f"cpus {','.join(map(str, job.cpus))}"] if job.cpus is not None else []
         print(f"effitrain: job {job.idx} started ({', '.join(where)}): {job.label}", flush=True)
 
     def _send(self, job: LaunchedJob, signum: int) -> None:
-        """``signum`` to a running job (SIGKILL to its whole process group: nothing it started
-        outlives it); SIGKILL follows once ``kill_grace_s`` has run out."""
+        """``signum`` to a running job; SIGKILL to its process group (nothing it started outlives it)."""
         if job.process.poll() is not None:
             return
         job.stop_signal = job.stop_signal or signum
-        job.deadline = time.time() + self.settings["kill_grace_s"]
-        with contextlib.suppress(ProcessLookupError):
-            if signum == signal.SIGKILL:
-                os.killpg(job.process.pid, signum)
-            else:
-                job.process.send_signal(signum)
+        job.deadline = time.time() + self.settings["kill_grace_s"]  # then SIGKILL
+        if signum == signal.SIGKILL:  # unreaped (polled above): its group exists even if it just ended
+            os.killpg(job.process.pid, signum)
+        else:
+            job.process.send_signal(signum)
 
-    def _finish(self, job: LaunchedJob, specs: Path) -> None:
+    def _finish(self, job: LaunchedJob) -> None:
         """A job whose process has ended: how it ended, its slots back (to the back: every GPU gets used)."""
-        code, result = job.process.returncode, _read_result(job.result(specs))
+        code, result = job.process.returncode, _read_result(job.result)
         job.outcome = outcome = job_outcome(job, code, result, self.settings["timeout_min"])
         job.lock.close()  # let go only after a killed job's summary is written under it
         self.cpu_slots.append(job.cpus)
         self.gpu_groups += [job.gpus] if job.gpus is not None else []
-        job.value = result.get("return_value") if result is not None and result.get("completed") else None
+        job.value = (result or {}).get("return_value")  # None when the task raised
         ended = time.time()
         self._record(
             job, status=outcome.status, pid=job.process.pid, returncode=code, ended=ended, error=outcome.error
@@ -223,15 +206,12 @@ class LocalSweep:
             self._send(job, signum if first else signal.SIGKILL)
 
     def run(self) -> list:
-        from hydra.core.utils import JobReturn, JobStatus
-
         signals: list[int] = []  # acted on in the loop below, not inside the handler
-        handlers = {}
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                handlers[signum] = signal.signal(signum, lambda signum, frame: signals.append(signum))
+        handlers = {
+            s: signal.signal(s, lambda s, _: signals.append(s)) for s in (signal.SIGINT, signal.SIGTERM)
+        }
         # the jobs' specs (code, unpickled by the job's process): a folder only this user may enter
-        specs = Path(tempfile.mkdtemp(prefix="specs-", dir=self.sweep_dir / LAUNCHER_DIR))
+        self.specs = Path(tempfile.mkdtemp(prefix="specs-", dir=self.sweep_dir / LAUNCHER_DIR))
         pending, running = list(self.jobs), []
         try:
             while running or (pending and self.stop_signal is None):
@@ -243,11 +223,11 @@ class LocalSweep:
                         self._send(job, signal.SIGTERM if job.stop_signal is None else signal.SIGKILL)
                 for job in [job for job in running if job.process.poll() is not None]:
                     running.remove(job)
-                    self._finish(job, specs)
-                while pending and len(running) < self.parallel and self.stop_signal is None:
+                    self._finish(job)
+                while pending and self.cpu_slots and self.stop_signal is None:
                     job = pending.pop(0)
                     if not self._decide_without_process(job):
-                        self._start(job, specs)
+                        self._start(job)
                         running.append(job)
                 time.sleep(0.05)
         finally:
@@ -255,7 +235,7 @@ class LocalSweep:
                 self._send(job, signal.SIGKILL)
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
-            shutil.rmtree(specs, ignore_errors=True)
+            shutil.rmtree(self.specs, ignore_errors=True)
         for job in pending:
             job.outcome = JobOutcome(job.folder, "not started", False, "the sweep was stopped first")
         RECORD.jobs = (RECORD.jobs or []) + [job.outcome for job in self.jobs]
@@ -263,86 +243,74 @@ class LocalSweep:
         # COMPLETED also for a failed or killed job: the sweep reports it and goes on; Hydra's
         # sweeper would stop the whole multirun at the first FAILED with a traceback
         done = {"status": JobStatus.COMPLETED, "working_dir": os.getcwd()}
-        return [
-            JobReturn(
-                job.overrides,
-                job.config,
-                task_name=str(job.config.hydra.job.name),
-                _return_value=job.value,
-                **done,
-            )
-            for job in self.jobs
-        ]
+        return [JobReturn(job.overrides, job.config, _return_value=job.value, **done) for job in self.jobs]
 
     def _record(self, job: LaunchedJob, **fields) -> None:
         """A line of ``<sweep>/.effitrain/launches.jsonl``: where and when each job ran."""
         line = {"job": job.idx, "folder": job.name}
         if job.process is not None:
-            gpus = ",".join(job.gpus) if job.gpus is not None else None
-            line.update(started=job.started, cuda_visible_devices=gpus, cpus=job.cpus)
+            line.update(started=job.started, cuda_visible_devices=job.gpus, cpus=job.cpus)
         with open(self.sweep_dir / LAUNCHER_DIR / LAUNCHES, "a") as handle:
             handle.write(json.dumps({**line, **fields}) + "\n")
 
 
+def _in_the_job(cpus: list | None, sweep_pid: int, prctl) -> None:
+    """In a job's process before it starts Python: its cores, and SIGTERM when the sweep's process dies
+    however it dies (SIGKILL included), so a job never runs on as an orphan."""
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != sweep_pid:  # the sweep died before the line above
+        os._exit(1)
+
+
 def job_outcome(job: LaunchedJob, code: int, result: dict | None, timeout_min) -> JobOutcome:
-    """How the job ended, from its exit and what it wrote; a job that could not write its own
-    summary (killed outright, timed out) gets one written here."""
-    log = job.folder / JOB_LOG
-    summary = results.read_summary(job.folder)
-    rewritten = file_id(job.folder / results.SUMMARY) != job.summary_before  # by this attempt
-    written = summary if rewritten else None
-    if written is not None and written.get("status") == "ok":
-        return JobOutcome(job.folder, "ok", False, None, log)
+    """How the job ended, from its exit and what it wrote; a job stopped before it could say so itself
+    (killed outright, timed out) gets its status written into its summary here."""
+    log, summary = job.folder / JOB_LOG, results.read_summary(job.folder)
+    written = summary if file_id(job.folder / results.SUMMARY) != job.before[results.SUMMARY] else None
+    said = written.get("status", "failed") if written is not None else None  # by this attempt's run
     signum = -code if code < 0 else None
-    stopped = None
+    if said == "ok":
+        return JobOutcome(job.folder, "ok", False, None, log)
     if job.timed_out:
-        error = f"ran longer than hydra.launcher.timeout_min={timeout_min}: stopped by "
-        stopped = ("timeout", signum or job.stop_signal, error + signal_name(signum or job.stop_signal))
-    elif job.stop_signal is not None and signum != signal.SIGKILL and not rewritten:
+        status, signum = "timeout", signum or job.stop_signal
+        error = f"ran longer than hydra.launcher.timeout_min={timeout_min}: stopped by {signal_name(signum)}"
+    elif job.stop_signal is not None and signum != signal.SIGKILL and written is None:
         # the sweep stopped it (Ctrl-C, SIGTERM) before it could say so itself (still starting)
-        error = f"interrupted by {signal_name(job.stop_signal)} (the sweep was stopped)"
-        stopped = ("interrupted", job.stop_signal, error)
-    elif signum is not None and not (written is not None and written.get("status") == "interrupted"):
-        error = f"killed by {signal_name(signum)}"
+        status, signum = "interrupted", job.stop_signal
+        error = f"interrupted by {signal_name(signum)} (the sweep was stopped)"
+    elif signum is not None and said != "interrupted":
+        status, error = "killed", f"killed by {signal_name(signum)}"
         if signum == signal.SIGKILL and job.stop_signal is None:
             error += " (from outside: the kernel's OOM killer sends it when memory runs out)"
         elif signum == signal.SIGKILL:
             error += (
                 f" after {signal_name(job.stop_signal)}: it did not stop within hydra.launcher.kill_grace_s"
             )
-        stopped = ("killed", signum, error)
-    if stopped is not None:
-        _write_stopped(job, *stopped, written)
-        return JobOutcome(job.folder, stopped[0], False, stopped[2], log)
-    if written is not None:
-        return JobOutcome(job.folder, written.get("status", "failed"), False, written.get("error"), log)
-    if result is not None and not result.get("completed"):
+    elif said is not None:
+        return JobOutcome(job.folder, said, False, written.get("error"), log)
+    elif result is not None and not result.get("completed"):
         return JobOutcome(job.folder, "failed", False, result.get("error"), log)
-    if code == 0 and result is not None:
-        # the task wrote no new summary: a finished run resume=auto kept, or a task that writes none
-        status = summary.get("status", "failed") if summary else "ok"
-        return JobOutcome(job.folder, status, False, summary.get("error") if summary else None, log)
-    error = f"its process exited with code {code} and no summary.json: see {log}"
-    return JobOutcome(job.folder, "failed", False, error, log)
-
-
-def _write_stopped(job: LaunchedJob, status: str, signum: int, error: str, summary: dict | None) -> None:
-    """The summary of a job stopped from outside: what it wrote itself, if anything (an
-    interrupted run's measurements), else its config keys and the steps its metrics show."""
-    if summary is None:
-        summary = {}
+    elif code == 0 and result is not None:
+        # no new summary: an ok run that resume=auto kept, or a task that writes none
+        summary = summary or {"status": "ok"}
+        return JobOutcome(job.folder, summary.get("status", "failed"), False, summary.get("error"), log)
+    else:
+        error = f"its process exited with code {code} and no summary.json: see {log}"
+        return JobOutcome(job.folder, "failed", False, error, log)
+    if written is None:  # nothing of its own (an interrupted run's measurements): its keys and steps
+        written = {"env/pid": job.process.pid, "env/cuda_visible_devices": job.gpus}
+        written["env/cpu_affinity"] = job.cpus
         with contextlib.suppress(Exception):  # the keys are context; the status is written regardless
-            from effitrain.run.summary_keys import summary_config_keys
-
-            summary.update(summary_config_keys(job.config, job.folder, 1))
-        if file_id(job.folder / results.METRICS) != job.metrics_before:
+            written.update(summary_config_keys(job.config, job.folder, 1))
+        if file_id(job.folder / results.METRICS) != job.before[results.METRICS]:
             steps = [r["step"] for r in read_metrics(job.folder / results.METRICS) if "train/loss" in r]
-            summary["train/steps"] = max(steps, default=0)
-        summary["env/pid"] = job.process.pid
-        summary["env/cuda_visible_devices"] = ",".join(job.gpus) if job.gpus is not None else None
-        summary["env/cpu_affinity"] = job.cpus
-    summary.update({"status": status, "error": error, "signal": int(signum)})
-    results.write_json_atomic(job.folder / results.SUMMARY, summary)
+            written["train/steps"] = max(steps, default=0)
+    results.write_json_atomic(
+        job.folder / results.SUMMARY, {**written, "status": status, "error": error, "signal": int(signum)}
+    )
+    return JobOutcome(job.folder, status, False, error, log)
 
 
 def split_shared(job_overrides: list[list[str]]) -> tuple[list[str], list[str]]:
@@ -365,11 +333,9 @@ def _read_result(path: Path) -> dict | None:
 
 
 def expose_launcher_plugin() -> None:
-    """Let Hydra's plugin discovery find effitrain's launcher also in a source checkout or an
-    editable install, whose finder hides ``hydra_plugins/effitrain_launcher`` from the namespace
-    scan (a wheel installs it beside the other plugins, where it is found anyway)."""
+    """Let Hydra's plugin scan find effitrain's launcher in a source checkout or an editable install,
+    whose finder hides ``hydra_plugins/effitrain_launcher`` (a wheel installs it beside the others)."""
     import hydra_plugins
 
-    folder = ROOT / "hydra_plugins"
-    if (folder / "effitrain_launcher").is_dir() and str(folder) not in list(hydra_plugins.__path__):
-        hydra_plugins.__path__.append(str(folder))
+    if str(ROOT / "hydra_plugins") not in hydra_plugins.__path__:
+        hydra_plugins.__path__.append(str(ROOT / "hydra_plugins"))

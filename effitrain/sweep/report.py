@@ -1,6 +1,5 @@
-"""How a multirun's jobs ended: the closing report (:class:`SweepReport`, a Hydra callback, in the
-sweep's process) and what it reads: the record effitrain's launcher keeps (:data:`RECORD`), or the
-job folders on disk (:func:`job_folders`, which ``effitrain compare`` reads too).
+"""How a multirun's jobs ended: the closing report (:class:`SweepReport`, a Hydra callback in the sweep's
+process), from the record effitrain's launcher keeps (:data:`RECORD`) or, for another launcher, the disk.
 """
 
 from __future__ import annotations
@@ -18,19 +17,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from effitrain.run import results
-
-
-def job_folders(root: Path) -> list[Path]:
-    """Folders under ``root`` (itself included) that hold a job: its summary.json or Hydra's record.
-
-    Dot-folders (.effitrain, .submitit, .cache with thousands of Inductor files, .hydra) are not searched.
-    """
-    found = []
-    for folder, subfolders, files in os.walk(root):
-        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
-        if results.SUMMARY in files or os.path.exists(os.path.join(folder, ".hydra", "overrides.yaml")):
-            found.append(Path(folder))
-    return found
+from effitrain.train.loggers import offline_sync_hint
 
 
 @dataclass
@@ -46,8 +33,8 @@ class JobOutcome:
 
 @dataclass
 class SweepRecord:
-    """For :class:`SweepReport`: every job effitrain's launcher was handed in this process (None: it
-    ran none, another launcher did), and the signal that stopped the sweep, if one did."""
+    """Every job effitrain's launcher was handed in this process (None: another launcher ran them),
+    and the signal that stopped the sweep, if one did."""
 
     jobs: list[JobOutcome] | None = None
     signal: int | None = None
@@ -57,16 +44,13 @@ RECORD = SweepRecord()
 
 
 def sweep_outcomes(sweep_dir: Path, since: float) -> list[JobOutcome]:
-    """The jobs started in ``sweep_dir`` at or after ``since`` (a ``time.time()``), found on disk:
-    the report of a launcher other than effitrain's (submitit_slurm), which keeps no record here.
-
-    Hydra writes each job's ``.hydra/overrides.yaml`` before the job runs, also for a job that then
-    skips itself, so its time tells this sweep's jobs from older ones in the same folder.
-    """
+    """This sweep's jobs on disk, in launch order, for a launcher that keeps no record (submitit_slurm):
+    Hydra writes a job's ``.hydra/overrides.yaml`` before it runs (a skipped one too), after ``since``."""
+    records = [
+        (folder / ".hydra" / "overrides.yaml", folder) for folder in results.job_folders(Path(sweep_dir))
+    ]
     outcomes = []
-    started = [(folder / ".hydra" / "overrides.yaml", folder) for folder in job_folders(Path(sweep_dir))]
-    started = sorted((path.stat().st_mtime, folder) for path, folder in started if path.exists())
-    for mtime, folder in started:  # in launch order
+    for mtime, folder in sorted((path.stat().st_mtime, folder) for path, folder in records if path.exists()):
         if mtime < since:
             continue
         summary = results.read_summary(folder)
@@ -79,19 +63,12 @@ def sweep_outcomes(sweep_dir: Path, since: float) -> list[JobOutcome]:
 
 
 def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+    return next((s.name for s in signal.Signals if s == number), f"signal {number}")
 
 
 class SweepReport(Callback):
-    """Hydra callback (``hydra.callbacks.sweep_report``): after a multirun, report every job and
-    exit with status 1 when any is not ok (128 + the signal when the sweep was stopped), so
-    scripts and CI see it."""
-
-    def __init__(self) -> None:
-        self.started = time.time()
+    """Hydra callback (``hydra.callbacks.sweep_report``): after a multirun, a line per job, and exit status
+    1 when any is not ok (128 + the signal when the sweep was stopped), so scripts and CI see it."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.started = time.time()
@@ -114,8 +91,6 @@ class SweepReport(Callback):
         failed = len(outcomes) - count["ok"] - count["busy"] - count["not started"]
         print(f"effitrain: {failed} of {len(outcomes)} jobs failed ({', '.join(notes)}) in {sweep_dir}")
         print(f"effitrain: compare: effitrain compare {shlex.quote(str(sweep_dir))}")
-        from effitrain.train.loggers import offline_sync_hint
-
         hint = offline_sync_hint(sweep_dir)
         if hint:  # once for the sweep, not once per job
             print(hint)
@@ -141,10 +116,6 @@ def _left_checkpoints(outcomes: list[JobOutcome]) -> bool:
 
 
 def _recheck(job: JobOutcome) -> JobOutcome:
-    """A job left to another sweep is reported as that sweep left it, if it has finished."""
-    if job.status != "busy":
-        return job
-    summary = results.read_summary(job.folder)
-    if summary is not None and summary.get("status") == "ok":
-        return JobOutcome(job.folder, "ok", False, None)
-    return job
+    """A job left to another sweep is reported as that sweep left it, if it has finished ok."""
+    summary = results.read_summary(job.folder) if job.status == "busy" else None
+    return JobOutcome(job.folder, "ok", False, None) if summary and summary.get("status") == "ok" else job

@@ -1,9 +1,6 @@
-"""The settings of effitrain's launcher (``hydra/launcher=effitrain``) and the slots they make: the
-GPU groups handed to jobs (``CUDA_VISIBLE_DEVICES``) and one set of CPU cores per running job.
-
-The settings' types and ranges are declared once, by :class:`effitrain.config.schema.LauncherConfig`
-in Hydra's ConfigStore (as hydra_submitit_launcher types its own): a value of the wrong type fails
-while the config is composed, one out of its range in :func:`launcher_settings`, in one line each.
+"""The settings of effitrain's launcher, their types and ranges declared once by
+:class:`effitrain.config.schema.LauncherConfig`, and the slots they make: the GPU groups handed to jobs
+(``CUDA_VISIBLE_DEVICES``) and one set of CPU cores per running job.
 """
 
 from __future__ import annotations
@@ -24,10 +21,7 @@ def launcher_settings(params) -> dict:
     Raises:
         ConfigError: an unknown key or a bad value (one line naming it).
     """
-    params = {
-        k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
-        for k, v in dict(params).items()
-    }
+    params = OmegaConf.to_container(OmegaConf.create(dict(params)), resolve=True)
     known = [key for key in LauncherConfig.__dataclass_fields__ if key != "_target_"]
     unknown = sorted(set(params) - set(known) - {"_target_"})
     if unknown:  # OmegaConf's own message is several lines

@@ -153,7 +153,7 @@ def test_the_wandb_comparison_is_one_run_per_sweep_in_the_jobs_project_and_short
 
 def jobs_by_number(folder):
     """The summaries in the order compare numbers the jobs (folder order)."""
-    from effitrain.sweep.report import job_folders
+    from effitrain.run.results import job_folders
 
     return [json.loads((f / "summary.json").read_text()) for f in job_folders(folder)]
 
@@ -564,7 +564,7 @@ def test_the_verdict_the_table_and_the_plots_show_the_same_speed_front_and_best(
     import statistics
 
     from effitrain.compare import plots
-    from effitrain.sweep.report import job_folders
+    from effitrain.run.results import job_folders
 
     drawn = []
     real = plots.plot_pareto
