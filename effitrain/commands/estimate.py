@@ -113,14 +113,18 @@ def counted_rows(model, optimizers: dict, cfg, batches: list[dict], evaluation: 
     then does not."""
     from effitrain.memory import trace_cache
 
+    def key_of(optimizer_cfg) -> dict:
+        return {
+            "counted": trace_cache.trace_key(model.config, optimizer_cfg, cfg, batches, evaluation, device)
+        }
+
     rows = {}
     for name, optimizer_cfg in optimizers.items():
-        traced = trace_cache.trace_key(model.config, optimizer_cfg, cfg, batches, evaluation, device)
-        key = {"counted": traced}
-        rows[name] = trace_cache.read_figures(key) if cache else None
+        key = key_of(optimizer_cfg) if cache else None
+        rows[name] = trace_cache.read_figures(key) if key else None
         if rows[name] is None:
             rows[name] = _counted(model, optimizer_cfg, cfg)
-            if cache:
+            if key:
                 trace_cache.write_figures(key, rows[name])
     return rows
 

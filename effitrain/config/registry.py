@@ -333,7 +333,7 @@ def _source_signature(module: str, name: str):
     found = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name]
     if not found:
         origin = _reexported_from(tree, module, Path(spec.origin).name == "__init__.py", name)
-        return _source_signature(origin, name) if origin else None
+        return _source_signature(origin, name) if origin not in (None, module) else None
     if len(found) != 1 or found[0].decorator_list:
         return None
     function, is_class = found[0], isinstance(found[0], ast.ClassDef)

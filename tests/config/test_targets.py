@@ -207,3 +207,23 @@ def test_checking_a_config_imports_neither_the_scheduler_s_module_nor_peft():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_a_reexport_is_followed_through_relative_imports_and_never_into_itself(tmp_path, monkeypatch):
+    """``from .impl import f`` (in ``if TYPE_CHECKING:`` too) is followed from a package and from a
+    module beside ``impl``; ``from . import g`` names the package itself: no signature, no recursion."""
+    package = tmp_path / "reexporting_pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .impl import f\nfrom . import g\n"
+    )
+    (package / "impl.py").write_text("def f(a, *rest, b=1, **more):\n    return a\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "again.py").write_text("from ..impl import f\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("reexporting_pkg", "reexporting_pkg.sub.again"):
+        signature, kind = _source_signature(module, "f")
+        assert kind == "function" and _shape(signature) == _shape(
+            inspect.signature(lambda a, *rest, b=1, **more: a)
+        )
+    assert _source_signature("reexporting_pkg", "g") is None
