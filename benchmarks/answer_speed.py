@@ -4,6 +4,11 @@ cache) and second call (cached), side by side in one run, each command in a proc
 
     python benchmarks/answer_speed.py                      # every case
     python benchmarks/answer_speed.py --cases estimate     # one
+    python benchmarks/answer_speed.py --against /tmp/before --skip-today   # this checkout against another
+
+``--against``: the shared and cached answers of the effitrain in that folder (a checkout of an earlier
+commit, imported through ``PYTHONPATH`` ahead of this one) run beside this checkout's, each case's
+pair in turn, so that both meet the same load; ``--skip-today`` leaves the slow full replays out.
 
 Each case's answers are compared: the shared and cached figures must be today's, byte for byte. The
 machine's load average is printed beside the times: on a shared machine the seconds are inflated,
@@ -57,9 +62,12 @@ def cpu_seconds() -> float:
     return children.ru_utime + children.ru_stime
 
 
-def answer(args: list[str], cache_dir: str) -> tuple[float, float, dict]:
-    """Wall seconds, CPU seconds and the JSON answer of ``effitrain <args> --json``."""
+def answer(args: list[str], cache_dir: str, code: str | None = None) -> tuple[float, float, dict]:
+    """Wall seconds, CPU seconds and the JSON answer of ``effitrain <args> --json`` (``code``: the
+    folder whose effitrain is imported)."""
     env = {**os.environ, "EFFITRAIN_CACHE_DIR": cache_dir}
+    if code:
+        env["PYTHONPATH"] = os.pathsep.join([code, *filter(None, [os.environ.get("PYTHONPATH")])])
     started, cpu = time.perf_counter(), cpu_seconds()
     done = subprocess.run(
         [sys.executable, "-m", "effitrain.cli", *args, "--json"], capture_output=True, text=True, env=env
@@ -78,7 +86,14 @@ def figures(result: dict):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated of {', '.join(CASES)}")
-    cases = parser.parse_args().cases.split(",")
+    parser.add_argument(
+        "--against", help="a folder holding another checkout of effitrain, timed beside this one"
+    )
+    parser.add_argument("--skip-today", action="store_true", help="leave out today's full replays")
+    args = parser.parse_args()
+    cases = args.cases.split(",")
+    if args.against:
+        return against(cases, args.against, args.skip_today)
     started, cpu = time.perf_counter(), cpu_seconds()
     subprocess.run([sys.executable, "-m", "effitrain.cli", "estimate", "--help"], capture_output=True)
     print(
@@ -98,6 +113,31 @@ def main() -> None:
         ratios = "".join(f"{f'{today[0] / t[0]:.1f} / {today[1] / t[1]:.1f}':>14}" for t in (shared, cached))
         print(f"{case:<12}{times}{ratios}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end; every case's figures equal today's to the byte")
+
+
+def against(cases: list[str], other: str, skip_today: bool) -> None:
+    """Each case's shared (empty cache) and cached answers, ``other``'s code and this checkout's in turn."""
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; before: {other}")
+    print("seconds: wall / CPU (user + system) of the command's process")
+    print(
+        f"{'case':<12}{'before shared':>15}{'after shared':>15}{'before cached':>15}{'after cached':>15}  load"
+    )
+    for case in cases:
+        found = {}
+        with tempfile.TemporaryDirectory() as today_dir:
+            today = None if skip_today else answer([*CASES[case], "--no-share", "--no-cache"], today_dir)
+        for label, code in (("before", other), ("after", None)):
+            with tempfile.TemporaryDirectory() as cache_dir:
+                found[label] = (answer(CASES[case], cache_dir, code), answer(CASES[case], cache_dir, code))
+        answers = [t[2] for pair in found.values() for t in pair] + ([today[2]] if today else [])
+        if any(figures(a) != figures(answers[0]) for a in answers):
+            raise SystemExit(f"{case}: the figures differ between the two checkouts or paths")
+        cells = [found[label][i] for i in (0, 1) for label in ("before", "after")]
+        times = "".join(f"{f'{wall:.1f} / {cpu:.1f}':>15}" for wall, cpu, _ in cells)
+        print(f"{case:<12}{times}  {os.getloadavg()[0]:.1f}", flush=True)
+        if today:
+            print(f"{'':<12}today (--no-share --no-cache): {today[0]:.1f} / {today[1]:.1f}")
+    print("every case's figures equal to the byte between the checkouts (and today's path, where run)")
 
 
 if __name__ == "__main__":

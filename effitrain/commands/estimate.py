@@ -70,16 +70,14 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     one rank's of ``world_size`` (:func:`effitrain.memory.sharded.trace_sharded`, a full replay per
     optimizer, neither shared nor cached); an optimizer FSDP refuses has ``unsupported`` instead.
     """
-    from effitrain.memory.adapted import unpacked_4bit_bytes
     from effitrain.memory.replay import CATEGORIES
     from effitrain.memory.trace_cache import traces_of
-    from effitrain.train.optim import build_optimizer
 
     model = meta_model(cfg)
-    weights_bytes = params_footprint(model).bytes - unpacked_4bit_bytes(model.config, cfg)
     optimizers = optimizers or {"chosen": cfg.optimizer}
+    batches, evaluation = replay_shapes(cfg, model)
+    rows = counted_rows(model, optimizers, cfg, batches, evaluation, device, cache)
     if step:
-        batches, evaluation = replay_shapes(cfg, model)
         if cfg.parallel.strategy == "fsdp":
             traces, sources = _sharded_traces(
                 model.config, optimizers, cfg, batches, evaluation, device, world_size
@@ -88,22 +86,7 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             traces, sources = traces_of(
                 model.config, optimizers, cfg, batches, evaluation, device, cache, share, steps
             )
-    rows = {}
-    for name, optimizer_cfg in optimizers.items():
-        optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
-        grads, state = grads_estimate(optimizer), estimate_optimizer_state(optimizer)
-        trainable = sum(p.numel() for p in optimizer_params(optimizer))
-        rows[name] = {
-            "params": sum(p.numel() for p in model.parameters()),
-            "params_trainable": trainable,
-            "vocab_size": getattr(model.config, "vocab_size", None),
-            "weights_bytes": weights_bytes,
-            "grads_bytes": grads.bytes,
-            "optimizer_state_bytes": state.bytes if state else None,
-            "optimizer_state_elements": state.elements if state else None,
-            "optimizer_bytes_per_param": state.bytes / trainable if state and trainable else None,
-            "total_bytes": weights_bytes + grads.bytes + state.bytes if state else None,
-        }
+    for name in optimizers:
         if step:
             trace = traces[name]
             if isinstance(trace, str):  # the reason FSDP refuses this optimizer: no figures
@@ -120,6 +103,51 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             rows[name]["run_peak_bound"] = trace.bounds.get(trace.run_peak_phase)
             rows[name]["flops_per_step"] = trace.flops
     return rows
+
+
+def counted_rows(model, optimizers: dict, cfg, batches: list[dict], evaluation: dict, device: str,
+                 cache: bool = False) -> dict[str, dict]:  # fmt: skip
+    """Each optimizer's figures counted from shapes (parameters, weights, gradients, optimizer state),
+    kept in the trace cache with ``cache`` under its trace's key: building an optimizer imports its
+    library (transformers' Adafactor imports peft and bitsandbytes, seconds), which a cached answer
+    then does not."""
+    from effitrain.memory import trace_cache
+
+    def key_of(optimizer_cfg) -> dict:
+        return {
+            "counted": trace_cache.trace_key(model.config, optimizer_cfg, cfg, batches, evaluation, device)
+        }
+
+    rows = {}
+    for name, optimizer_cfg in optimizers.items():
+        key = key_of(optimizer_cfg) if cache else None
+        rows[name] = trace_cache.read_figures(key) if key else None
+        if rows[name] is None:
+            rows[name] = _counted(model, optimizer_cfg, cfg)
+            if key:
+                trace_cache.write_figures(key, rows[name])
+    return rows
+
+
+def _counted(model, optimizer_cfg, cfg) -> dict:
+    from effitrain.memory.adapted import unpacked_4bit_bytes
+    from effitrain.train.optim import build_optimizer
+
+    weights_bytes = params_footprint(model).bytes - unpacked_4bit_bytes(model.config, cfg)
+    optimizer = build_optimizer(optimizer_cfg, model, cfg.weight_decay)
+    grads, state = grads_estimate(optimizer), estimate_optimizer_state(optimizer)
+    trainable = sum(p.numel() for p in optimizer_params(optimizer))
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "params_trainable": trainable,
+        "vocab_size": getattr(model.config, "vocab_size", None),
+        "weights_bytes": weights_bytes,
+        "grads_bytes": grads.bytes,
+        "optimizer_state_bytes": state.bytes if state else None,
+        "optimizer_state_elements": state.elements if state else None,
+        "optimizer_bytes_per_param": state.bytes / trainable if state and trainable else None,
+        "total_bytes": weights_bytes + grads.bytes + state.bytes if state else None,
+    }
 
 
 def _sharded_traces(config, optimizers: dict, cfg, batches, evaluation, device: str, world_size: int):

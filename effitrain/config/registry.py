@@ -269,7 +269,8 @@ def target_definition(target: str):
     import sys
 
     module, _, name = target.rpartition(".")
-    if module not in sys.modules:
+    # a lazy package (transformers) gets its re-exports' attributes only when one is first read
+    if module not in sys.modules or name not in vars(sys.modules[module]):
         source = _source_signature(module, name)
         if source is not None:
             return source
@@ -322,13 +323,17 @@ def _source_signature(module: str, name: str):
         spec = importlib.util.find_spec(parts[0])
         for part in parts[1:]:
             locations = spec.submodule_search_locations if spec is not None else None
-            spec = PathFinder.find_spec(part, list(locations)) if locations else None
+            # as strings: a lazy package imported (transformers) holds its location as a Path
+            spec = PathFinder.find_spec(part, [str(p) for p in locations]) if locations else None
     except (ImportError, ValueError):
         return None
     if spec is None or not str(spec.origin or "").endswith(".py"):
         return None
     tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
     found = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name]
+    if not found:
+        origin = _reexported_from(tree, module, Path(spec.origin).name == "__init__.py", name)
+        return _source_signature(origin, name) if origin not in (None, module) else None
     if len(found) != 1 or found[0].decorator_list:
         return None
     function, is_class = found[0], isinstance(found[0], ast.ClassDef)
@@ -347,3 +352,26 @@ def _source_signature(module: str, name: str):
     if arguments.kwarg:
         parameters.append(kind(arguments.kwarg.arg, kind.VAR_KEYWORD))
     return inspect.Signature(parameters[1:] if is_class else parameters), "class" if is_class else "function"
+
+
+def _reexported_from(tree, module: str, package: bool, name: str) -> str | None:
+    """The module ``module``'s source imports ``name`` from under its own name, at its top or in its
+    ``if TYPE_CHECKING:`` block (where a lazy package such as transformers lists what it re-exports:
+    ``from .optimization import get_scheduler``); None unless exactly one import does."""
+    import ast
+
+    body = list(tree.body)
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            body += node.body
+    origins = [
+        node for node in body
+        if isinstance(node, ast.ImportFrom) and any(a.name == name and a.asname in (None, name) for a in node.names)
+    ]  # fmt: skip
+    if len(origins) != 1:
+        return None
+    origin = origins[0]
+    if not origin.level:
+        return origin.module
+    base = module.split(".")[: len(module.split(".")) - origin.level + package]
+    return ".".join(base + ([origin.module] if origin.module else []))

@@ -97,16 +97,36 @@ def _path(key: dict) -> Path:
     return cache_folder() / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
 
 
+def _entry(key: dict) -> dict | None:
+    """The cache's entry of ``key``; None where there is none, or it is unreadable or another key's."""
+    try:
+        entry = json.loads(_path(key).read_text())
+        return entry if entry["key"] == json.loads(json.dumps(key, sort_keys=True, default=str)) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def read(key: dict) -> Trace | None:
     """The cached trace of ``key``; None where there is none, or the entry is unreadable or another
     key's."""
+    entry = _entry(key)
     try:
-        entry = json.loads(_path(key).read_text())
-        if entry["key"] != json.loads(json.dumps(key, sort_keys=True, default=str)):
-            return None
-        return Trace(entry["phases"], entry["flops"], entry["bounds"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return Trace(entry["phases"], entry["flops"], entry["bounds"]) if entry is not None else None
+    except (KeyError, TypeError):
         return None
+
+
+def read_figures(key: dict) -> dict | None:
+    """The figures :func:`write_figures` kept for ``key``; None as :func:`read`."""
+    entry = _entry(key)
+    figures = entry.get("figures") if entry is not None else None
+    return figures if isinstance(figures, dict) else None
+
+
+def write_figures(key: dict, figures: dict) -> None:
+    """Keep ``figures`` (JSON values) under ``key``: what is computed beside a trace from the same
+    inputs, such as ``estimate``'s counted bytes, whose optimizers take seconds to import."""
+    write_atomic(_path(key), json.dumps({"key": key, "figures": figures}, default=str))
 
 
 def write(key: dict, trace: Trace) -> None:

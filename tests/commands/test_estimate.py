@@ -96,3 +96,28 @@ def test_estimate_counts_what_an_adapter_trains_and_a_4bit_base_holds():
     quantized = sum(i * o for i, o in TINY_LINEARS)
     assert qlora["params_trainable"] == lora["params_trainable"]
     assert qlora["weights_bytes"] == lora["weights_bytes"] - 4 * quantized + quantized // 2
+
+
+def test_a_cached_estimate_builds_no_optimizer_and_gives_the_rows_counted_without_the_cache(
+    tmp_path, monkeypatch
+):
+    """The counted figures (parameters, weights, gradients, optimizer state) are kept beside the
+    traces: a second call builds no optimizer (building one imports its library: transformers'
+    Adafactor imports peft and bitsandbytes) and gives the rows a call without the cache counts."""
+    import effitrain.train.optim
+
+    monkeypatch.setenv("EFFITRAIN_CACHE_DIR", str(tmp_path))
+    overrides = ["model=tiny", "max_length=16", "eval_batch_size=2"]
+    cfg = compose(*overrides)
+    optimizers = {name: compose(*overrides, f"optimizer={name}").optimizer for name in ("adamw", "adafactor")}
+    counted = estimate_memory(cfg, optimizers, step=False)
+    assert not (tmp_path / "traces").exists()
+    assert estimate_memory(cfg, optimizers, step=False, cache=True) == counted
+    assert len(list((tmp_path / "traces").glob("*.json"))) == 2  # one entry per optimizer
+
+    def no_build(*args):
+        raise AssertionError("an optimizer was built although its figures were cached")
+
+    monkeypatch.setattr(effitrain.train.optim, "build_optimizer", no_build)
+    assert estimate_memory(cfg, optimizers, step=False, cache=True) == counted
+    assert counted["adamw"]["optimizer_state_bytes"] != counted["adafactor"]["optimizer_state_bytes"]

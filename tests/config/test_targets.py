@@ -183,3 +183,47 @@ def _touch(path: str) -> None:
     from pathlib import Path
 
     Path(path).touch()
+
+
+def test_a_lazy_package_s_reexport_is_read_from_the_module_that_defines_it():
+    """transformers.get_scheduler is transformers.optimization's, which imports peft and bitsandbytes
+    (seconds): its signature is read from that module's source, through the package's re-export."""
+    from transformers.optimization import get_scheduler
+
+    source = _source_signature("transformers", "get_scheduler")
+    assert source is not None and source[1] == "function"
+    assert _shape(source[0]) == _shape(inspect.signature(get_scheduler))
+
+
+def test_checking_a_config_imports_neither_the_scheduler_s_module_nor_peft():
+    """The preflight of a default config reads the scheduler's signature from source: checking it does
+    not import transformers.optimization, and with it peft and bitsandbytes."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from effitrain.config.load import load; load(['model=tiny'], device='cpu', loads=False); "
+        "print(sorted(m for m in ('transformers.optimization', 'peft', 'bitsandbytes') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_a_reexport_is_followed_through_relative_imports_and_never_into_itself(tmp_path, monkeypatch):
+    """``from .impl import f`` (in ``if TYPE_CHECKING:`` too) is followed from a package and from a
+    module beside ``impl``; ``from . import g`` names the package itself: no signature, no recursion."""
+    package = tmp_path / "reexporting_pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .impl import f\nfrom . import g\n"
+    )
+    (package / "impl.py").write_text("def f(a, *rest, b=1, **more):\n    return a\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "again.py").write_text("from ..impl import f\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("reexporting_pkg", "reexporting_pkg.sub.again"):
+        signature, kind = _source_signature(module, "f")
+        assert kind == "function" and _shape(signature) == _shape(
+            inspect.signature(lambda a, *rest, b=1, **more: a)
+        )
+    assert _source_signature("reexporting_pkg", "g") is None
