@@ -15,6 +15,17 @@ def pytest_configure(config):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under --dist load (the default), the modules whose module fixture makes real runs go whole to
+    one worker (tests/helpers/scheduling.py); another --dist is left as asked."""
+    if config.getvalue("dist") != "load":
+        return None
+    from tests.helpers.scheduling import SharedRunsScheduling
+
+    return SharedRunsScheduling(config, log)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _offline_cache(tmp_path_factory):
     """No hub, no W&B server, and a tokenization cache private to the test session."""

@@ -26,7 +26,8 @@ def installed(tmp_path_factory):
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     env_dir = root / "venv"
-    venv.create(env_dir, with_pip=True)
+    # no pip of its own (ensurepip's install is most of a venv's cost): this pip installs into it
+    venv.create(env_dir)
     python = env_dir / "bin" / "python"
     site = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -37,8 +38,9 @@ def installed(tmp_path_factory):
     )
     [wheel] = wheels.glob("effitrain-*.whl")
     subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], check=True, timeout=300
-    )
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", wheel],
+        check=True, timeout=300,
+    )  # fmt: skip
     return env_dir
 
 

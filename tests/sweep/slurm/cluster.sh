@@ -7,7 +7,8 @@
 #   tests/sweep/slurm/cluster.sh stop DIR       # stops the daemons this script started (by their pid files)
 #
 # The node has this machine's CPUs and memory; one partition, "debug". Nothing is written outside
-# DIR except munged's socket, which Slurm's munge plugin looks for in its default place.
+# DIR, munged's socket included, and the daemons listen on ports free at start: two checkouts' tests
+# on one machine each get their own cluster, never one another's jobs.
 set -euo pipefail
 
 command=${1:?usage: cluster.sh install|start DIR|stop DIR}
@@ -62,20 +63,31 @@ if [[ ! -f $dir/munge/munge.key ]]; then
     dd if=/dev/urandom of="$dir/munge/munge.key" bs=1 count=1024 status=none
     chmod 400 "$dir/munge/munge.key"
 fi
-mkdir -p /run/munge
 munged --force --key-file="$dir/munge/munge.key" --pid-file="$dir/munged.pid" \
     --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" \
-    --socket=/run/munge/munge.socket.2
+    --socket="$dir/munge/munge.socket"
+read -r ctld_port slurmd_port < <(python3 -c '
+import socket
+sockets = [socket.socket() for _ in range(2)]
+for s in sockets:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in sockets))')
 
 cat >"$dir/slurm.conf" <<EOF
 ClusterName=effitrain-test
 SlurmctldHost=$node(127.0.0.1)
-SlurmctldPort=16817
-SlurmdPort=16818
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
 SlurmUser=$user
 SlurmdUser=root
 AuthType=auth/munge
 CryptoType=crypto/munge
+# cred_expire (default 120 s) is also how long a requeued job waits before it may start again, and
+# only the main scheduler's full pass (sched_interval, 60 s by default) starts it then: the requeue
+# test sat idle for over two minutes. 10 s still gives a loaded machine time to launch a step on its
+# credential; a pass a second costs nothing with a job or two.
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
+SchedulerParameters=sched_interval=1
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid
