@@ -89,10 +89,26 @@ def test_qlora_is_predicted_to_the_byte_but_one_dequantized_layer_above(tmp_path
 
 def test_the_cuda_profile_applies_to_adapters():
     """``estimate adapter=lora --device cuda`` replays CUDA's kernels on the adapted model: its
-    weights, gradients and optimizer state are the CPU's; only activations differ, where CUDA's
-    attention kernel saves its log-sum-exp instead of the attention probabilities."""
+    weights and AdamW's moments are the CPU's with each storage in the allocator's 512-byte blocks
+    (the step counts stay on the CPU, at their size), counted here storage by storage on the adapted
+    model; activations differ too, where CUDA's attention kernel saves its log-sum-exp instead of the
+    attention probabilities."""
+    from effitrain.memory.cuda import in_blocks
+
     cfg = compose("adapter=lora", "max_length=64")
     cpu = estimate_memory(cfg)["chosen"]["step_peak"]
     cuda = estimate_memory(cfg, device="cuda")["chosen"]["step_peak"]
-    assert {key for key in cpu if cpu[key] != cuda[key]} == {"activations_bytes"}
+    task = build_task(cfg)
+    config = build_model(cfg.model, 3, None, device="meta", auto_class=task.auto_class).config
+    model = adapted_on_meta(getattr(transformers, task.auto_class), config, cfg, task)
+    blocks = sum(in_blocks(t.nbytes) - t.nbytes for t in model.parameters())  # no weight tied here
+    blocks += sum(in_blocks(t.nbytes) - t.nbytes for t in model.buffers())
+    trained = sum(in_blocks(p.nbytes) - p.nbytes for p in model.parameters() if p.requires_grad)
+    assert blocks > 0 and trained > 0
+    assert cuda["weights_bytes"] - cpu["weights_bytes"] == blocks
+    assert cuda["optimizer_state_bytes"] - cpu["optimizer_state_bytes"] == 2 * trained
+    assert (
+        cuda["gradients_bytes"] == cpu["gradients_bytes"]
+        and cuda["temporaries_bytes"] == cpu["temporaries_bytes"]
+    )
     assert cuda["activations_bytes"] < cpu["activations_bytes"]
