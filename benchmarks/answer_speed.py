@@ -50,6 +50,20 @@ CASES = {
     ],  # fmt: skip
     "readme_plan": ["plan", "--memory-budget", "64MiB", "model=tiny", "data=synthetic"],
     "llama_7b": ["estimate", "--device", "cuda", *LLAMA_7B],
+    # the adapter axis too: {none, lora, qlora} x every optimizer x the precisions x micro batches x
+    # checkpointing, distilbert at 1 GiB on CUDA
+    "adapter_plan": [
+        "plan",
+        "--memory-budget",
+        "1GiB",
+        "--effective-batch-size",
+        "16",
+        "--device",
+        "cuda",
+        "--adapters",
+        "none,lora,qlora",
+        *DISTILBERT,
+    ],  # fmt: skip
 }
 # what is compared between the paths (how a figure was had differs by design)
 HOW = ("trace_source", "confirmed_by_full_replay")
@@ -104,13 +118,17 @@ def main() -> None:
     print(f"{'case':<12}{'today':>14}{'shared':>14}{'cached':>14}{'today/shared':>14}{'today/cached':>14}")
     for case in cases:
         with tempfile.TemporaryDirectory() as today_dir, tempfile.TemporaryDirectory() as cache_dir:
-            today = answer([*CASES[case], "--no-share", "--no-cache"], today_dir)
+            today = None if args.skip_today else answer([*CASES[case], "--no-share", "--no-cache"], today_dir)
             shared = answer(CASES[case], cache_dir)
             cached = answer(CASES[case], cache_dir)
-        if not figures(today[2]) == figures(shared[2]) == figures(cached[2]):
+        if not figures(today[2] if today else shared[2]) == figures(shared[2]) == figures(cached[2]):
             raise SystemExit(f"{case}: the shared or cached figures differ from today's")
-        times = "".join(f"{f'{wall:.1f} / {cpu:.1f}':>14}" for wall, cpu, _ in (today, shared, cached))
-        ratios = "".join(f"{f'{today[0] / t[0]:.1f} / {today[1] / t[1]:.1f}':>14}" for t in (shared, cached))
+        runs = (today, shared, cached)
+        times = "".join(f"{f'{t[0]:.1f} / {t[1]:.1f}' if t else '-':>14}" for t in runs)
+        ratios = "".join(
+            f"{f'{today[0] / t[0]:.1f} / {today[1] / t[1]:.1f}' if today else '-':>14}"
+            for t in (shared, cached)
+        )
         print(f"{case:<12}{times}{ratios}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end; every case's figures equal today's to the byte")
 
