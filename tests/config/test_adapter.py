@@ -44,10 +44,8 @@ def test_a_head_with_a_pre_classifier_trains_in_full_without_lora_on_it():
     from effitrain.train.tasks import Classification
 
     config = DistilBertConfig(vocab_size=100, dim=32, hidden_dim=64, n_layers=1, n_heads=2, num_labels=3)
-    wrapped = get_peft_model(
-        DistilBertForSequenceClassification(config),
-        lora_config(compose("adapter=lora").adapter, Classification),
-    )
+    model = DistilBertForSequenceClassification(config)
+    wrapped = get_peft_model(model, lora_config(compose("adapter=lora").adapter, Classification, model))
     trained = {n for n, p in wrapped.named_parameters() if p.requires_grad}
     head = {n for n in trained if "classifier" in n}
     assert head == {f"base_model.model.{m}.modules_to_save.default.{w}" for m in ("pre_classifier", "classifier")

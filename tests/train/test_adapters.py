@@ -35,11 +35,13 @@ def linear_shapes(architecture) -> list[tuple[int, int]]:
     """(in, out) of every Linear of the tiny BERT that LoRA targets (all but the head), from its config."""
     h, i = architecture.hidden_size, architecture.intermediate_size
     per_layer = [(h, h)] * 4 + [(h, i), (i, h)]  # query, key, value, attention output; intermediate, output
-    return per_layer * architecture.num_hidden_layers + [(h, h)]  # and the pooler
+    return per_layer * architecture.num_hidden_layers
 
 
 def head_params(architecture) -> int:
-    return architecture.hidden_size * NUM_LABELS + NUM_LABELS
+    """The head trained in full: the pooler's h x h Linear and the classifier, weights and biases."""
+    h = architecture.hidden_size
+    return h * h + h + h * NUM_LABELS + NUM_LABELS
 
 
 @pytest.mark.parametrize("rank", [8, 32])
@@ -53,6 +55,7 @@ def test_lora_trains_the_low_rank_updates_and_the_head(rank):
     trained = [n for n, p in model.named_parameters() if p.requires_grad]
     assert all("lora_" in n or "modules_to_save" in n for n in trained)
     assert sum("classifier.modules_to_save" in n for n in trained) == 2  # the head's weight and bias
+    assert sum("pooler.modules_to_save" in n for n in trained) == 2  # the pooler's, in full, no LoRA
 
 
 def test_dora_adds_one_magnitude_per_output_of_each_targeted_layer():
