@@ -23,12 +23,18 @@ NESTED_BLOCK = 256  # double quantization: one fp32 absmax per 256 absmax values
 
 def adapted(*overrides: str):
     """The tiny classifier of ``compose(*overrides)``, built and wrapped as a run does, and its config."""
+    model, cfg, task = loaded(*overrides)
+    return apply_adapter(model, cfg.adapter, task), cfg
+
+
+def loaded(*overrides: str):
+    """The tiny model of ``compose(*overrides)`` as a run loads it (4-bit under qlora), before its
+    adapter; its config and task."""
     cfg = compose(*overrides)
     task = build_task(cfg)
     raw = task.load(cfg.data)
     quantization = quantization_config(cfg.adapter, cfg.precision.mixed_precision)
-    model = task.build_model(cfg.model, raw, None, quantization=quantization)
-    return apply_adapter(model, cfg.adapter, task), cfg
+    return task.build_model(cfg.model, raw, None, quantization=quantization), cfg, task
 
 
 def linear_shapes(architecture) -> list[tuple[int, int]]:
@@ -82,6 +88,30 @@ def test_qlora_counts_4bit_weights_by_the_storages_bitsandbytes_holds():
     assert memory.params_footprint(qlora, trainable_only=True) == memory.params_footprint(
         lora, trainable_only=True
     )
+
+
+@pytest.mark.parametrize(
+    "extra, head",
+    [([], ["bert.pooler.dense", "classifier"]), (["task=causal_lm", "model=llama_tiny"], ["lm_head"])],
+)
+def test_qlora_leaves_the_head_in_full_precision_and_the_replay_quantizes_the_same_layers(extra, head):
+    import transformers
+    from bitsandbytes.nn import Linear4bit
+
+    from effitrain.memory.adapted import quantized_layers
+
+    model, cfg, task = loaded("adapter=qlora", *extra)
+    for name in head:
+        layer = model.get_submodule(name)
+        assert type(layer) is torch.nn.Linear and layer.weight.dtype == torch.float32, name
+    in_4bit = [name for name, m in model.named_modules() if isinstance(m, Linear4bit)]
+    linears = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(in_4bit) == sorted(set(linears) - set(head))
+    if not extra:  # the tiny BERT: the 6 Linear layers of each block, counted from its config
+        assert len(in_4bit) == len(linear_shapes(cfg.model.architecture))
+    auto = getattr(transformers, task.auto_class)
+    quantization = quantization_config(cfg.adapter, cfg.precision.mixed_precision)
+    assert len(quantized_layers(auto, model.config, quantization)) == len(in_4bit)
 
 
 @pytest.mark.parametrize(
