@@ -1,24 +1,28 @@
 """Checks of the ``adapter`` group before a model loads: the adapter wrapped around the model built on
 ``meta`` (shapes only, nothing allocated), so target modules that match nothing, or a module peft
 cannot wrap, fail in one line; and ``adapter=qlora`` refused where bitsandbytes' 4-bit layers are
-unavailable. The ranges of ``r``, ``lora_alpha`` and ``lora_dropout`` are the schema's
-(:class:`effitrain.config.schema.AdapterSettings`)."""
+unavailable. The ranges of ``r``, ``lora_alpha``, ``lora_dropout`` and ``lr`` are the schema's
+(:class:`effitrain.config.schema.AdapterSettings`).
+
+Also what an adapter decides beyond peft's config: the classification head it trains in full
+(:func:`head_modules`, found from the model) and the learning rate it trains at (:func:`apply_adapter_lr`).
+"""
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+import re
+
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from effitrain.config.errors import invalid
 from effitrain.config.model_spec import model_architecture, task_mapping
+from effitrain.config.targets import READ_BY_EFFITRAIN
 
 # peft's task type by the task's model class: peft puts a SEQ_CLS model's head in modules_to_save.
 PEFT_TASK_TYPES = {
     "AutoModelForSequenceClassification": "SEQ_CLS",
     "AutoModelForCausalLM": "CAUSAL_LM",
 }
-# What peft trains in full for SEQ_CLS (its modules_to_save, matched as name endings: distilbert's
-# pre_classifier too), as a regex for LoraConfig's exclude_modules: peft cannot wrap a module both ways.
-CLASSIFIER_MODULES = r".*(classifier|score)"
 _NAMES_SHOWN = 8  # module names a refusal lists
 
 
@@ -38,18 +42,58 @@ def check_adapter(cfg: DictConfig) -> None:
     _check_wraps(cfg, adapter)
 
 
-def lora_config(adapter_cfg: DictConfig, task):
-    """The node's ``peft.LoraConfig`` (its ``quantization`` aside) for ``task``'s model class (a task
-    class or object: its ``auto_class``); for a classifier, the modules peft trains in full get no
-    LoRA (unless ``exclude_modules`` is given)."""
+def lora_config(adapter_cfg: DictConfig, task, model):
+    """The node's ``peft.LoraConfig`` (effitrain's own keys aside) for ``task``'s model class (a task
+    class or object: its ``auto_class``); for a classifier, ``model``'s whole head
+    (:func:`head_modules`) trains in full and gets no LoRA, unless ``modules_to_save`` or
+    ``exclude_modules`` is given."""
     from hydra.utils import instantiate
 
     node = OmegaConf.to_container(adapter_cfg, resolve=True)
-    node.pop("quantization", None)
+    for key in READ_BY_EFFITRAIN["adapter"]:
+        node.pop(key, None)
     task_type = PEFT_TASK_TYPES[task.auto_class]
     if task_type == "SEQ_CLS":
-        node.setdefault("exclude_modules", CLASSIFIER_MODULES)
+        head = head_modules(model)
+        node.setdefault("modules_to_save", head)
+        # a module and everything in it, by its full name: peft cannot wrap a module both ways
+        node.setdefault("exclude_modules", rf"({'|'.join(map(re.escape, head))})(\..*)?")
     return instantiate(node, task_type=task_type, _convert_="all")
+
+
+def head_modules(model) -> list[str]:
+    """The full names of ``model``'s head (a transformers task model): every module between the base
+    model's output and the logits, so that an adapter trains it in full and a 4-bit base leaves it in
+    full precision. That is each module beside the base model that holds weights (``classifier``,
+    ``score``, distilbert's ``pre_classifier``, a causal LM's ``lm_head``) and the base model's
+    ``pooler`` (bert's), which reads the encoder's output for the head alone."""
+    import torch
+
+    prefix = model.base_model_prefix
+    base = getattr(model, prefix, None)
+    beside = [(name, module) for name, module in model.named_children() if module is not base]
+    pooler = getattr(base, "pooler", None)
+    if isinstance(pooler, torch.nn.Module):
+        beside.insert(0, (f"{prefix}.pooler", pooler))
+    return [name for name, module in beside if next(module.parameters(), None) is not None]
+
+
+def apply_adapter_lr(cfg: DictConfig) -> bool:
+    """An adapter's ``lr`` made the optimizer's (``optimizer.lr``), unless the command line sets
+    ``optimizer.lr`` itself; True if it changed. LoRA's updates start at zero and are scaled by
+    ``lora_alpha / r``: they need a higher learning rate than full fine-tuning's to move in as many
+    steps, so the adapter group carries its own and the run's summary (``cfg/lr``) shows the one used."""
+    from effitrain.config.compose import command_line_overrides
+
+    adapter = cfg.get("adapter")
+    lr = adapter.get("lr") if adapter is not None and adapter.get("_target_") else None
+    if lr is None or cfg.optimizer.get("lr") == lr:
+        return False
+    if any(o.key_or_group == "optimizer.lr" for o in command_line_overrides(cfg)):
+        return False
+    with open_dict(cfg):
+        cfg.optimizer.lr = lr
+    return True
 
 
 def bitsandbytes_4bit_available() -> bool:
@@ -78,9 +122,9 @@ def _check_wraps(cfg: DictConfig, adapter: DictConfig) -> None:
     if model_class is None:
         return
     values = {k: v for k, v in model_architecture(cfg.model).items() if k != "model_type"}
-    lora = lora_config(adapter, task)
     with torch.device("meta"):
         model = model_class(AutoConfig.for_model(model_type, **values))
+    lora = lora_config(adapter, task, model)
     targets = adapter.get("target_modules")
     shown = OmegaConf.to_container(targets) if OmegaConf.is_config(targets) else targets
     try:

@@ -282,6 +282,7 @@ class AdapterSettings(BaseModel):
     r: ranged(int, "must be an integer >= 1 (the rank of each update)", ge=1, strict=True) = 8
     lora_alpha: finite("must be a number > 0 (the update is scaled by lora_alpha / r)", gt=0) = 8
     lora_dropout: finite("must be in [0, 1)", ge=0, lt=1) = 0.0
+    lr: ranged(Optional[float], "must be a finite number > 0 (or null)", gt=0, allow_inf_nan=False) = None
 
 
 class SyntheticData(BaseModel):

@@ -42,7 +42,8 @@ HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 # Keys of a target node that effitrain reads itself and leaves out when it instantiates the node.
 READ_BY_EFFITRAIN = {
     "data": ("packing",),  # the task's (tasks.data_node): causal_lm packs rows
-    "adapter": ("quantization",),  # the weights' loading (adapters.quantization_config), not LoraConfig's
+    # the weights' loading (adapters.quantization_config) and the optimizer's lr (adapter.apply_adapter_lr)
+    "adapter": ("quantization", "lr"),
 }
 
 # Arguments effitrain passes itself when it calls a group's target (optim.build_optimizer and

@@ -124,8 +124,11 @@ def quantized_layers(auto, config, quantization) -> list[torch.Tensor]:
     from transformers.integrations import replace_with_bnb_linear
     from transformers.quantizers.auto import AutoHfQuantizer
 
+    from effitrain.train.adapters import keeping_head
+
     with torch.device("meta"):
         model = auto.from_config(config)
+    quantization = keeping_head(quantization, model)  # as the run's loading (modeling.build_model)
     quantizer = AutoHfQuantizer.from_config(quantization)
     skipped = quantizer.get_modules_to_not_convert(
         model, quantization.llm_int8_skip_modules, model._keep_in_fp32_modules

@@ -133,11 +133,14 @@ def claimed(folder: Path, cfg: DictConfig, job_of_sweep: bool = False):
 
 
 def _derived(cfg: DictConfig) -> DictConfig:
-    """``cfg`` with ``micro_batch_size`` derived from ``effective_batch_size``, as the run derives it."""
+    """``cfg`` with ``micro_batch_size`` derived from ``effective_batch_size`` and an adapter's lr made
+    the optimizer's, as the run derives them (:mod:`effitrain.run.recipe`)."""
+    from effitrain.config.adapter import apply_adapter_lr
     from effitrain.config.load import apply_effective_batch_size
 
     derived = copy.deepcopy(cfg)
     apply_effective_batch_size(derived, int(os.environ.get("WORLD_SIZE", "1")))
+    apply_adapter_lr(derived)
     return derived
 
 

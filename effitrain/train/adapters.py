@@ -4,9 +4,10 @@ train peft's low-rank updates beside its Linear layers; ``qlora`` also holds the
 (transformers' ``BitsAndBytesConfig``). The adapter math and the quantization are peft's and
 bitsandbytes'; this module only builds their configs and calls them:
 
-* :func:`quantization_config`: what ``from_pretrained`` is given (None: full-precision weights);
+* :func:`quantization_config`: what ``from_pretrained`` is given (None: full-precision weights), and
+  :func:`keeping_head`: it with the model's head left in full precision;
 * :func:`lora_config`: the ``peft.LoraConfig`` of the node, its ``task_type`` the task's, so that peft
-  trains a classification head in full (``modules_to_save``);
+  trains a classification head in full (``modules_to_save``: the whole head, found from the model);
 * :func:`apply_adapter`: the model wrapped by ``peft.get_peft_model``.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from effitrain.config.adapter import lora_config
+from effitrain.config.adapter import head_modules, lora_config
 
 # The dtype the 4-bit layers compute in, by precision.mixed_precision.
 COMPUTE_DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -37,6 +38,21 @@ def quantization_config(adapter_cfg: DictConfig | None, mixed_precision: str):
     return instantiate(node, bnb_4bit_compute_dtype=COMPUTE_DTYPES[str(mixed_precision)], _convert_="all")
 
 
+def keeping_head(quantization, model):
+    """``quantization`` (a ``BitsAndBytesConfig``, or None) with ``model``'s head (:func:`head_modules`,
+    by full name: transformers matches a skipped name from the start or as a suffix, so bert's
+    ``pooler`` alone would miss ``bert.pooler.dense``) among the modules it leaves in full precision:
+    the head trains in full, which a 4-bit weight cannot."""
+    if quantization is None:
+        return None
+    import copy
+
+    kept = copy.deepcopy(quantization)
+    skipped = list(kept.llm_int8_skip_modules or [])
+    kept.llm_int8_skip_modules = skipped + [name for name in head_modules(model) if name not in skipped]
+    return kept
+
+
 def apply_adapter(model, adapter_cfg: DictConfig | None, task):
     """``model`` wrapped with the node's adapter (``model`` itself for ``adapter=none``): its own
     weights frozen, the adapter's and the head's trainable. A 4-bit model goes through peft's
@@ -49,7 +65,7 @@ def apply_adapter(model, adapter_cfg: DictConfig | None, task):
 
     if getattr(model, "is_loaded_in_4bit", False):
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    return get_peft_model(model, lora_config(adapter_cfg, task))
+    return get_peft_model(model, lora_config(adapter_cfg, task, model))
 
 
 def parameter_counts(model) -> tuple[int, int]:

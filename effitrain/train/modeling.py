@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
-from effitrain.train.adapters import keep_cpu_layout
+from effitrain.train.adapters import keep_cpu_layout, keeping_head
 from effitrain.util.assets import hub_unreachable
 from effitrain.util.compat import checkpointing_wrapped, recomputation_tracked
 
@@ -141,6 +141,10 @@ def build_model(
         # one rule for runs and estimates: a fresh embedding is sized to the tokenizer a run uses
         tokenizer = tokenizer_for_size(model_cfg)
     config = build_config(model_cfg, num_labels, tokenizer, causal=auto_class == "AutoModelForCausalLM")
+    if quantization is not None and device != "meta":
+        with torch.device("meta"):  # the head's names, nothing allocated
+            skeleton = auto.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+        quantization = keeping_head(quantization, skeleton)
     if model_cfg.init == "pretrained" and device != "meta":
         model = auto.from_pretrained(
             model_cfg.name_or_path, config=config, trust_remote_code=model_cfg.trust_remote_code,

@@ -73,11 +73,11 @@ def test_with_fsdp_each_row_is_one_rank_of_the_world_size_and_a_refused_optimize
 
 
 # tiny's Linear layers (in, out): per BERT layer query, key, value, attention output, intermediate,
-# output; two layers, then the pooler. peft's all-linear adapts each; the classifier head (32 -> 3,
-# the data's three labels) trains in full as peft's modules_to_save, a copy beside the original.
+# output; two layers. peft's all-linear adapts each; the head, the pooler (32 -> 32) and the classifier
+# (32 -> 3, the data's three labels), trains in full as peft's modules_to_save, a copy beside the original.
 TINY_LINEARS = [(32, 32)] * 4 + [(32, 64), (64, 32)]
-TINY_LINEARS = TINY_LINEARS * 2 + [(32, 32)]
-HEAD = 32 * 3 + 3
+TINY_LINEARS = TINY_LINEARS * 2
+HEAD = 32 * 32 + 32 + 32 * 3 + 3
 
 
 def test_estimate_counts_what_an_adapter_trains_and_a_4bit_base_holds():
@@ -85,11 +85,11 @@ def test_estimate_counts_what_an_adapter_trains_and_a_4bit_base_holds():
     each quantized Linear's fp32 weight replaced by its packed 4-bit codes (two per byte)."""
     full = estimate_memory(compose(), step=False)["chosen"]
     lora = estimate_memory(compose("adapter=lora", "adapter.r=4"), step=False)["chosen"]
-    assert lora["params_trainable"] == sum(4 * (i + o) for i, o in TINY_LINEARS) + HEAD == 3939
+    assert lora["params_trainable"] == sum(4 * (i + o) for i, o in TINY_LINEARS) + HEAD == 4739
     adapters = lora["params"] - full["params"] - HEAD  # the head's copy is new as well
     assert adapters == sum(4 * (i + o) for i, o in TINY_LINEARS)
     assert lora["weights_bytes"] == 4 * lora["params"]
-    trained_tensors = 2 * len(TINY_LINEARS) + 2  # A and B per adapted Linear, the head's weight and bias
+    trained_tensors = 2 * len(TINY_LINEARS) + 4  # A and B per adapted Linear, the head's weights and biases
     assert lora["optimizer_state_bytes"] == 8 * lora["params_trainable"] + 4 * trained_tensors  # AdamW
 
     qlora = estimate_memory(compose("adapter=qlora", "adapter.r=4"), step=False)["chosen"]

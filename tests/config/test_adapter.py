@@ -44,12 +44,73 @@ def test_a_head_with_a_pre_classifier_trains_in_full_without_lora_on_it():
     from effitrain.train.tasks import Classification
 
     config = DistilBertConfig(vocab_size=100, dim=32, hidden_dim=64, n_layers=1, n_heads=2, num_labels=3)
-    wrapped = get_peft_model(
-        DistilBertForSequenceClassification(config),
-        lora_config(compose("adapter=lora").adapter, Classification),
-    )
+    model = DistilBertForSequenceClassification(config)
+    wrapped = get_peft_model(model, lora_config(compose("adapter=lora").adapter, Classification, model))
     trained = {n for n, p in wrapped.named_parameters() if p.requires_grad}
     head = {n for n in trained if "classifier" in n}
     assert head == {f"base_model.model.{m}.modules_to_save.default.{w}" for m in ("pre_classifier", "classifier")
                     for w in ("weight", "bias")}  # fmt: skip
     assert sum(".lora_A." in n for n in trained) == 6  # q, k, v, out, two FFN Linear layers of the one block
+
+
+def tiny_classifier(model_type: str):
+    """A one-block classifier of ``model_type`` on ``meta`` (shapes only)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    values = {
+        "bert": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37),
+        "distilbert": dict(dim=32, n_layers=1, n_heads=2, hidden_dim=37),
+        "llama": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+                      pad_token_id=0),
+    }[model_type]  # fmt: skip
+    with torch.device("meta"):
+        return AutoModelForSequenceClassification.from_config(
+            AutoConfig.for_model(model_type, vocab_size=100, num_labels=3, **values)
+        )
+
+
+# every module between the base model's output and the logits, as each architecture's forward reads them
+HEADS = {
+    "bert": ["bert.pooler", "classifier"],
+    "distilbert": ["pre_classifier", "classifier"],
+    "llama": ["score"],
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(HEADS))
+def test_the_whole_head_trains_in_full_and_gets_no_lora(model_type):
+    from peft import get_peft_model
+
+    from effitrain.config.adapter import head_modules, lora_config
+    from effitrain.train.tasks import Classification
+
+    model = tiny_classifier(model_type)
+    head = HEADS[model_type]
+    assert head_modules(model) == head
+    wanted = {f"{m}.{w}" for m in head for w, _ in model.get_submodule(m).named_parameters()}
+    wrapped = get_peft_model(model, lora_config(compose("adapter=lora").adapter, Classification, model))
+    trained = [n for n, p in wrapped.named_parameters() if p.requires_grad]
+    in_full = {n.removeprefix("base_model.model.").replace(".modules_to_save.default", "") for n in trained
+               if ".modules_to_save." in n}  # fmt: skip
+    assert in_full == wanted
+    assert all(".lora_" in n or ".modules_to_save." in n for n in trained)
+    assert not [n for n in trained if ".lora_" in n and any(f".{m}." in n for m in head)]
+
+
+@pytest.mark.parametrize(
+    "overrides, lr",
+    [
+        (["adapter=none"], 2e-4),  # adamw's
+        (["adapter=lora"], 1e-3),
+        (["adapter=qlora"], 1e-3),
+        (["adapter=dora", "adapter.lr=5e-4"], 5e-4),
+        (["adapter=lora", "adapter.lr=null"], 2e-4),
+        (["adapter=lora", "optimizer.lr=3e-4"], 3e-4),  # the command line's own choice wins
+        (["adapter=lora", "optimizer=lion"], 1e-3),
+    ],
+)
+def test_an_adapter_trains_at_its_lr_unless_the_command_line_sets_the_optimizers(overrides, lr):
+    cfg = compose(*overrides)
+    assert adapter_checks.apply_adapter_lr(cfg) == (cfg.optimizer.lr != compose(*overrides).optimizer.lr)
+    assert cfg.optimizer.lr == lr

@@ -166,6 +166,7 @@ VALUES = [
     (["adapter=dora", "adapter.lora_alpha=0"], "adapter.lora_alpha=0 is invalid: must be a number > 0"),
     (["adapter=lora", "adapter.lora_dropout=1"], "adapter.lora_dropout=1 is invalid: must be in [0, 1)"),
     (["adapter=qlora", "adapter.lora_dropout=-0.1"], "adapter.lora_dropout=-0.1 is invalid: must be in [0, 1)"),
+    (["adapter=lora", "adapter.lr=0"], "adapter.lr=0 is invalid: must be a finite number > 0 (or null)"),
     (["adapter=lora", "adapter.target_modules=[q_proj]"],
      "adapter.target_modules=['q_proj'] is invalid: matches no module of BertForSequenceClassification: give "
      "all-linear or names it has, such as classifier, dense, key, query, value"),

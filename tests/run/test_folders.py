@@ -345,3 +345,14 @@ def test_a_settled_folder_is_left_as_it_was_even_a_dead_holders_lock_file(tmp_pa
         with results.claimed(folder, cfg, job_of_sweep) as decision:
             assert decision.action == action
         assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_an_adapter_run_is_found_again_at_the_lr_it_ran_at(tmp_path):
+    from effitrain.config.adapter import apply_adapter_lr
+
+    composed = compose("adapter=lora")
+    ran = compose("adapter=lora")
+    assert apply_adapter_lr(ran) and ran.optimizer.lr != composed.optimizer.lr  # as the run derives it
+    previous = {"status": "ok", results.CONFIG_KEY: results.config_record(ran)}
+    assert results.skip_refusal(tmp_path, previous, composed) is None  # the sweep rerun skips it
+    assert results.skip_refusal(tmp_path, previous, _with(composed, **{"adapter.lr": 5e-4})) is not None

@@ -23,23 +23,31 @@ NESTED_BLOCK = 256  # double quantization: one fp32 absmax per 256 absmax values
 
 def adapted(*overrides: str):
     """The tiny classifier of ``compose(*overrides)``, built and wrapped as a run does, and its config."""
+    model, cfg, task = loaded(*overrides)
+    return apply_adapter(model, cfg.adapter, task), cfg
+
+
+def loaded(*overrides: str):
+    """The tiny model of ``compose(*overrides)`` as a run loads it (4-bit under qlora), before its
+    adapter; its config and task."""
     cfg = compose(*overrides)
     task = build_task(cfg)
     raw = task.load(cfg.data)
     quantization = quantization_config(cfg.adapter, cfg.precision.mixed_precision)
-    model = task.build_model(cfg.model, raw, None, quantization=quantization)
-    return apply_adapter(model, cfg.adapter, task), cfg
+    return task.build_model(cfg.model, raw, None, quantization=quantization), cfg, task
 
 
 def linear_shapes(architecture) -> list[tuple[int, int]]:
     """(in, out) of every Linear of the tiny BERT that LoRA targets (all but the head), from its config."""
     h, i = architecture.hidden_size, architecture.intermediate_size
     per_layer = [(h, h)] * 4 + [(h, i), (i, h)]  # query, key, value, attention output; intermediate, output
-    return per_layer * architecture.num_hidden_layers + [(h, h)]  # and the pooler
+    return per_layer * architecture.num_hidden_layers
 
 
 def head_params(architecture) -> int:
-    return architecture.hidden_size * NUM_LABELS + NUM_LABELS
+    """The head trained in full: the pooler's h x h Linear and the classifier, weights and biases."""
+    h = architecture.hidden_size
+    return h * h + h + h * NUM_LABELS + NUM_LABELS
 
 
 @pytest.mark.parametrize("rank", [8, 32])
@@ -53,6 +61,7 @@ def test_lora_trains_the_low_rank_updates_and_the_head(rank):
     trained = [n for n, p in model.named_parameters() if p.requires_grad]
     assert all("lora_" in n or "modules_to_save" in n for n in trained)
     assert sum("classifier.modules_to_save" in n for n in trained) == 2  # the head's weight and bias
+    assert sum("pooler.modules_to_save" in n for n in trained) == 2  # the pooler's, in full, no LoRA
 
 
 def test_dora_adds_one_magnitude_per_output_of_each_targeted_layer():
@@ -79,6 +88,30 @@ def test_qlora_counts_4bit_weights_by_the_storages_bitsandbytes_holds():
     assert memory.params_footprint(qlora, trainable_only=True) == memory.params_footprint(
         lora, trainable_only=True
     )
+
+
+@pytest.mark.parametrize(
+    "extra, head",
+    [([], ["bert.pooler.dense", "classifier"]), (["task=causal_lm", "model=llama_tiny"], ["lm_head"])],
+)
+def test_qlora_leaves_the_head_in_full_precision_and_the_replay_quantizes_the_same_layers(extra, head):
+    import transformers
+    from bitsandbytes.nn import Linear4bit
+
+    from effitrain.memory.adapted import quantized_layers
+
+    model, cfg, task = loaded("adapter=qlora", *extra)
+    for name in head:
+        layer = model.get_submodule(name)
+        assert type(layer) is torch.nn.Linear and layer.weight.dtype == torch.float32, name
+    in_4bit = [name for name, m in model.named_modules() if isinstance(m, Linear4bit)]
+    linears = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(in_4bit) == sorted(set(linears) - set(head))
+    if not extra:  # the tiny BERT: the 6 Linear layers of each block, counted from its config
+        assert len(in_4bit) == len(linear_shapes(cfg.model.architecture))
+    auto = getattr(transformers, task.auto_class)
+    quantization = quantization_config(cfg.adapter, cfg.precision.mixed_precision)
+    assert len(quantized_layers(auto, model.config, quantization)) == len(in_4bit)
 
 
 @pytest.mark.parametrize(
