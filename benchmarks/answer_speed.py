@@ -130,7 +130,8 @@ def main() -> None:
             for t in (shared, cached)
         )
         print(f"{case:<12}{times}{ratios}", flush=True)
-    print(f"load average {os.getloadavg()[0]:.1f} at the end; every case's figures equal today's to the byte")
+    same = "the shared and cached figures equal" if args.skip_today else "every case's figures equal today's"
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; {same} to the byte")
 
 
 def against(cases: list[str], other: str, skip_today: bool) -> None:
