@@ -34,36 +34,15 @@ LLAMA_7B = [  # Llama-2-7B's shape, randomly initialized from its config: nothin
     "model.architecture.num_key_value_heads=32", "model.architecture.max_position_embeddings=4096",
     "precision=bf16", "micro_batch_size=1", "max_length=2048", "eval_batch_size=1",
 ]  # fmt: skip
+PLAN_1GIB = ["plan", "--memory-budget", "1GiB", "--effective-batch-size", "16", "--device", "cuda"]
 CASES = {
     "estimate": ["estimate", "--device", "cuda", *DISTILBERT],
-    "plan": [
-        "plan",
-        "--memory-budget",
-        "1GiB",
-        "--effective-batch-size",
-        "16",
-        "--device",
-        "cuda",
-        "--optimizers",
-        "adafactor,adam8bit,adamw,adamw_fused",
-        *DISTILBERT,
-    ],  # fmt: skip
+    "plan": [*PLAN_1GIB, "--optimizers", "adafactor,adam8bit,adamw,adamw_fused", *DISTILBERT],
     "readme_plan": ["plan", "--memory-budget", "64MiB", "model=tiny", "data=synthetic"],
     "llama_7b": ["estimate", "--device", "cuda", *LLAMA_7B],
     # the adapter axis too: {none, lora, qlora} x every optimizer x the precisions x micro batches x
     # checkpointing, distilbert at 1 GiB on CUDA
-    "adapter_plan": [
-        "plan",
-        "--memory-budget",
-        "1GiB",
-        "--effective-batch-size",
-        "16",
-        "--device",
-        "cuda",
-        "--adapters",
-        "none,lora,qlora",
-        *DISTILBERT,
-    ],  # fmt: skip
+    "adapter_plan": [*PLAN_1GIB, "--adapters", "none,lora,qlora", *DISTILBERT],
 }
 # what is compared between the paths (how a figure was had differs by design)
 HOW = ("trace_source", "confirmed_by_full_replay")
