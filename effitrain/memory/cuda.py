@@ -92,8 +92,8 @@ def allocator_blocks():
 # workspace, one per cuBLAS handle, and torch keeps a handle per thread, so the step's thread and
 # autograd's backward thread hold one each; torch sizes it by compute capability (":4096:8", 32 MiB,
 # from 9.0, the Hopper GPUs this profile replays: cuBLAS's recommended size for them). On an H200,
-# max_memory_allocated was 64.4 MiB or more above the predicted run peak in every case
-# (docs/results.md, "On a GPU").
+# max_memory_allocated was 64.4 MiB or more above the predicted run peak, and 1.2 to 16.2 MiB with
+# CUBLAS_WORKSPACE_CONFIG=:0:0 (docs/results.md, "On a GPU").
 CUBLAS_WORKSPACES_BYTES = 2 * 32 * 2**20
 
 
