@@ -10,6 +10,7 @@ Also what an adapter decides beyond peft's config: the classification head it tr
 
 from __future__ import annotations
 
+import math
 import re
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -87,7 +88,9 @@ def apply_adapter_lr(cfg: DictConfig) -> bool:
 
     adapter = cfg.get("adapter")
     lr = adapter.get("lr") if adapter is not None and adapter.get("_target_") else None
-    if lr is None or cfg.optimizer.get("lr") == lr:
+    # a value the validation refuses is left for it to name as adapter.lr, not copied to optimizer.lr
+    usable = isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0
+    if not usable or cfg.optimizer.get("lr") == lr:
         return False
     if any(o.key_or_group == "optimizer.lr" for o in command_line_overrides(cfg)):
         return False

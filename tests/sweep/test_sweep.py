@@ -262,7 +262,7 @@ def test_named_studies_are_multiruns_over_their_choices():
 def test_unknown_study_is_one_line():
     with pytest.raises(
         ConfigError,
-        match="sweep='typo' is not an option: choose one of accumulation, adapters, checkpointing, compile, grid",
+        match="sweep='typo' is not an option: choose one of accumulation, adapters, adapters_lm, checkpointing, compile, grid",
     ):
         check_group_overrides(["sweep=typo"])
 
