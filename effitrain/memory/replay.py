@@ -276,10 +276,10 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
             )
         if replay.evaluation is not None:
             replay.tracked("eval", replay.evaluate, optimizer)
-    return completed(Trace(replay.phases, replay.flops, replay.bounds), analytic_state, config, cfg)
+    return completed(Trace(replay.phases, replay.flops, replay.bounds), analytic_state, config, cfg, device)
 
 
-def completed(trace: Trace, analytic_state: int, config, cfg) -> Trace:
+def completed(trace: Trace, analytic_state: int, config, cfg, device: str = "cpu") -> Trace:
     """``trace`` with what its replay cannot hold added to every phase: the state of an optimizer
     counted, not replayed (``analytic_state``: :func:`counted_state`), and a 4-bit base's packed
     weights in place of the full ones it was traced with
@@ -289,7 +289,7 @@ def completed(trace: Trace, analytic_state: int, config, cfg) -> Trace:
     for peak in trace.phases.values():
         peak["optimizer_state"] += analytic_state
         peak["total"] += analytic_state
-    if quantized := counted_4bit(trace.phases, config, cfg):
+    if quantized := counted_4bit(trace.phases, config, cfg, device):
         for phase in trace.phases:  # a bound already said (a counted optimizer state) is kept
             trace.bounds.setdefault(phase, quantized)
     if analytic_state:

@@ -84,7 +84,7 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
             traces[name] = trace_run(config, optimizer_cfgs[name], cfg, batches, device, eval_shapes)
             continue
         trace.flops = replay.flops
-        completed(trace, analytic[name], config, cfg)
+        completed(trace, analytic[name], config, cfg, device)
     return traces
 
 
