@@ -175,19 +175,100 @@ def fake_batch(shapes: dict) -> dict:
     return batch
 
 
-def fake_window(batches: list[dict], eval_shapes: dict | None):
+@dataclasses.dataclass
+class FakeWindow:
+    """A step's recorded micro-batches as fake zeros (:func:`fake_window`), made under fake mode."""
+
+    batches: list[dict]  # the micro-batches replayed
+    evaluation: dict | None  # the eval batch
+    items: int  # the items (labels) of the whole recorded window
+    unpadded: set[int]  # ids of the attention masks recorded without padding (_mask_skipping_as_recorded)
+    stands_for: list[int]  # per recorded micro-batch, the index in ``batches`` of the one replayed for it
+    # id(a replayed batch) -> the left-out (batch, stand-in) pairs to count before it begins
+    left_out: dict[int, list[tuple[dict, dict]]]
+
+    def stepper(self, task, model, meter, ops):
+        """``step(optimizer, tracker=None, before_forward=None)``: :func:`window_step` over ``batches``.
+        Under ``tracker``: fresh module stats per micro-batch (as ``StepMemory.saw``) and, before a
+        micro-batch that ends a run of repeats, the left-out ones' tensors counted as their stand-in's
+        were (a view of a batch tensor makes MemTracker count it: the labels a causal LM shifts)."""
+        from effitrain.train.step import window_step
+        from effitrain.util.compat import counting_like
+
+        count = counting_like()
+
+        def step(optimizer, tracker=None, before_forward=None):
+            def begin(batch):
+                if tracker is not None:
+                    tracker.reset_mod_stats()
+                    for left_out, stand_in in self.left_out.get(id(batch), ()):
+                        for key, tensor in left_out.items():
+                            count(tracker, tensor, stand_in[key])
+                if before_forward is not None:
+                    before_forward(batch)
+
+            return window_step(task, model, optimizer, self.batches, self.items, meter, ops, begin)
+
+        return step
+
+
+def fake_window(batches: list[dict], eval_shapes: dict | None) -> FakeWindow:
     """The recorded micro-batches and eval batch as fake zeros (:func:`fake_batch`, made under fake
-    mode), the items (labels) the window holds, and the ids of the attention masks recorded without
-    padding (:func:`_mask_skipping_as_recorded`)."""
+    mode), the repeats left out (:func:`stand_ins`)."""
+    from effitrain.util.compat import counting_like
+
     window = [fake_batch(shapes) for shapes in batches]
+    stands_for = stand_ins(batches) if counting_like() is not None else list(range(len(batches)))
+    kept = [index for index, stand_in in enumerate(stands_for) if stand_in == index]
+    left_out: dict[int, list[tuple[dict, dict]]] = {}
+    for index, stand_in in enumerate(stands_for):
+        if stand_in != index:  # counted before the next replayed one, the last of its run, begins
+            ends_run = next(k for k in kept if k > index)
+            left_out.setdefault(id(window[ends_run]), []).append((window[index], window[stand_in]))
     evaluation = fake_batch(eval_shapes) if eval_shapes is not None else None
-    items = sum(len(b["labels"]) for b in window)
     unpadded = {
         id(b["attention_mask"])
         for b, s in [*zip(window, batches), (evaluation, eval_shapes)]
         if b is not None and "attention_mask" in b and not s.get("padded", True)
     }
-    return window, evaluation, items, unpadded
+    return FakeWindow(
+        [window[k] for k in kept], evaluation, sum(len(b["labels"]) for b in window), unpadded,
+        [kept.index(i) for i in stands_for], left_out,
+    )  # fmt: skip
+
+
+def stand_ins(batches: list[dict]) -> list[int]:
+    """For each recorded micro-batch, the one replayed in its place: itself, or the first of its run
+    when it lies inside a run of micro-batches of the same shapes, from the third to the third last.
+
+    From the second micro-batch on, each starts with the gradients made and the meter's running sums
+    and the last loss held (0-d tensors), and leaves them as it found them, except for the tensors of
+    its own batch that MemTracker came to count (a view of the labels a causal LM shifts): the
+    replay counts those of a left-out one before the last of its run begins
+    (:meth:`FakeWindow.stepper`), which then holds what it would have held, and whose highest point
+    is at least any left-out one's (above it by the batch tensors counted since; equal where there
+    are none, and MemTracker keeps the first, the stand-in's). The last micro-batch and the one
+    before it stay: a sharded step synchronizes its gradients in the last.
+    ``tests/memory/test_replay.py`` holds this to full windows, byte for byte."""
+    stands_for: list[int] = []
+    for index, shapes in enumerate(batches):
+        inside = 2 <= index <= len(batches) - 3 and batches[index - 1] == shapes == batches[index + 1]
+        stands_for.append(stands_for[-1] if inside else index)
+    return stands_for
+
+
+def window_flops(step, optimizer, stands_for: list[int]) -> int:
+    """The FLOPs of one optimizer step over the whole recorded window: ``step`` replays its kept
+    micro-batches under ``FlopCounterMode``, each one's count read as the next begins, and a left-out
+    micro-batch counts as the one that stands for it (``stands_for``: :class:`FakeWindow`'s)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    marks: list[int] = []
+    with FlopCounterMode(display=False) as counter:
+        step(optimizer, before_forward=lambda batch: marks.append(counter.get_total_flops()))
+        marks.append(counter.get_total_flops())
+    own = [after - before for before, after in zip(marks, marks[1:])]
+    return sum(own[index] for index in stands_for)
 
 
 # The phases of a run whose peaks are predicted: the first optimizer step (its state is created in
@@ -271,7 +352,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
         for phase in ("first_step", "later_step"):  # reset_mod_stats per micro-batch, as StepMemory.saw
             replay.tracked(
                 phase,
-                lambda tracker: replay.step(optimizer, lambda batch: tracker.reset_mod_stats()),
+                lambda tracker: replay.step(optimizer, tracker),
                 optimizer,
             )
         if replay.evaluation is not None:
@@ -335,7 +416,7 @@ class Replay:
     (:func:`trace_run`) and a shared one (:mod:`effitrain.memory.shared`) both run."""
 
     model: torch.nn.Module
-    step: object  # step(optimizer, before_forward=None): window_step over the recorded micro-batches
+    step: object  # step(optimizer, tracker=None): window_step over the recorded micro-batches (FakeWindow)
     evaluate: object  # evaluate(tracker): the eval phase's forward
     evaluation: dict | None  # the eval batch (None: no eval phase)
     flops: int  # of one step, counted before checkpointing is enabled
@@ -380,13 +461,12 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
     import warnings
 
     import transformers
-    from torch.utils.flop_counter import FlopCounterMode
 
     from effitrain.config.schema import DEVICES
     from effitrain.memory.adapted import replay_model
     from effitrain.memory.cuda import autocast_like, cuda_kernels
     from effitrain.train.modeling import enable_activation_checkpointing
-    from effitrain.train.step import StepMeter, StepOps, window_step
+    from effitrain.train.step import StepMeter, StepOps
     from effitrain.train.tasks import build_task
 
     if device not in DEVICES:
@@ -417,7 +497,8 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
 
         meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
-        window, evaluation, items, unpadded = fake_window(batches, eval_shapes)
+        window = fake_window(batches, eval_shapes)
+        evaluation = window.evaluation
 
         ops = StepOps(
             backward=lambda loss: loss.backward(),
@@ -425,8 +506,7 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=cuda or None),
         )
 
-        def step(optimizer, before_forward=None):
-            return window_step(task, model, optimizer, window, items, meter, ops, before_forward)
+        step = window.stepper(task, model, meter, ops)
 
         def evaluate(tracker):
             model.eval()
@@ -435,9 +515,8 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             model.train()
 
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
-        with _mask_skipping_as_recorded(model, unpadded), kernels:
-            with FlopCounterMode(display=False) as flops:
-                step(torch.optim.SGD(model.parameters(), lr=0.0))
+        with _mask_skipping_as_recorded(model, window.unpadded), kernels:
+            flops = window_flops(step, torch.optim.SGD(model.parameters(), lr=0.0), window.stands_for)
             if cfg.get("gradient_checkpointing"):
                 enable_activation_checkpointing(model)
                 # checkpointing recomputes a layer under the autocast its forward ran in (it saves and
@@ -453,7 +532,7 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
                         "(no transformers _gradient_checkpointing_func): gradient checkpointing with "
                         f"precision={cfg.precision.mixed_precision} is not modeled"
                     )
-            yield Replay(model, step, evaluate, evaluation, flops.get_total_flops(), cuda, cfg.weight_decay)
+            yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay)
 
 
 @contextlib.contextmanager

@@ -53,6 +53,7 @@ from effitrain.memory.replay import (
     _mask_skipping_as_recorded,
     _with_values_assumed,
     fake_window,
+    window_flops,
 )
 from effitrain.util.compat import fake_process_group, fake_tensor_mode, fsdp_mem_tracker_class
 
@@ -173,14 +174,13 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
     import warnings
 
     import transformers
-    from torch.utils.flop_counter import FlopCounterMode
 
     from effitrain.config.schema import DEVICES
     from effitrain.memory.cuda import cuda_kernels, foreach_by_default
     from effitrain.train.modeling import enable_activation_checkpointing
     from effitrain.train.optim import build_optimizer
     from effitrain.train.sharding import gradient_sync_off, shard
-    from effitrain.train.step import StepMeter, StepOps, window_step
+    from effitrain.train.step import StepMeter, StepOps
     from effitrain.train.tasks import build_task
 
     if device not in DEVICES:
@@ -211,7 +211,8 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
         optimizer = make_optimizer()
         meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
-        window, evaluation, items, unpadded = fake_window(batches, eval_shapes)
+        window = fake_window(batches, eval_shapes)
+        evaluation = window.evaluation
         ops = StepOps(
             backward=lambda loss: loss.backward(),
             no_sync=lambda: gradient_sync_off(model),
@@ -219,8 +220,7 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
             num_processes=world_size,
         )
 
-        def step(optimizer, before_forward=None):
-            return window_step(task, model, optimizer, window, items, meter, ops, before_forward)
+        step = window.stepper(task, model, meter, ops)
 
         def tracked(phase, run):
             assumed.clear()
@@ -237,17 +237,17 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
             model.train()
 
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
-        with _mask_skipping_as_recorded(model, unpadded), kernels:
-            with FlopCounterMode(display=False) as flops:  # one rank's FLOPs: the whole model on its batch
-                step(torch.optim.SGD(model.parameters(), lr=0.0))
+        with _mask_skipping_as_recorded(model, window.unpadded), kernels:
+            # one rank's FLOPs: the whole model on its batch
+            flops = window_flops(step, torch.optim.SGD(model.parameters(), lr=0.0), window.stands_for)
             _sharding_rules_cached(model, make_optimizer())
             if cfg.get("gradient_checkpointing"):
                 enable_activation_checkpointing(model)
             for phase in ("first_step", "later_step"):
-                tracked(phase, lambda tracker: step(optimizer, lambda batch: tracker.reset_mod_stats()))
+                tracked(phase, lambda tracker: step(optimizer, tracker))
             if evaluation is not None:
                 tracked("eval", evaluate)
-    return ShardedTrace(phases, flops.get_total_flops(), bounds, world_size, fsdp_phases, at_update)
+    return ShardedTrace(phases, flops, bounds, world_size, fsdp_phases, at_update)
 
 
 def _sharding_rules_cached(model, optimizer) -> None:

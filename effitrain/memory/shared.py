@@ -129,7 +129,7 @@ def _shared_step(replay, optimizers: dict, phase: str, traces: dict, records: di
                     traces[name].bounds[phase] = BOUND_ASSUMED_BRANCH
 
         pause = _Pause(replay.model, step_each)
-        replay.step(pause, lambda batch: tracker.reset_mod_stats())
+        replay.step(pause, tracker)
 
 
 def _own_step(replay, optimizer, held: dict) -> tuple[dict, dict, bool]:

@@ -143,6 +143,23 @@ def step_peak_tracker_class():
     return StepPeakTracker
 
 
+def counting_like():
+    """``count(tracker, tensor, like)``: torch's MemTracker ``tracker`` counts ``tensor``'s storage in
+    the category it counts ``like``'s (nothing where it does not count ``like``'s), through its private
+    ``_WINFO`` and ``_track``. None where torch lacks them (the caller replays what it would count)."""
+    from torch.distributed._tools import mem_tracker
+
+    if private("torch", mem_tracker.MemTracker, "_track") is None:
+        return None
+
+    def count(tracker, tensor, like) -> None:
+        found = tracker._WINFO.get(like.untyped_storage())
+        if found is not None:
+            tracker._track(found[0].reftype, tensor)
+
+    return count
+
+
 @contextlib.contextmanager
 def storages_counted_as(count, is_host):
     """Inside it, torch's MemTracker counts a storage as ``count(nbytes)`` where it counts it as

@@ -1,0 +1,115 @@
+"""The replay of an accumulation window (effitrain.memory.replay): a micro-batch that repeats the one
+before it is left out, and the window's peaks, bounds and FLOPs stay those of replaying every one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config
+
+from effitrain.commands.estimate import meta_model, replay_shapes
+from effitrain.memory import replay
+from effitrain.memory.replay import stand_ins, trace_run
+from effitrain.memory.sharded import trace_sharded
+from effitrain.util import compat
+from effitrain.util.compat import counting_like
+from tests.helpers.run import compose
+
+
+def test_only_the_inside_of_a_run_of_equal_micro_batches_is_left_out():
+    a, b = {"input_ids": ((2, 8), torch.int64)}, {"input_ids": ((2, 5), torch.int64)}
+    assert stand_ins([a] * 5) == [0, 1, 1, 3, 4]
+    assert stand_ins([a] * 16) == [0] + [1] * 13 + [14, 15]
+    assert stand_ins([a] * 4) == [0, 1, 2, 3]  # the first two and the last two stay
+    assert stand_ins([a, a, a, b, b, b, a, a]) == [0, 1, 2, 3, 3, 5, 6, 7]
+    # padding decides the attention mask's path: the same shapes with another flag are no repeat
+    assert stand_ins([a, a, a, {**a, "padded": True}, a, a, a]) == list(range(7))
+
+
+def every_micro_batch(monkeypatch):
+    monkeypatch.setattr(replay, "stand_ins", lambda batches: list(range(len(batches))))
+
+
+CASES = {  # (device profile, overrides), each with an accumulation window of 6: two left out
+    "classification": ("cpu", ["model=tiny", "max_length=64", "optimizer=adamw"]),
+    "cuda_causal_bf16_checkpointing": (
+        "cuda",
+        [
+            "task=causal_lm",
+            "model=llama_tiny",
+            "max_length=64",
+            "precision=bf16",
+            "gradient_checkpointing=true",
+        ],
+    ),
+    "lora_8bit_adam": ("cpu", ["model=tiny", "max_length=64", "adapter=lora", "optimizer=adam8bit"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_leaving_out_the_repeats_changes_no_byte_bound_or_flop(case, monkeypatch):
+    device, overrides = CASES[case]
+    cfg = compose(*overrides, "gradient_accumulation_steps=6")
+    model = meta_model(cfg)
+    batches, evaluation = replay_shapes(cfg, model)
+    assert counting_like() is not None and stand_ins(batches) == [0, 1, 1, 1, 4, 5]
+    left_out = trace_run(model.config, cfg.optimizer, cfg, batches, device, evaluation)
+    every_micro_batch(monkeypatch)
+    full = trace_run(model.config, cfg.optimizer, cfg, batches, device, evaluation)
+    assert left_out.phases == full.phases
+    assert (left_out.flops, left_out.bounds) == (full.flops, full.bounds)
+    # the FLOPs of the window are six micro-batches' (no repeat counted as nothing)
+    single = trace_run(model.config, cfg.optimizer, cfg, batches[:1], device, evaluation)
+    assert full.flops == 6 * single.flops > 0
+
+
+def test_the_batch_tensors_a_left_out_micro_batch_would_have_had_counted_are_counted(monkeypatch):
+    """GPT-2's forward views its input ids and mask, a causal LM's loss its labels: MemTracker then
+    counts each micro-batch's tensors from that moment on. Left out without them, the step is lower."""
+    cfg = compose("task=causal_lm", "model=llama_tiny", "optimizer=adamw")
+    config = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+                        eos_token_id=0)  # fmt: skip
+    shape = ((2, 32), torch.int64)
+    batch = {"input_ids": shape, "attention_mask": shape, "labels": shape, "padded": True}
+    left_out = trace_run(config, cfg.optimizer, cfg, [batch] * 6, "cuda", batch)
+    with monkeypatch.context() as patched:
+        patched.setattr(compat, "counting_like", lambda: lambda tracker, tensor, like: None)
+        uncounted = trace_run(config, cfg.optimizer, cfg, [batch] * 6, "cuda", batch)
+    every_micro_batch(monkeypatch)
+    full = trace_run(config, cfg.optimizer, cfg, [batch] * 6, "cuda", batch)
+    assert left_out.phases == full.phases
+    # two micro-batches left out, three tensors each counted in one 512-byte CUDA block
+    for phase in ("first_step", "later_step"):
+        assert full.phases[phase]["total"] - uncounted.phases[phase]["total"] == 2 * 3 * 512, phase
+
+
+def test_a_window_of_changing_shapes_and_padding_is_replayed_as_in_full(monkeypatch):
+    cfg = compose("task=causal_lm", "model=llama_tiny", "optimizer=adamw")
+    model = meta_model(cfg)
+
+    def batch(rows, tokens, padded):
+        shape = ((rows, tokens), torch.int64)
+        return {"input_ids": shape, "attention_mask": shape, "labels": shape, "padded": padded}
+
+    long, short = batch(2, 48, True), batch(2, 16, False)
+    batches = [long] * 4 + [short] * 4 + [long, batch(1, 16, True)]
+    assert stand_ins(batches) == [0, 1, 1, 3, 4, 4, 4, 7, 8, 9]
+    left_out = trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", short)
+    every_micro_batch(monkeypatch)
+    full = trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", short)
+    assert (left_out.phases, left_out.flops) == (full.phases, full.flops)
+
+
+def test_a_sharded_window_keeps_its_synchronizing_last_micro_batch(monkeypatch):
+    cfg = compose("task=causal_lm", "model=llama_tiny", "parallel=fsdp", "optimizer=adamw", "max_length=32")
+    model = meta_model(cfg)
+    batches = replay_shapes(cfg, model)[0] * 5
+    left_out = trace_sharded(model.config, cfg.optimizer, cfg, batches, "cpu", world_size=2)
+    every_micro_batch(monkeypatch)
+    full = trace_sharded(model.config, cfg.optimizer, cfg, batches, "cpu", world_size=2)
+    assert (left_out.phases, left_out.fsdp_phases, left_out.at_update) == (
+        full.phases,
+        full.fsdp_phases,
+        full.at_update,
+    )
+    assert left_out.flops == full.flops
