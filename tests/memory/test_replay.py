@@ -9,11 +9,11 @@ from transformers import GPT2Config
 
 from effitrain.commands.estimate import meta_model, replay_shapes
 from effitrain.memory import replay
-from effitrain.memory.replay import stand_ins, trace_run
+from effitrain.memory.replay import CATEGORIES, stand_ins, trace_run
 from effitrain.memory.sharded import trace_sharded
 from effitrain.util import compat
 from effitrain.util.compat import counting_like
-from tests.helpers.run import compose
+from tests.helpers.run import compose, run_job
 
 
 def test_only_the_inside_of_a_run_of_equal_micro_batches_is_left_out():
@@ -113,3 +113,16 @@ def test_a_sharded_window_keeps_its_synchronizing_last_micro_batch(monkeypatch):
         full.at_update,
     )
     assert left_out.flops == full.flops
+
+
+def test_a_real_step_of_six_equal_causal_micro_batches_is_predicted_to_the_byte(tmp_path):
+    """Packed rows: every micro-batch is 2 x 16 tokens, so the replay of the tracked step leaves two
+    out; the prediction is still the real step's, category by category."""
+    summary = run_job(tmp_path, "task=causal_lm", "model=llama_tiny", "data=synthetic", "data.packing=true",
+                      "max_length=16", "micro_batch_size=2", "gradient_accumulation_steps=6", "max_steps=2",
+                      "logger=none", "progress_bar=false", tiny=False)  # fmt: skip
+    assert summary["status"] == "ok", summary["error"]
+    measured = {c: summary[f"mem/step_peak/{c}_bytes"] for c in CATEGORIES}
+    predicted = {c: summary[f"mem/step_peak_predicted/{c}_bytes"] for c in CATEGORIES}
+    assert predicted == measured
+    assert measured["activations"] > 0 and measured["optimizer_state"] > 0  # a later step was tracked
