@@ -183,13 +183,14 @@ class FakeWindow:
     evaluation: dict | None  # the eval batch
     items: int  # the items (labels) of the whole recorded window
     unpadded: set[int]  # ids of the attention masks recorded without padding (_mask_skipping_as_recorded)
-    stands_for: list[int]  # per recorded micro-batch, the index in ``batches`` of the one replayed for it
+    # per recorded micro-batch, the index in ``batches`` of the first with its shapes (its FLOPs)
+    shaped_as: list[int]
     # id(a replayed batch) -> the left-out (batch, stand-in) pairs to count before it begins
     left_out: dict[int, list[tuple[dict, dict]]]
 
     def stepper(self, task, model, meter, ops):
-        """``step(optimizer, tracker=None, before_forward=None)``: :func:`window_step` over ``batches``.
-        Under ``tracker``: fresh module stats per micro-batch (as ``StepMemory.saw``) and, before a
+        """``step(optimizer, tracker=None, before_forward=None, only=None)``: :func:`window_step` over
+        ``batches`` (those of the indices ``only``). Under ``tracker``: fresh module stats per micro-batch (as ``StepMemory.saw``) and, before a
         micro-batch that ends a run of repeats, the left-out ones' tensors counted as their stand-in's
         were (a view of a batch tensor makes MemTracker count it: the labels a causal LM shifts)."""
         from effitrain.train.step import window_step
@@ -197,7 +198,9 @@ class FakeWindow:
 
         count = counting_like()
 
-        def step(optimizer, tracker=None, before_forward=None):
+        def step(optimizer, tracker=None, before_forward=None, only=None):
+            batches = self.batches if only is None else [self.batches[index] for index in only]
+
             def begin(batch):
                 if tracker is not None:
                     tracker.reset_mod_stats()
@@ -207,7 +210,7 @@ class FakeWindow:
                 if before_forward is not None:
                     before_forward(batch)
 
-            return window_step(task, model, optimizer, self.batches, self.items, meter, ops, begin)
+            return window_step(task, model, optimizer, batches, self.items, meter, ops, begin)
 
         return step
 
@@ -233,7 +236,7 @@ def fake_window(batches: list[dict], eval_shapes: dict | None) -> FakeWindow:
     }
     return FakeWindow(
         [window[k] for k in kept], evaluation, sum(len(b["labels"]) for b in window), unpadded,
-        [kept.index(i) for i in stands_for], left_out,
+        [next(n for n, k in enumerate(kept) if batches[k] == shapes) for shapes in batches], left_out,
     )  # fmt: skip
 
 
@@ -257,18 +260,20 @@ def stand_ins(batches: list[dict]) -> list[int]:
     return stands_for
 
 
-def window_flops(step, optimizer, stands_for: list[int]) -> int:
-    """The FLOPs of one optimizer step over the whole recorded window: ``step`` replays its kept
-    micro-batches under ``FlopCounterMode``, each one's count read as the next begins, and a left-out
-    micro-batch counts as the one that stands for it (``stands_for``: :class:`FakeWindow`'s)."""
+def window_flops(window: FakeWindow, step, optimizer) -> int:
+    """The FLOPs of one optimizer step over the whole recorded window: ``step`` replays one micro-batch
+    of each shape under ``FlopCounterMode``, each one's count read as the next begins, and every
+    recorded micro-batch counts as the one of its shapes (FlopCounterMode counts matrix products,
+    which the shapes decide: ``tests/memory/test_replay.py`` holds this to full windows)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    distinct = sorted(set(window.shaped_as))
     marks: list[int] = []
     with FlopCounterMode(display=False) as counter:
-        step(optimizer, before_forward=lambda batch: marks.append(counter.get_total_flops()))
+        step(optimizer, before_forward=lambda batch: marks.append(counter.get_total_flops()), only=distinct)
         marks.append(counter.get_total_flops())
-    own = [after - before for before, after in zip(marks, marks[1:])]
-    return sum(own[index] for index in stands_for)
+    own = dict(zip(distinct, (after - before for before, after in zip(marks, marks[1:]))))
+    return sum(own[index] for index in window.shaped_as)
 
 
 # The phases of a run whose peaks are predicted: the first optimizer step (its state is created in
@@ -516,7 +521,7 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
 
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
         with _mask_skipping_as_recorded(model, window.unpadded), kernels:
-            flops = window_flops(step, torch.optim.SGD(model.parameters(), lr=0.0), window.stands_for)
+            flops = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
             if cfg.get("gradient_checkpointing"):
                 enable_activation_checkpointing(model)
                 # checkpointing recomputes a layer under the autocast its forward ran in (it saves and

@@ -239,7 +239,7 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
         with _mask_skipping_as_recorded(model, window.unpadded), kernels:
             # one rank's FLOPs: the whole model on its batch
-            flops = window_flops(step, torch.optim.SGD(model.parameters(), lr=0.0), window.stands_for)
+            flops = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
             _sharding_rules_cached(model, make_optimizer())
             if cfg.get("gradient_checkpointing"):
                 enable_activation_checkpointing(model)

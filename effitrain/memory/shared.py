@@ -3,9 +3,10 @@ finds for each, phase by phase and category by category, at the cost of one mode
 
     effitrain estimate model=distilbert_base_cased --device cuda   # every optimizer, one replay
 
-The forward and backward of a step, its clipping and an evaluation do not depend on the optimizer:
-they are replayed once, and each optimizer's own step is replayed on top of them, at the moment the
-step reaches ``optimizer.step()``, on the very gradients the backward left. A phase's peak is then
+The forward and backward of a step, its clipping and an evaluation do not depend on the optimizer,
+and a later step's forward and backward are the first's: they are replayed once, and each
+optimizer's own first and later steps are replayed on top of them, from the moment the step reaches
+``optimizer.step()``, on the very gradients the backward left. A phase's peak is then
 composed as the tracker of a full trace finds it. ``MemTracker`` keeps the categories at the moment
 the total first reaches its highest value (a later moment replaces it only when strictly higher),
 so a phase's peak is either
@@ -67,8 +68,11 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
     fallback: set[str] = set()  # a record reused for the first step that does not fit the later one
     with replayed(config, cfg, batches, device, eval_shapes) as replay:
         optimizers = {name: replay.optimizer(node) for name, node in optimizer_cfgs.items()}
+        backward = _forward_backward(replay)  # a later step's are the first's: see _forward_backward
         for phase in ("first_step", "later_step"):
-            _shared_step(replay, optimizers, phase, traces, records, steps, keys, fallback)
+            _each_step(replay, optimizers, phase, backward, traces, records, steps, keys, fallback)
+        for param in replay.model.parameters():  # as the later step's zero_grad leaves them
+            param.grad = None
         if replay.evaluation is not None:
             replay.tracked("eval", replay.evaluate)
             weights = _held(replay.model)
@@ -88,48 +92,71 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
     return traces
 
 
-def _shared_step(replay, optimizers: dict, phase: str, traces: dict, records: dict, steps: StepReplays,
-                 keys: dict, fallback: set) -> None:  # fmt: skip
-    """One step's forward and backward under a tracker that knows only the model; where it reaches
-    ``optimizer.step()``, each optimizer's step under a tracker of its own, on the same gradients
-    (or its record, where ``steps`` holds one for these gradients; ``fallback`` gets the names whose
-    record matched the first step's gradients and not the later step's)."""
+@dataclasses.dataclass
+class _Backward:
+    """What a step's forward and backward leave at ``optimizer.step()``."""
+
+    before: dict[str, int]  # the peak by category up to there
+    at_step: dict[str, int]  # what is held there (weights, gradients, the last loss, the norm)
+    gradients: list  # each parameter's, as the backward left it
+    signature: tuple  # :func:`_signature`
+
+
+def _forward_backward(replay) -> _Backward:
+    """The step's forward and backward under a tracker that knows only the model, to where it reaches
+    ``optimizer.step()``. A later step's forward and backward are the first's: each starts with the
+    gradients freed and the meter's running sums held (the replay's FLOP step made them), and the
+    optimizer state it also holds is added per optimizer, as this tracker never sees it
+    (``tests/memory/test_shared.py`` holds both steps to full traces, byte for byte)."""
+    found = {}
     with contextlib.ExitStack() as forward_backward:
         tracker = step_tracker()
         tracker.track_external(replay.model)
         forward_backward.enter_context(tracker)
 
-        def step_each():
-            before = breakdown(tracker.get_tracker_snapshot("peak"))
-            at_step = breakdown(tracker.get_tracker_snapshot("current"))
+        def at_step():
+            found["before"] = breakdown(tracker.get_tracker_snapshot("peak"))
+            found["at_step"] = breakdown(tracker.get_tracker_snapshot("current"))
             forward_backward.close()  # what follows is each optimizer's, not the shared part's
-            signature = _signature(replay.model)
-            gradients = [p.grad for p in replay.model.parameters()]
-            held = _held(replay.model)  # weights and gradients
-            for name, optimizer in optimizers.items():
-                record = records.setdefault(name, {})
-                if phase == "first_step" and (keys[name], signature) in steps.records:
-                    record.update(steps.records[keys[name], signature])
-                    steps.reused.add(name)
-                elif name in steps.reused or name in fallback:
-                    if record.get(f"{phase}_signature") != signature:  # recorded on other gradients
-                        steps.reused.discard(name)
-                        fallback.add(name)
-                        continue
-                else:
-                    for param, grad in zip(replay.model.parameters(), gradients):
-                        param.grad = grad  # as the backward left them, whatever an earlier step did
-                    record[phase] = _own_step(replay, optimizer, held)
-                    record[f"{phase}_signature"] = signature
-                state, delta, bounded = record[phase]
-                stepped = _plus(at_step, _plus(state, delta))
-                forward = _plus(before, state)
-                traces[name].phases[phase] = stepped if stepped["total"] > forward["total"] else forward
-                if bounded:
-                    traces[name].bounds[phase] = BOUND_ASSUMED_BRANCH
+            found["gradients"] = [p.grad for p in replay.model.parameters()]
+            found["signature"] = _signature(replay.model)
 
-        pause = _Pause(replay.model, step_each)
-        replay.step(pause, tracker)
+        replay.step(_Pause(replay.model, at_step), tracker)
+    return _Backward(**found)
+
+
+def _each_step(replay, optimizers: dict, phase: str, backward: _Backward, traces: dict, records: dict,
+               steps: StepReplays, keys: dict, fallback: set) -> None:  # fmt: skip
+    """Each optimizer's ``phase`` step under a tracker of its own, on the gradients of ``backward``
+    (or its record, where ``steps`` holds one for these gradients; ``fallback`` gets the names whose
+    record matched the first step's gradients and not the later step's), composed with the forward
+    and backward's peak into the phase's."""
+    parameters = list(replay.model.parameters())
+    for param, grad in zip(parameters, backward.gradients):
+        param.grad = grad
+    held = _held(replay.model)  # weights and gradients
+    signature = backward.signature
+    for name, optimizer in optimizers.items():
+        record = records.setdefault(name, {})
+        if phase == "first_step" and (keys[name], signature) in steps.records:
+            record.update(steps.records[keys[name], signature])
+            steps.reused.add(name)
+        elif name in steps.reused or name in fallback:
+            if record.get(f"{phase}_signature") != signature:  # recorded on other gradients
+                steps.reused.discard(name)
+                fallback.add(name)
+                continue
+        else:
+            for param, grad in zip(parameters, backward.gradients):
+                param.grad = grad  # as the backward left them, whatever an earlier step did
+            record[phase] = _own_step(replay, optimizer, held)
+            record[f"{phase}_signature"] = signature
+        state, delta, bounded = record[phase]
+        stepped = _plus(backward.at_step, _plus(state, delta))
+        forward = _plus(backward.before, state)
+        traces[name].phases[phase] = stepped if stepped["total"] > forward["total"] else forward
+        if bounded:
+            traces[name].bounds[phase] = BOUND_ASSUMED_BRANCH
 
 
 def _own_step(replay, optimizer, held: dict) -> tuple[dict, dict, bool]:
@@ -170,8 +197,8 @@ def _signature(model) -> tuple:
 
 
 class _Pause:
-    """Stands in for the optimizer in the shared forward and backward: its ``step`` is where every
-    optimizer's own step is replayed; ``zero_grad`` frees the gradients as each optimizer's would."""
+    """Stands in for the optimizer in the shared forward and backward: its ``step`` is where the
+    forward and backward end; ``zero_grad`` frees the gradients as each optimizer's would."""
 
     def __init__(self, model, step):
         self.model, self.step = model, step

@@ -26,6 +26,11 @@ CASES = {  # (device profile, overrides): each axis the forward and backward dep
     "lora": ("cpu", ["model=tiny", "max_length=64", "adapter=lora"]),
     "dora_causal": ("cpu", ["task=causal_lm", "model=llama_tiny", "max_length=64", "adapter=dora"]),
     "qlora": ("cpu", ["model=tiny", "max_length=64", "adapter=qlora"]),
+    # micro-batches left out of the replay, and the batch tensors MemTracker counts (the labels' views)
+    "cuda_causal_accumulation_6": (
+        "cuda",
+        ["task=causal_lm", "model=llama_tiny", "max_length=32", "gradient_accumulation_steps=6"],
+    ),  # fmt: skip
     "cuda_causal_bf16_checkpointing": (
         "cuda",
         [
