@@ -140,6 +140,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     counts = dict.fromkeys(("traced", "derived", "cached", "skipped"), 0)
     counted = {"cached": "cached", "shared, step reused": "derived"}
     steps = StepReplays()  # each optimizer's step, replayed once for every candidate it fits
+    nodes = {}  # (the setting's values, optimizer) -> its optimizer node
 
     def choice_of(setting, optimizer, recompute, micro) -> list[str]:
         choice = [f"optimizer={optimizer}", *(f"{axis}={value}" for axis, value in setting.items()),
@@ -151,15 +152,16 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     def trace(setting, names_, recompute, micro) -> dict:
         """The candidates of ``names_`` (optimizers) at this setting, micro batch and checkpointing:
         one shared replay (or the cache)."""
-        cfgs = {
-            name: compose(list(overrides) + choice_of(setting, name, recompute, micro)) for name in names_
-        }
-        for cfg in cfgs.values():
-            # micro_batch_size from the effective batch, as a run of that many processes derives it
-            apply_effective_batch_size(cfg, gpus)
-        first = next(iter(cfgs.values()))
-        found = estimate_memory(first, {name: cfg.optimizer for name, cfg in cfgs.items()}, device=device,
-                                cache=cache, share=share, steps=steps, world_size=gpus)  # fmt: skip
+        first = compose(list(overrides) + choice_of(setting, names_[0], recompute, micro))
+        # micro_batch_size from the effective batch, as a run of that many processes derives it
+        apply_effective_batch_size(first, gpus)
+        nodes[tuple(setting.values()), names_[0]] = first.optimizer
+        for name in names_[1:]:  # an optimizer's node reads no micro batch nor checkpointing: composed once
+            if (tuple(setting.values()), name) not in nodes:
+                composed = compose(list(overrides) + choice_of(setting, name, recompute, micro))
+                nodes[tuple(setting.values()), name] = composed.optimizer
+        found = estimate_memory(first, {name: nodes[tuple(setting.values()), name] for name in names_},
+                                device=device, cache=cache, share=share, steps=steps, world_size=gpus)  # fmt: skip
         traced = {}
         for name, row in found.items():
             if "unsupported" in row:  # an optimizer FSDP's sharded parameters refuse: no candidate

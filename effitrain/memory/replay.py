@@ -215,13 +215,15 @@ class FakeWindow:
         return step
 
 
-def fake_window(batches: list[dict], eval_shapes: dict | None) -> FakeWindow:
+def fake_window(batches: list[dict], eval_shapes: dict | None, synchronized_last: bool = False) -> FakeWindow:
     """The recorded micro-batches and eval batch as fake zeros (:func:`fake_batch`, made under fake
-    mode), the repeats left out (:func:`stand_ins`)."""
+    mode), the repeats left out (:func:`stand_ins`; ``synchronized_last``: a sharded step's)."""
     from effitrain.util.compat import counting_like
 
     window = [fake_batch(shapes) for shapes in batches]
-    stands_for = stand_ins(batches) if counting_like() is not None else list(range(len(batches)))
+    stands_for = (
+        stand_ins(batches, synchronized_last) if counting_like() is not None else list(range(len(batches)))
+    )
     kept = [index for index, stand_in in enumerate(stands_for) if stand_in == index]
     left_out: dict[int, list[tuple[dict, dict]]] = {}
     for index, stand_in in enumerate(stands_for):
@@ -240,9 +242,9 @@ def fake_window(batches: list[dict], eval_shapes: dict | None) -> FakeWindow:
     )  # fmt: skip
 
 
-def stand_ins(batches: list[dict]) -> list[int]:
+def stand_ins(batches: list[dict], synchronized_last: bool = False) -> list[int]:
     """For each recorded micro-batch, the one replayed in its place: itself, or the first of its run
-    when it lies inside a run of micro-batches of the same shapes, from the third to the third last.
+    when it lies inside a run of micro-batches of the same shapes, from the third on.
 
     From the second micro-batch on, each starts with the gradients made and the meter's running sums
     and the last loss held (0-d tensors), and leaves them as it found them, except for the tensors of
@@ -250,12 +252,13 @@ def stand_ins(batches: list[dict]) -> list[int]:
     replay counts those of a left-out one before the last of its run begins
     (:meth:`FakeWindow.stepper`), which then holds what it would have held, and whose highest point
     is at least any left-out one's (above it by the batch tensors counted since; equal where there
-    are none, and MemTracker keeps the first, the stand-in's). The last micro-batch and the one
-    before it stay: a sharded step synchronizes its gradients in the last.
+    are none, and MemTracker keeps the first, the stand-in's). ``synchronized_last``: the last
+    micro-batch synchronizes the gradients (a sharded step), so the one before it ends its run.
     ``tests/memory/test_replay.py`` holds this to full windows, byte for byte."""
+    last_inside = len(batches) - (3 if synchronized_last else 2)
     stands_for: list[int] = []
     for index, shapes in enumerate(batches):
-        inside = 2 <= index <= len(batches) - 3 and batches[index - 1] == shapes == batches[index + 1]
+        inside = 2 <= index <= last_inside and batches[index - 1] == shapes == batches[index + 1]
         stands_for.append(stands_for[-1] if inside else index)
     return stands_for
 

@@ -211,7 +211,7 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
         optimizer = make_optimizer()
         meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
-        window = fake_window(batches, eval_shapes)
+        window = fake_window(batches, eval_shapes, synchronized_last=True)
         evaluation = window.evaluation
         ops = StepOps(
             backward=lambda loss: loss.backward(),

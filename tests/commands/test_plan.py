@@ -415,3 +415,21 @@ def test_the_best_candidate_is_confirmed_by_a_full_replay_and_a_shared_fault_is_
     monkeypatch.setattr(effitrain.memory.shared, "trace_runs", one_byte_less)
     with pytest.raises(RuntimeError, match="the full replay of the plan's best"):
         plan(base, 2**40, effective=2, optimizers=["adamw"], precisions=["fp32"], checkpointing=[False])
+
+
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_an_optimizer_s_node_reads_no_micro_batch_accumulation_or_checkpointing(adapter):
+    """plan composes each optimizer's node once per adapter and precision and hands it to every micro
+    batch and checkpointing setting: the node a full composition gives there is the same."""
+    from omegaconf import OmegaConf
+
+    from effitrain.config.registry import group_options
+
+    for name in group_options("optimizer"):
+        once = compose(f"optimizer={name}", f"adapter={adapter}", "precision=bf16")
+        there = compose(f"optimizer={name}", f"adapter={adapter}", "precision=bf16", "effective_batch_size=16",
+                        "gradient_accumulation_steps=4", "gradient_checkpointing=true")  # fmt: skip
+        assert OmegaConf.to_container(there.optimizer, resolve=True) == OmegaConf.to_container(
+            once.optimizer, resolve=True
+        ), name
+        assert there.gradient_accumulation_steps == 4  # the overrides took
