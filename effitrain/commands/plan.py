@@ -140,28 +140,36 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     counts = dict.fromkeys(("traced", "derived", "cached", "skipped"), 0)
     counted = {"cached": "cached", "shared, step reused": "derived"}
     steps = StepReplays()  # each optimizer's step, replayed once for every candidate it fits
-    nodes = {}  # (the setting's values, optimizer) -> its optimizer node
+    composed = {}  # (the setting's values, optimizer) -> its config, composed once
 
-    def choice_of(setting, optimizer, recompute, micro) -> list[str]:
-        choice = [f"optimizer={optimizer}", *(f"{axis}={value}" for axis, value in setting.items()),
-                  f"effective_batch_size={effective}", f"gradient_accumulation_steps={accumulation(micro)}"]  # fmt: skip
+    def choice_of(setting, optimizer, recompute=False, micro=None) -> list[str]:
+        choice = [f"optimizer={optimizer}", *(f"{axis}={value}" for axis, value in setting.items())]
+        if micro is not None:
+            choice += [
+                f"effective_batch_size={effective}",
+                f"gradient_accumulation_steps={accumulation(micro)}",
+            ]
         if recompute and not chosen:
             choice.append("gradient_checkpointing=true")
         return choice
 
+    def config_of(setting, optimizer, recompute=False, micro=None):
+        """The candidate's config, from one composition per setting and optimizer."""
+        key = tuple(setting.values()), optimizer
+        if key not in composed:
+            composed[key] = compose(list(overrides) + choice_of(setting, optimizer))
+        if micro is None:
+            return composed[key]
+        return candidate_config(composed[key], effective, accumulation(micro), recompute and not chosen, gpus)
+
     def trace(setting, names_, recompute, micro) -> dict:
         """The candidates of ``names_`` (optimizers) at this setting, micro batch and checkpointing:
         one shared replay (or the cache)."""
-        first = compose(list(overrides) + choice_of(setting, names_[0], recompute, micro))
-        # micro_batch_size from the effective batch, as a run of that many processes derives it
-        apply_effective_batch_size(first, gpus)
-        nodes[tuple(setting.values()), names_[0]] = first.optimizer
-        for name in names_[1:]:  # an optimizer's node reads no micro batch nor checkpointing: composed once
-            if (tuple(setting.values()), name) not in nodes:
-                composed = compose(list(overrides) + choice_of(setting, name, recompute, micro))
-                nodes[tuple(setting.values()), name] = composed.optimizer
-        found = estimate_memory(first, {name: nodes[tuple(setting.values()), name] for name in names_},
-                                device=device, cache=cache, share=share, steps=steps, world_size=gpus)  # fmt: skip
+        first = config_of(setting, names_[0], recompute, micro)
+        # an optimizer's node reads no micro batch, accumulation or checkpointing
+        nodes = {name: config_of(setting, name).optimizer for name in names_}
+        found = estimate_memory(first, nodes, device=device, cache=cache, share=share, steps=steps,
+                                world_size=gpus)  # fmt: skip
         traced = {}
         for name, row in found.items():
             if "unsupported" in row:  # an optimizer FSDP's sharded parameters refuse: no candidate
@@ -234,6 +242,25 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     if rows:
         confirm(rows[0], device)
     return rows
+
+
+def candidate_config(base, effective: int, accumulation: int, checkpointing: bool, gpus: int = 1):
+    """``base`` (composed for a setting and an optimizer) with a candidate's effective batch and
+    accumulation, gradient checkpointing on if ``checkpointing``, its micro batch derived as a run of
+    ``gpus`` processes derives it: what composing those overrides gives, as plain keys set on a copy
+    (Hydra's composition takes a quarter of a second; ``tests/commands/test_plan.py`` holds the two
+    equal)."""
+    import copy
+
+    from omegaconf import open_dict
+
+    cfg = copy.deepcopy(base)
+    with open_dict(cfg):
+        cfg.effective_batch_size, cfg.gradient_accumulation_steps = effective, accumulation
+        if checkpointing:
+            cfg.gradient_checkpointing = True
+    apply_effective_batch_size(cfg, gpus)
+    return cfg
 
 
 def confirm(row: dict, device: str) -> None:

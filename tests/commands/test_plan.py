@@ -433,3 +433,37 @@ def test_an_optimizer_s_node_reads_no_micro_batch_accumulation_or_checkpointing(
             once.optimizer, resolve=True
         ), name
         assert there.gradient_accumulation_steps == 4  # the overrides took
+
+
+def run_config(cfg) -> dict:
+    """Every key of ``cfg`` but Hydra's own node, resolved."""
+    import copy
+
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+@pytest.mark.parametrize(
+    "setting", [["adapter=lora", "precision=bf16"], ["task=causal_lm", "model=llama_tiny"]]
+)
+@pytest.mark.parametrize("accumulation, checkpointing, gpus", [(4, True, 1), (1, False, 1), (2, False, 2)])
+def test_a_candidate_s_config_is_what_composing_its_overrides_gives(
+    setting, accumulation, checkpointing, gpus
+):
+    from effitrain.commands.plan import candidate_config
+    from effitrain.config.load import apply_effective_batch_size
+
+    base = compose("optimizer=adafactor", *setting)
+    composed = compose("optimizer=adafactor", *setting, "effective_batch_size=16",
+                       f"gradient_accumulation_steps={accumulation}",
+                       *(["gradient_checkpointing=true"] if checkpointing else []))  # fmt: skip
+    apply_effective_batch_size(composed, gpus)
+    derived = candidate_config(base, 16, accumulation, checkpointing, gpus)
+    assert derived.micro_batch_size == 16 // (accumulation * gpus)
+    assert derived.gradient_checkpointing is checkpointing
+    assert run_config(derived) == run_config(composed)
+    assert base.gradient_accumulation_steps == 1 and not base.gradient_checkpointing  # a copy was changed
