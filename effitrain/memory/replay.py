@@ -244,21 +244,21 @@ def fake_window(batches: list[dict], eval_shapes: dict | None, synchronized_last
 
 def stand_ins(batches: list[dict], synchronized_last: bool = False) -> list[int]:
     """For each recorded micro-batch, the one replayed in its place: itself, or the first of its run
-    when it lies inside a run of micro-batches of the same shapes, from the third on.
+    when it lies inside a run of micro-batches of the same shapes (neither the run's first nor last).
 
     From the second micro-batch on, each starts with the gradients made and the meter's running sums
     and the last loss held (0-d tensors), and leaves them as it found them, except for the tensors of
-    its own batch that MemTracker came to count (a view of the labels a causal LM shifts): the
-    replay counts those of a left-out one before the last of its run begins
-    (:meth:`FakeWindow.stepper`), which then holds what it would have held, and whose highest point
-    is at least any left-out one's (above it by the batch tensors counted since; equal where there
-    are none, and MemTracker keeps the first, the stand-in's). ``synchronized_last``: the last
-    micro-batch synchronizes the gradients (a sharded step), so the one before it ends its run.
-    ``tests/memory/test_replay.py`` holds this to full windows, byte for byte."""
+    its own batch that MemTracker came to count (a view of the labels a causal LM shifts, of the
+    inputs GPT-2 reshapes): the run's last, replayed, holds what it would have held once the left-out
+    ones' tensors are counted as the run's first's were (:meth:`FakeWindow.stepper`), and its highest
+    point is at least any left-out one's (above it by the batch tensors counted since; else equal,
+    category by category). ``synchronized_last``: the last micro-batch synchronizes the gradients (a
+    sharded step), so the one before it ends its run. ``tests/memory/test_replay.py`` holds this to
+    full windows, byte for byte."""
     last_inside = len(batches) - (3 if synchronized_last else 2)
     stands_for: list[int] = []
     for index, shapes in enumerate(batches):
-        inside = 2 <= index <= last_inside and batches[index - 1] == shapes == batches[index + 1]
+        inside = 1 <= index <= last_inside and batches[index - 1] == shapes == batches[index + 1]
         stands_for.append(stands_for[-1] if inside else index)
     return stands_for
 

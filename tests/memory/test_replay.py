@@ -18,22 +18,22 @@ from tests.helpers.run import compose, run_job
 
 def test_only_the_inside_of_a_run_of_equal_micro_batches_is_left_out():
     a, b = {"input_ids": ((2, 8), torch.int64)}, {"input_ids": ((2, 5), torch.int64)}
-    assert stand_ins([a] * 5) == [0, 1, 1, 1, 4]
-    assert stand_ins([a] * 16) == [0] + [1] * 14 + [15]
-    assert stand_ins([a] * 3) == [0, 1, 2]  # the first two and the last stay
-    assert stand_ins([a, a, a, b, b, b, a, a]) == [0, 1, 2, 3, 3, 5, 6, 7]
+    assert stand_ins([a] * 5) == [0, 0, 0, 0, 4]
+    assert stand_ins([a] * 16) == [0] * 15 + [15]
+    assert stand_ins([a] * 2) == [0, 1]  # a run's first and last stay
+    assert stand_ins([a, a, a, b, b, b, a, a]) == [0, 0, 2, 3, 3, 5, 6, 7]
     # padding decides the attention mask's path: the same shapes with another flag are no repeat
-    assert stand_ins([a, a, a, {**a, "padded": True}, a, a, a]) == [0, 1, 2, 3, 4, 4, 6]
+    assert stand_ins([a, a, a, {**a, "padded": True}, a, a, a]) == [0, 0, 2, 3, 4, 4, 6]
     # a sharded step synchronizes in the last: the one before it ends the run
-    assert stand_ins([a] * 5, synchronized_last=True) == [0, 1, 1, 3, 4]
-    assert stand_ins([a] * 4, synchronized_last=True) == [0, 1, 2, 3]
+    assert stand_ins([a] * 5, synchronized_last=True) == [0, 0, 0, 3, 4]
+    assert stand_ins([a] * 3, synchronized_last=True) == [0, 1, 2]
 
 
 def every_micro_batch(monkeypatch):
     monkeypatch.setattr(replay, "stand_ins", lambda batches, *sharded: list(range(len(batches))))
 
 
-CASES = {  # (device profile, overrides), each with an accumulation window of 6: three left out
+CASES = {  # (device profile, overrides), each with an accumulation window of 6: four left out
     "classification": ("cpu", ["model=tiny", "max_length=64", "optimizer=adamw"]),
     "cuda_causal_bf16_checkpointing": (
         "cuda",
@@ -55,7 +55,7 @@ def test_leaving_out_the_repeats_changes_no_byte_bound_or_flop(case, monkeypatch
     cfg = compose(*overrides, "gradient_accumulation_steps=6")
     model = meta_model(cfg)
     batches, evaluation = replay_shapes(cfg, model)
-    assert counting_like() is not None and stand_ins(batches) == [0, 1, 1, 1, 1, 5]
+    assert counting_like() is not None and stand_ins(batches) == [0, 0, 0, 0, 0, 5]
     left_out = trace_run(model.config, cfg.optimizer, cfg, batches, device, evaluation)
     every_micro_batch(monkeypatch)
     full = trace_run(model.config, cfg.optimizer, cfg, batches, device, evaluation)
@@ -81,9 +81,9 @@ def test_the_batch_tensors_a_left_out_micro_batch_would_have_had_counted_are_cou
     every_micro_batch(monkeypatch)
     full = trace_run(config, cfg.optimizer, cfg, [batch] * 6, "cuda", batch)
     assert left_out.phases == full.phases
-    # three micro-batches left out, three tensors each counted in one 512-byte CUDA block
+    # four micro-batches left out, three tensors each counted in one 512-byte CUDA block
     for phase in ("first_step", "later_step"):
-        assert full.phases[phase]["total"] - uncounted.phases[phase]["total"] == 3 * 3 * 512, phase
+        assert full.phases[phase]["total"] - uncounted.phases[phase]["total"] == 4 * 3 * 512, phase
 
 
 def test_a_window_of_changing_shapes_and_padding_is_replayed_as_in_full(monkeypatch):
@@ -96,7 +96,7 @@ def test_a_window_of_changing_shapes_and_padding_is_replayed_as_in_full(monkeypa
 
     long, short = batch(2, 48, True), batch(2, 16, False)
     batches = [long] * 4 + [short] * 4 + [long, batch(1, 16, True)]
-    assert stand_ins(batches) == [0, 1, 1, 3, 4, 4, 4, 7, 8, 9]  # one of each run is the run's last
+    assert stand_ins(batches) == [0, 0, 0, 3, 4, 4, 4, 7, 8, 9]
     left_out = trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", short)
     every_micro_batch(monkeypatch)
     full = trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", short)
@@ -119,7 +119,7 @@ def test_a_sharded_window_keeps_its_synchronizing_last_micro_batch(monkeypatch):
 
 
 def test_a_real_step_of_six_equal_causal_micro_batches_is_predicted_to_the_byte(tmp_path):
-    """Packed rows: every micro-batch is 2 x 16 tokens, so the replay of the tracked step leaves three
+    """Packed rows: every micro-batch is 2 x 16 tokens, so the replay of the tracked step leaves four
     out; the prediction is still the real step's, category by category."""
     summary = run_job(tmp_path, "task=causal_lm", "model=llama_tiny", "data=synthetic", "data.packing=true",
                       "max_length=16", "micro_batch_size=2", "gradient_accumulation_steps=6", "max_steps=2",
