@@ -332,7 +332,7 @@ def _trace_flags(parser) -> None:
     parser.add_argument(
         "--no-share",
         action="store_true",
-        help="a full replay per optimizer, none of the forward and backward shared (as before: slower, same bytes)",
+        help="a full replay per optimizer, nothing shared and every micro-batch replayed (as before: slower, same bytes)",
     )
 
 

@@ -215,15 +215,16 @@ class FakeWindow:
         return step
 
 
-def fake_window(batches: list[dict], eval_shapes: dict | None, synchronized_last: bool = False) -> FakeWindow:
+def fake_window(batches: list[dict], eval_shapes: dict | None, synchronized_last: bool = False,
+                every_micro_batch: bool = False) -> FakeWindow:  # fmt: skip
     """The recorded micro-batches and eval batch as fake zeros (:func:`fake_batch`, made under fake
-    mode), the repeats left out (:func:`stand_ins`; ``synchronized_last``: a sharded step's)."""
+    mode), the repeats left out (:func:`stand_ins`; ``synchronized_last``: a sharded step's) unless
+    ``every_micro_batch``."""
     from effitrain.util.compat import counting_like
 
     window = [fake_batch(shapes) for shapes in batches]
-    stands_for = (
-        stand_ins(batches, synchronized_last) if counting_like() is not None else list(range(len(batches)))
-    )
+    leave_out = not every_micro_batch and counting_like() is not None
+    stands_for = stand_ins(batches, synchronized_last) if leave_out else list(range(len(batches)))
     kept = [index for index, stand_in in enumerate(stands_for) if stand_in == index]
     left_out: dict[int, list[tuple[dict, dict]]] = {}
     for index, stand_in in enumerate(stands_for):
@@ -331,7 +332,7 @@ def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool, d
 
 
 def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cpu",
-              eval_shapes: dict | None = None) -> Trace:  # fmt: skip
+              eval_shapes: dict | None = None, every_micro_batch: bool = False) -> Trace:  # fmt: skip
     """Run a run's phases on fake tensors, as the accelerate backend runs them
     (:func:`effitrain.train.step.window_step` for a step of ``batches``, micro-batch shapes), each
     under the step tracker; nothing is allocated and no weights are read.
@@ -339,7 +340,8 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     ``device``: the kernels whose saved tensors and temporaries are replayed: ``cpu`` runs the CPU's
     own (a CPU run's measurement, to the byte); ``cuda`` those a CUDA GPU runs
     (:mod:`effitrain.memory.cuda`). ``eval_shapes``: the shapes of an eval batch (the ``eval``
-    phase); without it the eval phase is left out.
+    phase); without it the eval phase is left out. A micro-batch inside a run of equal ones is left
+    out, the same bytes (:func:`stand_ins`), unless ``every_micro_batch``.
 
     A first, untracked step counts the FLOPs, with a stateless SGD at lr 0 and before checkpointing
     is enabled: model FLOPs (the work recomputation repeats does not count, as MFU is defined), and
@@ -355,7 +357,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     phase (the first step's peak is then an upper bound).
     """
     analytic_state = counted_state(config, optimizer_cfg, cfg, device)
-    with replayed(config, cfg, batches, device, eval_shapes) as replay:
+    with replayed(config, cfg, batches, device, eval_shapes, every_micro_batch) as replay:
         optimizer = replay.optimizer(optimizer_cfg)
         for phase in ("first_step", "later_step"):  # reset_mod_stats per micro-batch, as StepMemory.saw
             replay.tracked(
@@ -463,7 +465,8 @@ class Replay:
 
 
 @contextlib.contextmanager
-def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes: dict | None = None):
+def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes: dict | None = None,
+             every_micro_batch: bool = False):  # fmt: skip
     """A :class:`Replay` of ``cfg``'s model under fake tensors and ``device``'s kernels, its FLOPs
     counted and checkpointing enabled as ``cfg`` says (see :func:`trace_run`)."""
     import warnings
@@ -505,7 +508,7 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
 
         meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
-        window = fake_window(batches, eval_shapes)
+        window = fake_window(batches, eval_shapes, every_micro_batch=every_micro_batch)
         evaluation = window.evaluation
 
         ops = StepOps(

@@ -140,7 +140,8 @@ def traces_of(config, optimizer_cfgs: dict, cfg, batches: list[dict], eval_shape
     """A :class:`Trace` per optimizer name, and how each was had (:data:`CACHED`, :data:`TRACED_SHARED`
     or :data:`TRACED_ALONE`). ``cache``: read and write the disk cache; ``share``: one replay of the
     forward and backward for every optimizer not cached (:func:`effitrain.memory.shared.trace_runs`),
-    else a full :func:`effitrain.memory.replay.trace_run` each, as effitrain did before."""
+    else a full :func:`effitrain.memory.replay.trace_run` each, every micro-batch replayed, as effitrain
+    did before."""
     from effitrain.memory import replay
     from effitrain.memory.shared import trace_runs
 
@@ -160,7 +161,7 @@ def traces_of(config, optimizer_cfgs: dict, cfg, batches: list[dict], eval_shape
         sources.update({name: STEP_REUSED if name in reused else TRACED_SHARED for name in missing})
     else:
         for name, node in missing.items():
-            traces[name] = replay.trace_run(config, node, cfg, batches, device, eval_shapes)
+            traces[name] = replay.trace_run(config, node, cfg, batches, device, eval_shapes, every_micro_batch=True)
             sources[name] = TRACED_ALONE
     if cache:
         for name in missing:
