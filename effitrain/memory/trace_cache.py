@@ -161,7 +161,9 @@ def traces_of(config, optimizer_cfgs: dict, cfg, batches: list[dict], eval_shape
         sources.update({name: STEP_REUSED if name in reused else TRACED_SHARED for name in missing})
     else:
         for name, node in missing.items():
-            traces[name] = replay.trace_run(config, node, cfg, batches, device, eval_shapes, every_micro_batch=True)
+            traces[name] = replay.trace_run(
+                config, node, cfg, batches, device, eval_shapes, every_micro_batch=True
+            )
             sources[name] = TRACED_ALONE
     if cache:
         for name in missing:
