@@ -5,7 +5,9 @@ Both use PyTorch's dispatch-level ``MemTracker``, which attributes every live te
 buffers, gradients, activations, temporaries or optimizer state. It counts tensors, not processes,
 so the figure is the same on CPU and CUDA and comparable across jobs even in one process. Tensors
 that exist before the step and belong to none of the model or optimizer (the micro-batches the data
-loader already made) are not counted, in the measurement and the prediction alike.
+loader already made) are not counted, in the measurement and the prediction alike, until an
+operation in the step views one (a causal LM shifts its labels, GPT-2 reshapes its inputs): its
+storage then counts as an activation from that moment on, in both.
 
     effitrain estimate model=distilbert_base_cased optimizer=adam8bit    # predicted, nothing allocated
 """
@@ -190,9 +192,9 @@ class FakeWindow:
 
     def stepper(self, task, model, meter, ops):
         """``step(optimizer, tracker=None, before_forward=None, only=None)``: :func:`window_step` over
-        ``batches`` (those of the indices ``only``). Under ``tracker``: fresh module stats per micro-batch (as ``StepMemory.saw``) and, before a
-        micro-batch that ends a run of repeats, the left-out ones' tensors counted as their stand-in's
-        were (a view of a batch tensor makes MemTracker count it: the labels a causal LM shifts)."""
+        ``batches`` (those of the indices ``only``). Under ``tracker``: fresh module stats per
+        micro-batch (as ``StepMemory.saw``) and, before a micro-batch that ends a run of repeats, the
+        left-out ones' tensors counted as their stand-in's were (:func:`stand_ins`)."""
         from effitrain.train.step import window_step
         from effitrain.util.compat import counting_like
 

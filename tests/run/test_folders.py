@@ -301,7 +301,9 @@ def test_a_refused_resume_into_an_interrupted_run_leaves_its_folder_as_it_was(tm
 
     from tests.helpers.run import REPO, TINY, train_py
 
-    args = [*TINY, "checkpoint_every=1", "max_steps=200", f"hydra.run.dir={tmp_path}"]
+    # 200 steps to run (not the 32 of TINY's data): it is still training when SIGTERM comes, however
+    # late a loaded machine lets this process see the first checkpoint
+    args = [*TINY, "data.num_train=1600", "checkpoint_every=1", "max_steps=200", f"hydra.run.dir={tmp_path}"]
     process = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 300
