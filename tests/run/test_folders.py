@@ -324,14 +324,16 @@ def test_a_refused_resume_into_an_interrupted_run_leaves_its_folder_as_it_was(tm
     # a sweep's job into that folder is refused as well, before any process starts
     from tests.helpers.run import compose
 
-    job = compose("checkpoint_every=1", "max_steps=200", "resume=auto", "seed=7")
+    job = compose("data.num_train=1600", "checkpoint_every=1", "max_steps=200", "resume=auto", "seed=7")
     refused = results.decide(tmp_path, job, job_of_sweep=True)
     assert refused.action == "refuse" and refused.reason.startswith(
         "seed=7 is invalid: differs from the checkpoint"
     )
     assert (
         results.decide(
-            tmp_path, compose("checkpoint_every=1", "max_steps=200", "resume=auto"), job_of_sweep=True
+            tmp_path,
+            compose("data.num_train=1600", "checkpoint_every=1", "max_steps=200", "resume=auto"),
+            job_of_sweep=True,
         ).action
         == "run"
     )
