@@ -44,6 +44,16 @@ def checked(cfg: DictConfig, problems: list[str], world_size: int = 1, **validat
     return cfg
 
 
+def derive(cfg: DictConfig, world_size: int = 1) -> None:
+    """What a run derives from its config before it starts (:mod:`effitrain.run.recipe`, and the folder
+    policy comparing a rerun): ``micro_batch_size`` from ``effective_batch_size``, an adapter's lr made
+    the optimizer's (:func:`effitrain.config.adapter.apply_adapter_lr`)."""
+    from effitrain.config.adapter import apply_adapter_lr
+
+    apply_effective_batch_size(cfg, world_size)
+    apply_adapter_lr(cfg)
+
+
 def identity(cfg: DictConfig, world_size: int = 1) -> str:
     """What validation reads of a config, as one string: its keys, unresolved and derived, with what
     validation reads of its Hydra node (the command line's overrides, the groups' choices) and the

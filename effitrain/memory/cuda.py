@@ -40,8 +40,8 @@ _CPU_DROPOUT = F.dropout
 CUDA_BLOCK = 512
 
 
-def in_blocks(nbytes: int) -> int:
-    return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
+def in_blocks(nbytes: int, block: int = CUDA_BLOCK) -> int:
+    return -(-nbytes // block) * block
 
 
 def _steps_on_host(optimizer) -> bool:

@@ -9,6 +9,7 @@ import contextvars
 import torch
 
 from effitrain.memory.count import Footprint, footprint, optimizer_params
+from effitrain.memory.cuda import in_blocks
 
 # bitsandbytes 0.50.2, Optimizer2State.init_state: 8-bit moments are quantized in blocks of 256
 # elements, each block with one fp32 absmax scale per moment. Not exposed as an attribute.
@@ -20,8 +21,7 @@ _BLOCK = contextvars.ContextVar("block", default=1)
 
 
 def _tensor(numel: int, dtype: torch.dtype) -> Footprint:
-    block = _BLOCK.get()
-    return Footprint(bytes=-(-numel * dtype.itemsize // block) * block, elements=numel, storages=1)
+    return Footprint(bytes=in_blocks(numel * dtype.itemsize, _BLOCK.get()), elements=numel, storages=1)
 
 
 def _local_numel(param) -> int:

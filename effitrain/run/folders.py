@@ -133,14 +133,11 @@ def claimed(folder: Path, cfg: DictConfig, job_of_sweep: bool = False):
 
 
 def _derived(cfg: DictConfig) -> DictConfig:
-    """``cfg`` with ``micro_batch_size`` derived from ``effective_batch_size`` and an adapter's lr made
-    the optimizer's, as the run derives them (:mod:`effitrain.run.recipe`)."""
-    from effitrain.config.adapter import apply_adapter_lr
-    from effitrain.config.load import apply_effective_batch_size
+    """``cfg`` as the run derives it (:func:`effitrain.config.load.derive`)."""
+    from effitrain.config.load import derive
 
     derived = copy.deepcopy(cfg)
-    apply_effective_batch_size(derived, int(os.environ.get("WORLD_SIZE", "1")))
-    apply_adapter_lr(derived)
+    derive(derived, int(os.environ.get("WORLD_SIZE", "1")))
     return derived
 
 

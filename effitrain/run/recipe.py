@@ -18,8 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from effitrain.backends.base import backend_of
-from effitrain.config.adapter import apply_adapter_lr
-from effitrain.config.load import apply_effective_batch_size
+from effitrain.config.load import derive
 from effitrain.config.validate import validate
 from effitrain.memory.flops import mfu_keys
 from effitrain.memory.replay import predicted_keys, run_peak_keys, trace_run
@@ -58,8 +57,7 @@ def run(cfg: DictConfig, output_dir: str | Path, *, validated: bool = False) -> 
             return {"status": "failed", "error": error, "error_type": "config"}
         state = process_state()
         previous = results.read_summary(output_dir)
-        apply_effective_batch_size(cfg, state.num_processes)  # the derivations of the run's config
-        apply_adapter_lr(cfg)
+        derive(cfg, state.num_processes)
         keys = summary_config_keys(cfg, output_dir, state.num_processes)
         summary = Summary(output_dir, state.is_main_process)
         summary.update({**keys, **results.env_info(str(state.device)), "env/rank": state.process_index})
