@@ -5,6 +5,9 @@ Everything here is a no-op in a single process, so callers never branch on data 
 
 from __future__ import annotations
 
+import atexit
+import functools
+
 import torch
 
 
@@ -13,7 +16,22 @@ def process_state():
     (``torchrun``) form a gloo group on the CPU, which accelerate does only when told ``cpu``."""
     from accelerate import PartialState
 
-    return PartialState(cpu=not torch.cuda.is_available())
+    state = PartialState(cpu=not torch.cuda.is_available())
+    close_group_at_exit()
+    return state
+
+
+@functools.cache
+def close_group_at_exit() -> None:
+    """Destroy the process group, if there is one, when the interpreter exits, while it is still whole:
+    a gloo group left to the interpreter's end aborts it now and then ("terminate called without an
+    active exception", its worker threads torn down unjoined; pytorch PR 179291 would do the same)."""
+    atexit.register(_destroy_group)
+
+
+def _destroy_group() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def world_size() -> int:

@@ -19,6 +19,8 @@ import contextlib
 
 import torch
 
+from effitrain.train.distributed import close_group_at_exit
+
 # precision.mixed_precision -> the dtype FSDP2 gathers the weights in for forward and backward
 PARAM_DTYPES = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -94,6 +96,7 @@ def device_mesh(device: torch.device):
         torch.distributed.init_process_group(
             backend, store=torch.distributed.HashStore(), rank=0, world_size=1
         )
+        close_group_at_exit()
     return init_device_mesh(device.type, (torch.distributed.get_world_size(),))
 
 

@@ -100,3 +100,24 @@ def test_lora_on_two_processes_with_k_equals_one_process_with_2k(tmp_path):
     summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("ddp", "single")]
     assert summaries[0]["params/trainable"] == summaries[1]["params/trainable"] < summaries[0]["params/total"]
     assert summaries[0]["eval/loss"] == pytest.approx(summaries[1]["eval/loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_each_rank_destroys_its_process_group_before_the_interpreter_ends(tmp_path):
+    """A gloo group left to the interpreter's end aborts a rank now and then (a C++ terminate):
+    the group joined through ``process_state`` is destroyed at exit. Exit handlers run last
+    registered first, so the one registered before joining sees the group after effitrain's."""
+    script = tmp_path / "join.py"
+    script.write_text(
+        "import atexit, os, torch.distributed as dist\n"
+        "from effitrain.train.distributed import process_state\n"
+        "report = lambda: open(os.environ['OUT'] + os.environ['RANK'], 'w').write(str(dist.is_initialized()))\n"
+        "atexit.register(report)\n"
+        "state = process_state()\n"
+        "assert dist.is_initialized() and state.num_processes == 2\n"
+    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OUT=str(tmp_path / "rank"), PYTHONPATH=str(REPO))
+    done = subprocess.run([*command, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["False", "False"]
