@@ -25,7 +25,6 @@ from effitrain.memory.replay import predicted_keys, run_peak_keys, trace_run
 from effitrain.run import folders, results
 from effitrain.run.build import build_job
 from effitrain.run.folders import check_output_dir
-from effitrain.run.outcome import interrupts_raise, one_line
 from effitrain.run.ranks import write_rank_figures
 from effitrain.run.summary import Summary
 from effitrain.run.summary_keys import summary_config_keys
@@ -35,6 +34,7 @@ from effitrain.train.distributed import process_state, world_size
 from effitrain.train.job import Evaluation, Job, evaluate_job
 from effitrain.train.loggers import MetricsFile, build_tracker
 from effitrain.util.compat import compile_seconds, reset_accelerator_state
+from effitrain.util.interrupts import interrupts_raise, one_line, raise_if_interrupted
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ def run(cfg: DictConfig, output_dir: str | Path, *, validated: bool = False) -> 
                     summary.update(evaluate(job, evaluation))  # not measured: its batches are not training's
                     summary.update(predict_step_peak(job))
                     summary.update(derived_speed(job, summary.figures))
+                    raise_if_interrupted()  # one that came after the last step
                     trained = True
         finally:
             if job is not None:  # also for a failed run: how far it got, an OOM's peak

@@ -16,8 +16,8 @@ import torch
 
 from effitrain.config.errors import ConfigError
 from effitrain.run import results
-from effitrain.run.outcome import Interrupted, one_line
 from effitrain.train.step import TrainingDiverged
+from effitrain.util.interrupts import Interrupted, one_line
 
 log = logging.getLogger(__name__)
 

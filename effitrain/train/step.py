@@ -18,6 +18,7 @@ from itertools import islice
 import torch
 
 from effitrain.train.distributed import all_reduce_sum
+from effitrain.util.interrupts import raise_if_interrupted
 
 WARMUP_STEPS = 2  # steps left out of the steady-state step time (compilation, allocator warm-up)
 
@@ -160,6 +161,7 @@ class StepMeter:
         self._tokens = self._tokens + self.task.num_tokens(batch)
 
     def end_step(self, step: int, lr: float, grad_norm) -> dict:
+        raise_if_interrupted()  # a SIGTERM or Ctrl-C whose first raise Python dropped
         loss_sum, samples, items, tokens = all_reduce_sum(
             [float(self._loss_sum), self._samples, float(self._items), float(self._tokens)], self.device
         )

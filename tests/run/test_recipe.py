@@ -492,3 +492,27 @@ def test_the_run_predicts_its_evaluation_at_eval_batch_size_by_max_length():
     assert phases[24, 32]["eval"]["total"] > phases[4, 20]["eval"]["total"]  # the test can tell them apart
     assert predicted["mem/run_peak_predicted/eval_bytes"] == phases[24, 32]["eval"]["total"]
     assert predicted["mem/step_peak_bytes_predicted"] == phases[24, 32]["later_step"]["total"]
+
+
+# in the second step's forward (the second call of loss_sum: one micro-batch a step), or in the final evaluation
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # what Python dropped
+@pytest.mark.parametrize(
+    ("backend", "during", "call", "steps"),
+    [("accelerator", "loss_sum", 2, 1), ("trainer", "loss_sum", 2, 1), ("accelerator", "evaluate", 1, 3)],
+)
+def test_a_sigterm_whose_raise_python_dropped_still_interrupts_the_run(
+    tmp_path, backend, during, call, steps
+):
+    """SIGTERM handled inside a weakref callback: Python drops the exception its handler raises. The
+    run is still interrupted: at the end of the step it came in, or before it is marked ok when it
+    came after the last step."""
+    task = ["task._target_=tests.helpers.interrupting.SigtermInACallback", f"+task.during={during}"]
+    summary = run_job(tmp_path, *FEW_STEPS, f"backend={backend}", *task, f"+task.call={call}")
+    assert (summary["status"], summary["signal"], summary["error"]) == (
+        "interrupted",
+        15,
+        "interrupted by SIGTERM",
+    )
+    assert summary["train/steps"] == steps
+    assert [line["step"] for line in read_metrics(tmp_path)] == list(range(1, steps + 1))
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
