@@ -27,14 +27,16 @@ def write_json_atomic(path: Path, payload: dict) -> None:
 
 
 def read_summary(folder: Path) -> dict | None:
-    path = Path(folder) / SUMMARY
-    if not path.exists():
-        return None
+    return read_json(Path(folder) / SUMMARY)
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON object from ``path`` (data, never code); None when absent, unreadable or not an object."""
     try:
-        summary = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
         return None
-    return summary if isinstance(summary, dict) else None  # valid JSON but not a summary: unreadable
+    return data if isinstance(data, dict) else None
 
 
 def job_folders(root: Path) -> list[Path]:

@@ -181,7 +181,7 @@ class LocalSweep:
 
     def _finish(self, job: LaunchedJob) -> None:
         """A job whose process has ended: how it ended, its slots back (to the back: every GPU gets used)."""
-        code, result = job.process.returncode, _read_result(job.result)
+        code, result = job.process.returncode, results.read_json(job.result)
         job.outcome = outcome = job_outcome(job, code, result, self.settings["timeout_min"])
         job.lock.close()  # let go only after a killed job's summary is written under it
         self.cpu_slots.append(job.cpus)
@@ -321,15 +321,6 @@ def split_shared(job_overrides: list[list[str]]) -> tuple[list[str], list[str]]:
     common = set.intersection(*(set(o) for o in job_overrides))
     shared = [o for o in job_overrides[0] if o in common]
     return shared, [" ".join(o for o in overrides if o not in common) for overrides in job_overrides]
-
-
-def _read_result(path: Path) -> dict | None:
-    """What the job's process said of its task, as JSON data (never code); None if it said nothing."""
-    try:
-        result = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return result if isinstance(result, dict) else None
 
 
 def expose_launcher_plugin() -> None:

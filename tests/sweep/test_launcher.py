@@ -469,14 +469,14 @@ def test_a_job_spec_outside_a_private_folder_is_not_unpickled(tmp_path, capsys):
 def test_a_job_result_crosses_as_json_never_as_a_pickle(tmp_path):
     import pickle
 
-    from effitrain.sweep.launcher import _read_result
+    from effitrain.run.results import read_json
 
     result = tmp_path / "job-0.json"
     result.write_bytes(pickle.dumps(Planted(tmp_path / "ran")))  # planted while the job ran
-    assert _read_result(result) is None and not (tmp_path / "ran").exists()
+    assert read_json(result) is None and not (tmp_path / "ran").exists()
     result.write_text(json.dumps({"completed": True, "return_value": 0.5}))
-    assert _read_result(result) == {"completed": True, "return_value": 0.5}
-    assert _read_result(tmp_path / "none.json") is None
+    assert read_json(result) == {"completed": True, "return_value": 0.5}
+    assert read_json(tmp_path / "none.json") is None
 
 
 def test_a_sweep_says_the_shared_overrides_once_and_each_job_what_differs():
