@@ -1,7 +1,7 @@
 """How a run is stopped: SIGTERM raises like Ctrl-C (:func:`interrupts_raise`), so the run records it
 (:meth:`effitrain.run.summary.Summary.recording`); and either signal is remembered, because Python
 drops an exception raised where a destructor or a weakref callback runs (the handler runs there too):
-the training loop raises it again at its next step (:func:`raise_if_interrupted`)."""
+the training loop raises it again at the end of the step (:func:`raise_if_interrupted`)."""
 
 from __future__ import annotations
 
