@@ -236,9 +236,12 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     half_first = {"bf16": 0, "fp16": 0, "fp32": 1} if cuda else {"fp32": 0, "bf16": 1, "fp16": 1}
     # an adapter ranks first, in the order given: it is picked for memory, not speed (module docstring)
     adapter_rank = adapters.index if adapters else lambda adapter: 0
+    # the config's own optimizer wins a tie: these rules say nothing between optimizers (a probe does),
+    # and another optimizer learns otherwise; then the order of conf/optimizer
+    own = base.hydra.runtime.choices.get("optimizer")
     rows.sort(key=lambda r: (not r["fits"], adapter_rank(r.get("adapter")), r["gradient_accumulation_steps"],
                              r["gradient_checkpointing"], half_first[r["precision"]],
-                             optimizers.index(r["optimizer"])))  # fmt: skip
+                             r["optimizer"] != own, optimizers.index(r["optimizer"])))  # fmt: skip
     if rows:
         confirm(rows[0], device)
     return rows

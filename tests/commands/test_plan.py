@@ -296,6 +296,26 @@ def test_on_cuda_half_precision_ranks_before_fp32_at_equal_steps(monkeypatch):
         devices.clear()
 
 
+def test_among_equal_candidates_the_config_s_own_optimizer_ranks_first(monkeypatch):
+    """Peaks known in advance and every candidate fitting at the same micro batch: the rules have
+    nothing to tell the optimizers apart, so the config's own comes first, then conf/optimizer's order."""
+    import effitrain.commands.estimate
+
+    def known_peaks(cfg, optimizers, device, **how):
+        return {name: {"step_peak_bytes": 100, "run_peak_bytes": 100, "run_peak": {}} for name in optimizers}
+
+    monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
+    names = ["adafactor", "adamw", "lion"]
+    for own, order in ((None, ["adamw", "adafactor", "lion"]), ("lion", ["lion", "adafactor", "adamw"])):
+        overrides = BASE + ([f"optimizer={own}"] if own else [])  # the default config's own: adamw
+        rows = plan(
+            overrides, 10**9, effective=4, optimizers=names, precisions=["fp32"], checkpointing=[False]
+        )
+        assert [(r["optimizer"], r["micro_batch_size"], r["fits"]) for r in rows] == [
+            (n, 4, True) for n in order
+        ]
+
+
 @pytest.mark.parametrize(
     "device, peak, fits",
     [("cpu", 966_367_641, True), ("cpu", 966_367_642, False),  # 1 GiB x 0.9 = 966,367,641.6
