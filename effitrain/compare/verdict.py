@@ -319,8 +319,11 @@ def _fmt_pct(ratio_: Ratio, what_less: str, what_more: str) -> str:
     return f"{abs(change) * 100:.0f}% {what_less if change < 0 else what_more}"
 
 
-def _decision(combos: list[Combination], front: list[Combination], name: str) -> list[str]:
-    """The decision in words for one kind's combinations: use one, or pick by constraint."""
+def _decision(
+    combos: list[Combination], front: list[Combination], name: str, learned: bool = True
+) -> list[str]:
+    """The decision in words for one kind's combinations: use one, or pick by constraint. Where no job
+    learned (``learned`` False), quality is not yet known: the choice is said on memory and speed alone."""
     if len(combos) == 1:
         return [f"One combination ({combos[0].name}): nothing to choose between."]
     lines = []
@@ -330,12 +333,16 @@ def _decision(combos: list[Combination], front: list[Combination], name: str) ->
         for axis, less, more in (("memory", "less memory", "more memory"), ("quality", "lower eval loss",
                                  "higher eval loss"), ("speed", "slower", "faster")):  # fmt: skip
             r = winner.ratios[axis]
-            if r is not None and not r.base:
+            if r is not None and not r.base and (learned or axis != "quality"):
                 unknown = f"{axis} spread unknown" if r.std is None else f"{axis} within noise"
                 reasons.append(unknown if r.noise else _fmt_pct(r, less, more))
         why = f"against {name}: {', '.join(reasons)}" if reasons else "it is the baseline"
-        lines.append(f"Use {winner.name} ({why}); no other combination beats it beyond noise on "
-                     "memory, quality or speed.")  # fmt: skip
+        if learned:
+            lines.append(f"Use {winner.name} ({why}); no other combination beats it beyond noise on "
+                         "memory, quality or speed.")  # fmt: skip
+        else:
+            lines.append(f"On memory and speed alone, until quality can decide: {winner.name} ({why}); no "
+                         "other combination beats it beyond noise on either.")  # fmt: skip
     else:
         lines.append(f"The evidence does not decide between {len(front)} combinations on the "
                      "memory/quality/speed front; pick by the constraint you have:")  # fmt: skip
@@ -344,6 +351,8 @@ def _decision(combos: list[Combination], front: list[Combination], name: str) ->
             ("quality", "lowest eval loss"),
             ("speed", "fastest"),
         ):
+            if axis == "quality" and not learned:
+                continue
             placed = [c for c in front if getattr(c, axis) is not None]
             if not placed:
                 continue
@@ -390,7 +399,7 @@ def verdict(jobs: list[JobResult]) -> Verdict:
         front += kind_front
         names.append(name)
         flat, learning = _learning(mine)
-        decided = ([flat] if flat else []) + _decision(mine, kind_front, name)
+        decided = ([flat] if flat else []) + _decision(mine, kind_front, name, learned=flat is None)
         if several:
             numbers = ", ".join(_numbers(c) for c in mine)
             decided = [f"{kind} (jobs {numbers}; ratios x {name}):"] + [

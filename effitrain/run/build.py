@@ -62,7 +62,7 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
         batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
     )
     scheduler = build_scheduler(cfg.lr_scheduler, optimizer, num_steps, cfg.warmup_ratio)
-    say(plan_line(cfg, batches_per_process, num_steps))
+    say(plan_line(cfg, batches_per_process, num_steps, world_size()))
     memory = TrainingMemory(model, optimizer, device)
     meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main, task, memory.peak.read_current)
     data_keys = task.data_summary(tokenized)
@@ -103,13 +103,12 @@ def _choice(cfg: DictConfig, group: str) -> str:
     return str(hydra.runtime.choices.get(group)) if hydra is not None else group
 
 
-def plan_line(cfg: DictConfig, batches_per_process: int, num_steps: int) -> str:
+def plan_line(cfg: DictConfig, batches_per_process: int, num_steps: int, processes: int = 1) -> str:
     """How many optimizer steps the run takes and why: ``max_steps`` is a cap on what the epochs
-    give, never a target."""
+    give, never a target. A step's samples: processes x accumulation x micro batch."""
     per_epoch = math.ceil(batches_per_process / cfg.gradient_accumulation_steps)
-    steps = (
-        f"{num_steps} optimizer steps of {cfg.gradient_accumulation_steps} x {cfg.micro_batch_size} samples"
-    )
+    each = f"{processes} processes x " if processes > 1 else ""
+    steps = f"{num_steps} optimizer steps of {each}{cfg.gradient_accumulation_steps} x {cfg.micro_batch_size} samples"
     epochs = f"{cfg.epochs} epoch{'s' * (cfg.epochs != 1)} of {per_epoch} step{'s' * (per_epoch != 1)}"
     if not cfg.max_steps:
         return f"training: {steps} ({epochs})"

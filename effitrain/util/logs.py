@@ -46,5 +46,9 @@ def quiet_library_noise() -> None:
     # holds no tensor of its own, so no byte or loss is counted twice (tests/memory/test_memory.py
     # pins the compiled run's step peak to the eager one's, byte for byte).
     warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+    # peft's get_peft_model reads transformers' deprecated alias itself: nothing a user can change
+    warnings.filterwarnings(
+        "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
     logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_BitsandbytesKernels())
     logging.getLogger("transformers.modeling_utils").addFilter(_LoadReport())

@@ -268,8 +268,9 @@ def test_a_kind_without_adamw_takes_its_first_ranked_job_as_baseline():
             _job("c", peak_mib=300, optimizer="lion", **lm), _job("d", peak_mib=200, optimizer="sgd", **lm)]  # fmt: skip
     decided = verdict(jobs)
     assert "causal_lm | llama_tiny | synthetic (jobs 3, 4; ratios x job 3):" in decided.lines
-    assert "  Use 4. sgd | lr=d (against job 3: 33% less memory, quality within noise, speed within noise); no " \
-           "other combination beats it beyond noise on memory, quality or speed." in decided.lines  # fmt: skip
+    # that kind learned nothing (every loss 1.0, no reference): its choice is on memory and speed alone
+    assert "  On memory and speed alone, until quality can decide: 4. sgd | lr=d (against job 3: 33% less " \
+           "memory, speed within noise); no other combination beats it beyond noise on either." in decided.lines  # fmt: skip
     assert decided.baseline == "base" and decided.headers[3] == "step peak x base"
     assert decided.notes[0].startswith("ratios: x base (each kind's own baseline) (1 = same;")
     assert decided.rows[3][3] == f"{200 / 300:.3f}"
@@ -287,6 +288,27 @@ def test_without_a_reference_nothing_learned_means_every_score_the_same():
     assert not verdict(jobs).lines[0].startswith("No job learned")
     jobs[1].summary.update({"eval/accuracy": 0.34, "eval/loss": 1.0986 + 0.0012})  # beyond the sampling error
     assert not verdict(jobs).lines[0].startswith("No job learned")
+
+
+def test_where_nothing_was_learned_the_choice_is_said_on_memory_and_speed_alone():
+    """No eval loss beyond the others' noise and every score the same: quality is unknown, so no
+    combination is to be used on it; the lighter one is named on memory alone, and a front of
+    several is told by memory and speed only."""
+    same = {"eval/accuracy": 0.34}
+    jobs = [_job("a", peak_mib=200, loss=1.0986, sem=0.001, **same),
+            _job("b", peak_mib=100, loss=1.0990, sem=0.001, optimizer="lion", **same)]  # fmt: skip
+    lines = verdict(jobs).lines
+    assert lines[0].startswith("No job learned anything measurable")
+    assert lines[1] == (
+        "On memory and speed alone, until quality can decide: 2. lion | lr=b (against AdamW: 50% less memory, "
+        "speed within noise); no other combination beats it beyond noise on either."
+    )
+    slower = _job("b", peak_mib=100, loss=1.0990, sem=0.001, optimizer="lion", step_s=(2, 1, 0.2, 0.2, 0.2, 0.2),
+                  **same)  # fmt: skip
+    lines = verdict([jobs[0], slower]).lines  # half as fast: a front of two
+    assert lines[1].startswith("The evidence does not decide between 2 combinations")
+    assert [line.split(":")[0] for line in lines[2:4]] == ["  least step peak", "  fastest"]
+    assert not any("eval loss" in line for line in lines[1:4])
 
 
 def test_a_front_of_several_is_told_by_constraint_with_its_ties():

@@ -18,6 +18,10 @@ def test_the_plan_line_says_max_steps_is_a_cap_and_whether_it_binds():
     )
     cfg = compose("gradient_accumulation_steps=3", "epochs=1")  # 10 batches: windows 3, 3, 3, 1
     assert plan_line(cfg, 10, 4) == "training: 4 optimizer steps of 3 x 8 samples (1 epoch of 4 steps)"
+    # two processes, each with its share of the batches: a step takes 2 x 3 x 8 = 48 samples
+    assert plan_line(cfg, 5, 2, processes=2) == (
+        "training: 2 optimizer steps of 2 processes x 3 x 8 samples (1 epoch of 2 steps)"
+    )
 
 
 def test_a_run_says_each_start_up_stage_as_it_begins(tmp_path, capsys):
