@@ -10,8 +10,8 @@ budget are ranked by expected throughput: fewer accumulation steps first (bigger
 optimizer-step overheads; a micro batch too small to fill a GPU can cost many times what it
 saves), then no recomputation (checkpointing repeats each layer's forward: about a third more
 FLOPs), then half precision before fp32 on CUDA (its tensor cores), then the config's own
-optimizer, then the optimizer's order in conf/optimizer. ``--probe-steps K`` runs K real steps of the top three and ranks them by measured
-step time instead.
+optimizer, then the optimizer's order in conf/optimizer. ``--probe-steps K`` runs K real steps of
+the top three and ranks them by measured step time instead.
 
 ``--adapters none,lora,qlora`` plans each adapter too (one more axis); without it, the
 config's own adapter only: an adapter changes what is trained, a choice of quality the user makes,

@@ -131,9 +131,12 @@ def _each_step(replay, optimizers: dict, phase: str, backward: _Backward, traces
     (or its record, where ``steps`` holds one for these gradients; ``fallback`` gets the names whose
     record matched the first step's gradients and not the later step's), composed with the forward
     and backward's peak into the phase's."""
-    parameters = list(replay.model.parameters())
-    for param, grad in zip(parameters, backward.gradients):
-        param.grad = grad
+
+    def as_the_backward_left_them():  # the gradients, whatever an earlier optimizer's step did
+        for param, grad in zip(replay.model.parameters(), backward.gradients):
+            param.grad = grad
+
+    as_the_backward_left_them()
     held = _held(replay.model)  # weights and gradients
     signature = backward.signature
     for name, optimizer in optimizers.items():
@@ -147,8 +150,7 @@ def _each_step(replay, optimizers: dict, phase: str, backward: _Backward, traces
                 fallback.add(name)
                 continue
         else:
-            for param, grad in zip(parameters, backward.gradients):
-                param.grad = grad  # as the backward left them, whatever an earlier step did
+            as_the_backward_left_them()
             record[phase] = _own_step(replay, optimizer, held)
             record[f"{phase}_signature"] = signature
         state, delta, bounded = record[phase]

@@ -24,6 +24,15 @@ TINY = [
     "logger=none",
 ]
 
+# The CUDA profile's hardest replay: a causal Llama in bf16 autocast with its layers recomputed.
+CAUSAL_BF16_CHECKPOINTING = [
+    "task=causal_lm",
+    "model=llama_tiny",
+    "max_length=64",
+    "precision=bf16",
+    "gradient_checkpointing=true",
+]
+
 
 def compose(*overrides: str, tiny: bool = True):
     """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""

@@ -13,7 +13,7 @@ from effitrain.memory.replay import CATEGORIES, stand_ins, trace_run
 from effitrain.memory.sharded import trace_sharded
 from effitrain.util import compat
 from effitrain.util.compat import counting_like
-from tests.helpers.run import compose, run_job
+from tests.helpers.run import CAUSAL_BF16_CHECKPOINTING, compose, run_job
 
 
 def test_only_the_inside_of_a_run_of_equal_micro_batches_is_left_out():
@@ -35,16 +35,7 @@ def every_micro_batch(monkeypatch):
 
 CASES = {  # (device profile, overrides), each with an accumulation window of 6: four left out
     "classification": ("cpu", ["model=tiny", "max_length=64", "optimizer=adamw"]),
-    "cuda_causal_bf16_checkpointing": (
-        "cuda",
-        [
-            "task=causal_lm",
-            "model=llama_tiny",
-            "max_length=64",
-            "precision=bf16",
-            "gradient_checkpointing=true",
-        ],
-    ),
+    "cuda_causal_bf16_checkpointing": ("cuda", CAUSAL_BF16_CHECKPOINTING),
     "lora_8bit_adam": ("cpu", ["model=tiny", "max_length=64", "adapter=lora", "optimizer=adam8bit"]),
 }
 

@@ -9,7 +9,7 @@ from effitrain.commands.estimate import meta_model, replay_shapes
 from effitrain.config.registry import group_options, installed_optimizers
 from effitrain.memory.replay import trace_run
 from effitrain.memory.shared import StepReplays, trace_runs
-from tests.helpers.run import compose
+from tests.helpers.run import CAUSAL_BF16_CHECKPOINTING, compose
 
 OPTIMIZERS = installed_optimizers(group_options("optimizer"))
 
@@ -31,17 +31,7 @@ CASES = {  # (device profile, overrides): each axis the forward and backward dep
         "cuda",
         ["task=causal_lm", "model=llama_tiny", "max_length=32", "gradient_accumulation_steps=6"],
     ),  # fmt: skip
-    "cuda_causal_bf16_checkpointing": (
-        "cuda",
-        [
-            "task=causal_lm",
-            "model=llama_tiny",
-            "max_length=64",
-            "precision=bf16",
-            "gradient_checkpointing=true",
-            "gradient_accumulation_steps=2",
-        ],
-    ),  # fmt: skip
+    "cuda_causal_bf16_checkpointing": ("cuda", [*CAUSAL_BF16_CHECKPOINTING, "gradient_accumulation_steps=2"]),
 }
 
 

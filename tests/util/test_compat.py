@@ -322,3 +322,22 @@ def test_storages_counted_as_is_what_mem_tracker_counts_and_is_undone_after():
                 counted.append(breakdown(tracker.get_tracker_snapshot("current"))["total"])
     assert counted == [128 + 40, 100 + 40]
     assert dict(vars(mem_tracker._WeakRefInfo)) == before
+
+
+def test_counting_like_counts_a_tensor_in_the_category_of_the_one_it_is_like():
+    """``count(tracker, tensor, like)`` (replay's left-out micro-batches) adds ``tensor``'s bytes to
+    the category MemTracker counts ``like``'s in: an activation, made inside the tracker; nothing for
+    a ``like`` made before it, which it never counted."""
+    from effitrain.memory.replay import breakdown, step_tracker
+
+    count = compat.counting_like()
+    assert count is not None
+    outside, extra = torch.empty(7), torch.empty(12)  # made before the tracker; extra: 48 bytes
+    tracker = step_tracker()
+    with tracker:
+        like = torch.empty(25)  # 100 bytes
+        snapshots = [breakdown(tracker.get_tracker_snapshot("current"))]
+        for seen in (outside, like):
+            count(tracker, extra, seen)
+            snapshots.append(breakdown(tracker.get_tracker_snapshot("current")))
+    assert [(s["activations"], s["total"]) for s in snapshots] == [(100, 100), (100, 100), (148, 148)]
