@@ -168,7 +168,7 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     check_output_folder("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
     raise_problems([p for p in problems if p.startswith("hydra.launcher.")])  # the sweep's, not a job's
     if str(cfg.hydra.launcher.get("_target_", "")).endswith(".EffitrainLauncher"):
-        from effitrain.sweep.slots import launcher_settings
+        from effitrain.config.schema import launcher_settings
 
         launcher_settings(cfg.hydra.launcher)
     jobs = sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]

@@ -27,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 from pydantic import BaseModel, ConfigDict, Field
 
-from effitrain.config.errors import invalid
+from effitrain.config.errors import ConfigError, invalid
 
 MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
 SYNTHETIC_MAX_LABELS = 6  # the keyword classes load_synthetic makes (a test holds them equal)
@@ -172,7 +172,9 @@ DEVICE_IDS = Annotated[
 @dataclass
 class LauncherConfig:
     """``hydra/launcher=effitrain``'s settings (``conf/hydra/launcher/effitrain.yaml`` merges into it),
-    as hydra_submitit_launcher types its own, each with its range (:func:`launcher_values`)."""
+    as hydra_submitit_launcher types its own, each with its range (:func:`launcher_settings`)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # a misspelt setting is named, not ignored
 
     _target_: str = "hydra_plugins.effitrain_launcher.effitrain_launcher.EffitrainLauncher"
     max_parallel: ranged(int, "a whole number >= 1", ge=1) = 1
@@ -183,20 +185,33 @@ class LauncherConfig:
     kill_grace_s: POSITIVE_NUMBER = 30  # seconds
 
 
-def launcher_values(values: dict) -> dict:
-    """``hydra.launcher``'s plain ``values`` typed (``"2"`` is 2, as OmegaConf types it) and checked
-    against their ranges; ``devices`` as a list of strings.
+def launcher_settings(params) -> dict:
+    """``hydra.launcher``'s settings (Hydra's node, or a plain dict) typed (``"2"`` is 2, as OmegaConf
+    types it) and checked: no unknown key, each value in its range, no more GPUs per job than devices;
+    ``devices`` as a list of strings.
 
     Raises:
-        ConfigError: the first value out of its range (one line naming it).
+        ConfigError: the first problem, in one line naming it.
     """
     from dataclasses import asdict
 
+    from omegaconf import OmegaConf
+
+    values = OmegaConf.to_container(OmegaConf.create(dict(params)), resolve=True)
     try:
-        return asdict(pydantic.TypeAdapter(LauncherConfig).validate_python(values))
+        settings = asdict(pydantic.TypeAdapter(LauncherConfig).validate_python(values))
     except pydantic.ValidationError as error:
-        name = str(error.errors()[0]["loc"][0])
+        unknown = [e for e in error.errors() if e["type"] == "unexpected_keyword_argument"]
+        name = str((unknown or error.errors())[0]["loc"][0])
+        if unknown:
+            known = ", ".join(key for key in LauncherConfig.__dataclass_fields__ if key != "_target_")
+            message = f"hydra.launcher.{name} is not a setting of effitrain's launcher: use {known}"
+            raise ConfigError(message) from None
         raise invalid(f"hydra.launcher.{name}", values[name], _allowed_words(LauncherConfig, name)) from None
+    if settings["devices"] is not None and len(settings["devices"]) < settings["gpus_per_job"]:
+        allowed = f"at most the {len(settings['devices'])} devices of hydra.launcher.devices"
+        raise invalid("hydra.launcher.gpus_per_job", settings["gpus_per_job"], allowed)
+    return settings
 
 
 def register() -> None:

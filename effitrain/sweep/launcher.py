@@ -11,7 +11,6 @@ import ctypes
 import functools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
@@ -26,13 +26,14 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from omegaconf import DictConfig, open_dict
 
 from effitrain.config.errors import ConfigError, fail
+from effitrain.config.schema import launcher_settings
 from effitrain.run import folders, results
 from effitrain.run.summary_keys import summary_config_keys
 from effitrain.sweep.report import RECORD, JobOutcome, signal_name
-from effitrain.sweep.slots import cpu_sets, launcher_settings, visible_gpus
+from effitrain.sweep.slots import job_slots
 from effitrain.train.loggers import read_metrics
 
-LAUNCHER_DIR = ".effitrain"  # <sweep>/.effitrain: launches.jsonl, and the running jobs' specs (0700)
+LAUNCHER_DIR = ".effitrain"  # <sweep>/.effitrain: launches.jsonl
 LAUNCHES = "launches.jsonl"  # one line per job: folder, pid, devices, start and end, how it ended
 ROOT = Path(__file__).resolve().parents[2]  # holds effitrain and hydra_plugins in a source checkout
 JOB_LOG = "job.log"  # a job's stdout and stderr, in its own folder
@@ -58,7 +59,7 @@ class LaunchedJob:
     label: str = ""  # what sets it apart from the sweep's other jobs, for its console lines
     lock: contextlib.ExitStack | None = None  # the folder's, held while the job runs
     process: subprocess.Popen | None = None
-    result: Path | None = None  # what its process says of its task (JSON)
+    result: BinaryIO | None = None  # what its process says of its task (JSON, in an unnamed file)
     gpus: str | None = None  # its CUDA_VISIBLE_DEVICES
     cpus: list | None = None
     started: float = 0.0
@@ -78,7 +79,7 @@ class LocalSweep:
         configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
         self.launcher = launcher
         try:
-            self.settings = settings = launcher_settings(launcher.params)
+            self.settings = launcher_settings(launcher.params)
         except ConfigError as error:  # an app other than train.py, whose preflight checks them first
             fail(str(error))
         self.sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
@@ -89,13 +90,7 @@ class LocalSweep:
         self.jobs = [
             self._prepare(list(o), initial_job_idx + i, labels[i]) for i, o in enumerate(job_overrides)
         ]
-        devices, per_job = settings["devices"], settings["gpus_per_job"]
-        devices = visible_gpus() if devices is None else devices
-        self.gpu_groups = [
-            ",".join(devices[i : i + per_job]) for i in range(0, len(devices) - per_job + 1, per_job)
-        ]
-        parallel = min(settings["max_parallel"], len(self.gpu_groups) or settings["max_parallel"])
-        self.cpu_slots = cpu_sets(parallel, settings["cpu_pinning"])  # a job starts while one is free
+        self.gpu_groups, self.cpu_slots = job_slots(self.settings)
         self.stop_signal: int | None = None
 
     def _prepare(self, overrides: list, idx: int, label: str) -> LaunchedJob:
@@ -139,11 +134,12 @@ class LocalSweep:
         import cloudpickle
 
         job.cpus, job.gpus = self.cpu_slots.pop(0), self.gpu_groups.pop(0) if self.gpu_groups else None
-        spec, job.result = self.specs / f"job-{job.idx}.pkl", self.specs / f"job-{job.idx}.json"
+        # its spec (code, unpickled by its process) and its result in unnamed files: none another user
+        # could plant or read, none left behind
+        spec, job.result = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         state = {"task_function": self.launcher.task_function, "hydra_context": self.launcher.hydra_context}
-        state.update(config=job.config, singletons=Singleton.get_state(), result=str(job.result))
-        with open(spec, "wb") as handle:
-            cloudpickle.dump(state, handle)
+        cloudpickle.dump({**state, "config": job.config, "singletons": Singleton.get_state()}, spec)
+        spec.seek(0)
         env = dict(os.environ, **{folders.LOCKED_ENV: str(job.folder.resolve())})
         if job.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = job.gpus
@@ -154,14 +150,15 @@ class LocalSweep:
         env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in [env.get("PYTHONPATH")] if p])
         job.before = {name: file_id(job.folder / name) for name in (results.SUMMARY, results.METRICS)}
         setup = functools.partial(_in_the_job, job.cpus, os.getpid(), ctypes.CDLL(None).prctl)
-        with open(job.folder / JOB_LOG, "wb") as log:
+        with open(job.folder / JOB_LOG, "wb") as log, spec:
             job.started = time.time()
             job.deadline = job.started + self.settings["timeout_min"] * 60
             # its own session: a Ctrl-C at the terminal reaches the sweep only, which forwards it
             # once to every job (a job hit twice could be stopped while writing its summary)
             job.process = subprocess.Popen(
-                [sys.executable, "-m", "effitrain.sweep.worker", str(spec)], stdin=subprocess.DEVNULL,
+                [sys.executable, "-m", "effitrain.sweep.worker", str(job.result.fileno())], stdin=spec,
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=setup,
+                pass_fds=[job.result.fileno()],
             )  # fmt: skip
         where = [f"pid {job.process.pid}"]
         where += [f"CUDA_VISIBLE_DEVICES={job.gpus}"] if job.gpus is not None else []
@@ -181,7 +178,10 @@ class LocalSweep:
 
     def _finish(self, job: LaunchedJob) -> None:
         """A job whose process has ended: how it ended, its slots back (to the back: every GPU gets used)."""
-        code, result = job.process.returncode, results.read_json(job.result)
+        code, result = job.process.returncode, None
+        with job.result, contextlib.suppress(ValueError):  # empty or cut short: it ended before writing it
+            job.result.seek(0)
+            result = json.load(job.result)
         job.outcome = outcome = job_outcome(job, code, result, self.settings["timeout_min"])
         job.lock.close()  # let go only after a killed job's summary is written under it
         self.cpu_slots.append(job.cpus)
@@ -210,8 +210,6 @@ class LocalSweep:
         handlers = {
             s: signal.signal(s, lambda s, _: signals.append(s)) for s in (signal.SIGINT, signal.SIGTERM)
         }
-        # the jobs' specs (code, unpickled by the job's process): a folder only this user may enter
-        self.specs = Path(tempfile.mkdtemp(prefix="specs-", dir=self.sweep_dir / LAUNCHER_DIR))
         pending, running = list(self.jobs), []
         try:
             while running or (pending and self.stop_signal is None):
@@ -235,7 +233,6 @@ class LocalSweep:
                 self._send(job, signal.SIGKILL)
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
-            shutil.rmtree(self.specs, ignore_errors=True)
         for job in pending:
             job.outcome = JobOutcome(job.folder, "not started", False, "the sweep was stopped first")
         RECORD.jobs = (RECORD.jobs or []) + [job.outcome for job in self.jobs]

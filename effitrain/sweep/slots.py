@@ -1,6 +1,6 @@
-"""The settings of effitrain's launcher, their types and ranges declared once by
-:class:`effitrain.config.schema.LauncherConfig`, and the slots they make: the GPU groups handed to jobs
-(``CUDA_VISIBLE_DEVICES``) and one set of CPU cores per running job.
+"""The slots effitrain's launcher hands its jobs, from its settings
+(:func:`effitrain.config.schema.launcher_settings`): the GPU groups (``CUDA_VISIBLE_DEVICES``) and one
+set of CPU cores per running job.
 """
 
 from __future__ import annotations
@@ -9,30 +9,15 @@ import glob
 import os
 import sys
 
-from omegaconf import OmegaConf
 
-from effitrain.config.errors import ConfigError, invalid
-from effitrain.config.schema import LauncherConfig, launcher_values
-
-
-def launcher_settings(params) -> dict:
-    """``hydra.launcher``'s settings (Hydra's node, or a plain dict), typed and checked.
-
-    Raises:
-        ConfigError: an unknown key or a bad value (one line naming it).
-    """
-    params = OmegaConf.to_container(OmegaConf.create(dict(params)), resolve=True)
-    known = [key for key in LauncherConfig.__dataclass_fields__ if key != "_target_"]
-    unknown = sorted(set(params) - set(known) - {"_target_"})
-    if unknown:  # OmegaConf's own message is several lines
-        raise ConfigError(
-            f"hydra.launcher.{unknown[0]} is not a setting of effitrain's launcher: use {', '.join(known)}"
-        )
-    settings = launcher_values(params)
-    if settings["devices"] is not None and len(settings["devices"]) < settings["gpus_per_job"]:
-        allowed = f"at most the {len(settings['devices'])} devices of hydra.launcher.devices"
-        raise invalid("hydra.launcher.gpus_per_job", settings["gpus_per_job"], allowed)
-    return settings
+def job_slots(settings: dict) -> tuple[list[str], list[list[int] | None]]:
+    """The GPU groups jobs take in turn, and a set of CPU cores per job that may run at once
+    (``max_parallel``, or fewer where there are fewer GPU groups): a job starts while one is free."""
+    devices, per_job = settings["devices"], settings["gpus_per_job"]
+    devices = visible_gpus() if devices is None else devices
+    groups = [",".join(devices[i : i + per_job]) for i in range(0, len(devices) - per_job + 1, per_job)]
+    parallel = min(settings["max_parallel"], len(groups) or settings["max_parallel"])
+    return groups, cpu_sets(parallel, settings["cpu_pinning"])
 
 
 def visible_gpus() -> list[str]:

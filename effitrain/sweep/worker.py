@@ -1,6 +1,6 @@
 """A sweep's job: :func:`start_job`, what it does before its run under any launcher, and the process
-effitrain's launcher starts (``python -m effitrain.sweep.worker <spec>``), which runs Hydra's ``run_job``
-on the pickled spec and leaves its result as JSON."""
+effitrain's launcher starts (``python -m effitrain.sweep.worker <fd>``), which runs Hydra's ``run_job``
+on the pickled spec it reads from stdin and writes its result as JSON to the file ``fd``."""
 
 from __future__ import annotations
 
@@ -34,15 +34,10 @@ def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
     return decision.previous
 
 
-def main(spec_path: str) -> int:
+def main(result_fd: int) -> int:
     # Until the task runs, a forwarded Ctrl-C ends this process as SIGTERM does: a KeyboardInterrupt in
     # start-up (imports, unpickling) could be caught and the job sleep on until kill_grace_s ran out.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    folder, spec = os.stat(Path(spec_path).parent), os.stat(spec_path)
-    if folder.st_uid != os.getuid() or spec.st_uid != os.getuid() or folder.st_mode & 0o077:
-        error = f"{spec_path} is not in a folder only this user may write: not read"  # unpickling runs code
-        print(f"effitrain: error: {error}", file=sys.stderr)
-        return 2
     import json
     import traceback
 
@@ -50,10 +45,7 @@ def main(spec_path: str) -> int:
     from hydra.core.singleton import Singleton
     from hydra.core.utils import JobStatus, run_job, setup_globals
 
-    from effitrain.util.atomic import write_atomic
-
-    with open(spec_path, "rb") as handle:
-        spec = cloudpickle.load(handle)
+    spec = cloudpickle.load(sys.stdin.buffer)  # an unnamed file: only the launcher could write it
     Singleton.set_state(spec["singletons"])
     setup_globals()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the run records Ctrl-C as interrupted
@@ -64,9 +56,10 @@ def main(spec_path: str) -> int:
         error = result.pop("return_value")
         traceback.print_exception(error)
         result["error"] = f"{type(error).__name__}: {' '.join(str(error).split())}"[:2000]
-    write_atomic(spec["result"], json.dumps(result, default=repr))  # a value JSON cannot hold: its text
+    with open(result_fd, "w") as out:  # JSON, never a pickle: a value JSON cannot hold as its text
+        json.dump(result, out, default=repr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(int(sys.argv[1])))

@@ -3,8 +3,8 @@
 It is written under a hidden temporary name beside its target, flushed to disk (fsync), then
 renamed in one step, and the folder holding it is fsynced so that the rename survives a crash too.
 One helper for every result effitrain writes: ``summary.json`` and ``metrics.jsonl``
-(:mod:`effitrain.run.results`), a checkpoint's folder (:mod:`effitrain.train.checkpoint`), the tokenized
-data's cache entry (:mod:`effitrain.train.data`) and a launcher job's result (:mod:`effitrain.sweep.worker`).
+(:mod:`effitrain.run.results`), a checkpoint's folder (:mod:`effitrain.train.checkpoint`) and the
+tokenized data's cache entry (:mod:`effitrain.train.data`).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ def task(cfg) -> float:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "cpus": sorted(os.sched_getaffinity(0)),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "stdin": os.readlink("/proc/self/fd/0"),  # where its process read the job's spec from
         "started": started,
         "ended": time.time(),
     }

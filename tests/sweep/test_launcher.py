@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from effitrain.config.errors import ConfigError
+from effitrain.config.schema import launcher_settings
 from effitrain.sweep.launcher import LAUNCHER_DIR, LAUNCHES
-from effitrain.sweep.slots import launcher_settings
 from tests.helpers.run import REPO, wait_for_lines
 
 APP = REPO / "tests" / "helpers" / "launcher_app.py"
@@ -449,30 +449,23 @@ class Planted:
         return (os.mkdir, (self.marker,))
 
 
-def test_a_job_spec_outside_a_private_folder_is_not_unpickled(tmp_path, capsys):
-    import pickle
-
-    from effitrain.sweep.worker import main
-
-    shared = tmp_path / "shared"
-    shared.mkdir(mode=0o755)
-    os.chmod(shared, 0o755)  # as a sweep folder colleagues may enter
-    spec = shared / "job-0.pkl"
-    spec.write_bytes(pickle.dumps(Planted(tmp_path / "ran")))
-    assert main(str(spec)) == 2
-    assert not (tmp_path / "ran").exists()
-    assert capsys.readouterr().err == (
-        f"effitrain: error: {spec} is not in a folder only this user may write: not read\n"
-    )
+def test_a_job_s_spec_is_read_from_a_file_without_a_name_and_nothing_is_left_behind(tmp_path):
+    """A job's spec is code its process unpickles: it lies in an unnamed file (its stdin), so no one
+    can plant another in its place, even where colleagues may write to the sweep folder."""
+    done = run_app(tmp_path, "seed=1,2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = records(tmp_path)
+    assert [seen[seed]["stdin"].endswith(" (deleted)") for seed in (1, 2)] == [True, True]
+    assert [p.name for p in (tmp_path / LAUNCHER_DIR).iterdir()] == [LAUNCHES]
 
 
-def test_a_job_result_crosses_as_json_never_as_a_pickle(tmp_path):
+def test_a_summary_is_read_as_json_never_as_a_pickle(tmp_path):
     import pickle
 
     from effitrain.run.results import read_json
 
-    result = tmp_path / "job-0.json"
-    result.write_bytes(pickle.dumps(Planted(tmp_path / "ran")))  # planted while the job ran
+    result = tmp_path / "summary.json"
+    result.write_bytes(pickle.dumps(Planted(tmp_path / "ran")))  # planted in a shared sweep folder
     assert read_json(result) is None and not (tmp_path / "ran").exists()
     result.write_text(json.dumps({"completed": True, "return_value": 0.5}))
     assert read_json(result) == {"completed": True, "return_value": 0.5}
