@@ -33,10 +33,18 @@ def read_summary(folder: Path) -> dict | None:
 def read_json(path: Path) -> dict | None:
     """A JSON object from ``path`` (data, never code); None when absent, unreadable or not an object."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        return json_object(Path(path).read_bytes())
+    except OSError:
         return None
-    return data if isinstance(data, dict) else None
+
+
+def json_object(data: bytes | str) -> dict | None:
+    """``data`` as a JSON object; None when it is not one (empty, cut short, another JSON value)."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def job_folders(root: Path) -> list[Path]:

@@ -178,10 +178,9 @@ class LocalSweep:
 
     def _finish(self, job: LaunchedJob) -> None:
         """A job whose process has ended: how it ended, its slots back (to the back: every GPU gets used)."""
-        code, result = job.process.returncode, None
-        with job.result, contextlib.suppress(ValueError):  # empty or cut short: it ended before writing it
+        with job.result:  # None when empty or cut short: its process ended before it wrote the result
             job.result.seek(0)
-            result = json.load(job.result)
+            code, result = job.process.returncode, results.json_object(job.result.read())
         job.outcome = outcome = job_outcome(job, code, result, self.settings["timeout_min"])
         job.lock.close()  # let go only after a killed job's summary is written under it
         self.cpu_slots.append(job.cpus)

@@ -45,6 +45,8 @@ def main(result_fd: int) -> int:
     from hydra.core.singleton import Singleton
     from hydra.core.utils import JobStatus, run_job, setup_globals
 
+    from effitrain.util.interrupts import one_line
+
     spec = cloudpickle.load(sys.stdin.buffer)  # an unnamed file: only the launcher could write it
     Singleton.set_state(spec["singletons"])
     setup_globals()
@@ -55,7 +57,7 @@ def main(result_fd: int) -> int:
     if not result["completed"]:  # the task raised: its traceback in job.log, its one line for the report
         error = result.pop("return_value")
         traceback.print_exception(error)
-        result["error"] = f"{type(error).__name__}: {' '.join(str(error).split())}"[:2000]
+        result["error"] = one_line(error)
     with open(result_fd, "w") as out:  # JSON, never a pickle: a value JSON cannot hold as its text
         json.dump(result, out, default=repr)
     return 0

@@ -472,6 +472,18 @@ def test_a_summary_is_read_as_json_never_as_a_pickle(tmp_path):
     assert read_json(tmp_path / "none.json") is None
 
 
+def test_a_job_result_cut_short_or_not_an_object_is_no_result():
+    """What the launcher reads from a job's result file: a process killed while writing it, or one
+    that wrote nothing, said nothing of its task."""
+    from effitrain.run.results import json_object
+
+    assert json_object(b'{"completed": true, "return_value": 0.5}') == {
+        "completed": True,
+        "return_value": 0.5,
+    }
+    assert [json_object(data) for data in (b"", b'{"completed": tr', b"[0.5]", b"\xff")] == [None] * 4
+
+
 def test_a_sweep_says_the_shared_overrides_once_and_each_job_what_differs():
     from effitrain.sweep.launcher import split_shared
 
