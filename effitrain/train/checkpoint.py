@@ -16,7 +16,8 @@ A checkpoint is a folder ``<run>/checkpoints/step-<N>``:
 
 File names are the Trainer's, so the Trainer backend resumes through the Trainer's own loading
 (safetensors and ``torch.load(weights_only=True)``) and its data skipping. Loading never unpickles
-arbitrary objects: everything that is not safetensors is read with ``weights_only=True``.
+arbitrary objects: everything that is not safetensors is read with ``weights_only=True``, and a
+sharded checkpoint's files through :mod:`effitrain.train.sharded_checkpoint`'s restricted reader.
 
 A folder is assembled under a hidden temporary name, every file fsynced, then renamed in one
 step: a run killed at any moment leaves the previous checkpoints whole, and a folder without a
@@ -42,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from effitrain.config.errors import invalid
 from effitrain.train.adapters import load_adapter, save_adapter
 from effitrain.train.distributed import barrier, launched_world_size, rank, world_size
+from effitrain.train.sharded_checkpoint import METADATA, load_sharded, refusal, save_sharded
 from effitrain.train.sharding import is_sharded
 from effitrain.util.atomic import publish, sha256
 
@@ -163,6 +165,8 @@ def examine(folder: Path) -> tuple[dict | None, str | None]:
     for name, expected in meta.get("sha256", {}).items():
         if sha256(folder / name) != expected:
             return None, f"{name} differs from its checksum (damaged)"
+    if METADATA in meta["files"] and (why := refusal(folder)) is not None:  # checksums prove no origin
+        return None, why
     return meta, None
 
 
@@ -188,9 +192,13 @@ def read_meta(folder: Path) -> dict | None:
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """``(step, folder)`` of every finished checkpoint folder name under ``run_dir/checkpoints``, oldest first."""
     root = Path(run_dir) / FOLDER
-    if not root.is_dir():
+    if root.is_symlink() or not root.is_dir():  # a link is nothing this run made (run/folders refuses it)
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if p.is_dir() and not p.is_symlink() and (m := _NAME.match(p.name))
+    ]
     return sorted(found)
 
 
@@ -302,6 +310,9 @@ class Checkpointer:
         self.num_steps = num_steps
         self.batches_per_epoch = batches_per_epoch
         self.resume = resume
+        self.record = trajectory_config(cfg)  # what a checkpoint of this run records as its config
+        self.written: set[Path] = set()  # the folders this process published
+        self.named: set[Path] = set()  # others in the folder, said once
 
     # -- saving -------------------------------------------------------------------------------
 
@@ -384,15 +395,44 @@ class Checkpointer:
             os.fsync(handle.fileno())
         # a checkpoint of the same step from an earlier attempt is replaced
         publish(tmp, target, replace_folder=True)
+        self.written.add(target)
         self.prune()
 
     def prune(self) -> None:
-        """Keep the newest ``checkpoint_keep`` checkpoints; remove leftovers of interrupted writes."""
+        """Keep this run's newest ``checkpoint_keep`` checkpoints; remove leftovers of interrupted writes.
+
+        Only what this run wrote is removed: the folders this process published, and the complete
+        checkpoints of this run's earlier attempts (same config and number of processes, so the ones
+        ``resume=auto`` continues). Any other ``step-*`` folder (damaged, another run's, a link) is left
+        alone and named once: numbered above this run's steps, it would otherwise keep its place and
+        push this run's own checkpoints out."""
         for stale in self.root.glob(".partial-step-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        folders = list_checkpoints(self.root.parent)
-        for _, folder in folders[: max(len(folders) - self.keep, 0)]:
+            if not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+        ours = []
+        for _, folder in list_checkpoints(self.root.parent):
+            if self._is_ours(folder):
+                ours.append(folder)
+            elif folder not in self.named:
+                self.named.add(folder)
+                why = f"left alone by pruning: {folder} is not a complete checkpoint of this run"
+                log.warning(why)
+                print(f"effitrain: warning: {why}", file=sys.stderr, flush=True)
+        for folder in ours[: max(len(ours) - self.keep, 0)]:
             shutil.rmtree(folder, ignore_errors=True)
+            self.written.discard(folder)
+
+    def _is_ours(self, folder: Path) -> bool:
+        if folder.is_symlink():
+            return False
+        if folder in self.written:
+            return True
+        meta = read_meta(folder)  # sizes, not checksums: cheap at every save
+        return (
+            meta is not None
+            and meta.get("world_size") == world_size()
+            and first_difference(self.record, meta.get("config") or {}) is None
+        )
 
     # -- resuming -----------------------------------------------------------------------------
 
@@ -428,24 +468,3 @@ class Checkpointer:
             "resumed from %s: step %d, epoch %d, %d micro-batches in", folder, at.step, at.epoch, at.batches
         )
         return at
-
-
-def save_sharded(model, optimizer, folder: Path) -> None:
-    """A sharded model's weights and optimizer state, each rank writing its own shards into
-    ``folder`` (``torch.distributed.checkpoint``; every rank calls it)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
-
-
-def load_sharded(model, optimizer, folder: Path) -> None:
-    """What :func:`save_sharded` wrote, read into this rank's shards (every rank calls it)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=folder)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

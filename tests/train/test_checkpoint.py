@@ -435,3 +435,34 @@ def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_leaves_no_partial
     assert "enforce fail" not in summary["error"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == []
     assert not (tmp_path / "traceback.txt").exists()
+
+
+@pytest.mark.parametrize("backend", ["accelerator", pytest.param("trainer", marks=pytest.mark.slow)])
+def test_pruning_removes_only_this_run_s_checkpoints(tmp_path, capsys, backend):
+    """A damaged ``step-*`` folder numbered above the run's steps (a foreign one: nothing this run wrote)
+    is left alone and named; the run's own newest checkpoint is kept (it was pruned away before)."""
+    run_dir = tmp_path / "run"
+    foreign = run_dir / "checkpoints" / "step-00000099"
+    foreign.mkdir(parents=True)
+    (foreign / "effitrain.json").write_text("{}")
+    steps = ["max_steps=3", "checkpoint_every=1", "checkpoint_keep=1", f"backend={backend}"]
+    summary = run_job(run_dir, *steps, "resume=auto")
+    assert summary["status"] == "ok", summary.get("error")
+    assert [step for step, _ in checkpoint.list_checkpoints(run_dir)] == [3, 99]
+    assert checkpoint.damage(run_dir / "checkpoints" / "step-00000003") is None
+    assert (foreign / "effitrain.json").read_text() == "{}"
+    err = capsys.readouterr().err
+    assert err.count(f"left alone by pruning: {foreign} is not a complete checkpoint of this run") == 1
+
+
+@pytest.mark.slow
+def test_an_earlier_attempt_s_checkpoints_are_this_run_s_and_pruned(tmp_path):
+    """The checkpoints of the attempt a resume continues are of this run: pruned like its own."""
+    run_dir = tmp_path / "run"
+    assert run_job(run_dir, "max_steps=4", "checkpoint_every=1", "checkpoint_keep=3")["status"] == "ok"
+    assert [step for step, _ in checkpoint.list_checkpoints(run_dir)] == [2, 3, 4]
+    shutil.rmtree(run_dir / "checkpoints" / "step-00000004")  # as if killed after step 3
+    (run_dir / "summary.json").unlink()
+    summary = run_job(run_dir, "max_steps=4", "checkpoint_every=1", "checkpoint_keep=1", "resume=auto")
+    assert summary["status"] == "ok" and summary["train/resumed_from_step"] == 3
+    assert [step for step, _ in checkpoint.list_checkpoints(run_dir)] == [4]
