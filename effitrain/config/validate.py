@@ -34,6 +34,7 @@ from effitrain.config.targets import (
     check_weights,
 )
 from effitrain.util.atomic import probe_write
+from effitrain.util.links import link_refusal
 
 
 def check_output_overrides(overrides: list[str]) -> None:
@@ -79,6 +80,8 @@ def check_output_folder(key: str, value: str) -> None:
                                       f"(at most {longest} bytes, no NUL): give a shorter name")  # fmt: skip
     if not existing.is_dir():
         raise invalid(key, value, f"{existing} is a file, not a folder")
+    if existing == path and (refusal := link_refusal(key, path)) is not None:
+        raise ConfigError(refusal)
     if not os.access(existing, os.W_OK | os.X_OK):
         raise invalid(key, value, f"{existing} cannot be written")
     try:

@@ -22,6 +22,7 @@ from effitrain.config.errors import ConfigError, invalid
 from effitrain.run.results import read_summary
 from effitrain.train.loggers import without_secret
 from effitrain.util.atomic import probe_write
+from effitrain.util.links import link_refusal
 
 LOCK = ".effitrain.lock"  # holds the holder's pid; removed when the lock is let go
 CONFIG_KEY = "job/config"  # summary.json: the run's result-changing configuration
@@ -51,6 +52,9 @@ def decide(folder: Path, cfg: DictConfig, job_of_sweep: bool = False) -> Decisio
     checkpoint ``resume`` names)? A job that is not settled asks again as a run when it starts.
     """
     folder = Path(folder)
+    planted = link_refusal("hydra.run.dir", folder)
+    if planted is not None:  # before anything reads or writes there
+        return Decision("refuse", planted)
     previous = read_summary(folder)
     ok = previous is not None and previous.get("status") == "ok"
     if job_of_sweep:
@@ -122,8 +126,9 @@ def claimed(folder: Path, cfg: DictConfig, job_of_sweep: bool = False):
     process holds the folder), the lock held until the block ends when it is ``run``.
 
     A folder no one holds whose decision is not ``run`` (refuse, skip, keep) is settled without
-    taking the lock, so nothing there is written, not even a dead holder's lock file replaced."""
-    if folder_in_use(folder) is None:
+    taking the lock, so nothing there is written, not even a dead holder's lock file replaced; a folder
+    holding a planted link is refused before its lock file is opened."""
+    if link_refusal("hydra.run.dir", folder) is not None or folder_in_use(folder) is None:
         decision = decide(folder, cfg, job_of_sweep)
         if decision.action != "run":
             yield decision
@@ -202,6 +207,9 @@ def check_output_dir(path: Path) -> None:
         raise invalid(
             "hydra.run.dir", str(path), f"the output folder cannot be written ({error.strerror})"
         ) from None
+    planted = link_refusal("hydra.run.dir", path)
+    if planted is not None:
+        raise ConfigError(planted)
 
 
 _HELD_HERE: set[str] = set()  # folders this process holds for a run it starts itself (:func:`held_here`)
@@ -278,8 +286,8 @@ def folder_in_use(folder: Path) -> str | None:
     from filelock import FileLock, Timeout
 
     path = Path(folder).resolve() / LOCK
-    if int(os.environ.get("RANK", "0")) != 0 or not path.exists():
-        return None
+    if int(os.environ.get("RANK", "0")) != 0 or not path.exists() or path.is_symlink():
+        return None  # a linked lock file is not opened: the folder is refused (:func:`decide`)
     try:
         with FileLock(path, timeout=0, fallback_to_soft=False):
             return None

@@ -32,6 +32,7 @@ from effitrain.run.summary_keys import summary_config_keys
 from effitrain.sweep.report import RECORD, JobOutcome, signal_name
 from effitrain.sweep.slots import job_slots
 from effitrain.train.loggers import read_metrics
+from effitrain.util.links import link_refusal, open_no_follow
 
 LAUNCHER_DIR = ".effitrain"  # <sweep>/.effitrain: launches.jsonl
 LAUNCHES = "launches.jsonl"  # one line per job: folder, pid, devices, start and end, how it ended
@@ -83,6 +84,9 @@ class LocalSweep:
         except ConfigError as error:  # an app other than train.py, whose preflight checks them first
             fail(str(error))
         self.sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+        planted = link_refusal("hydra.sweep.dir", self.sweep_dir)
+        if planted is not None:  # train.py's preflight said it first; an app of its own is told here
+            fail(planted)
         (self.sweep_dir / LAUNCHER_DIR).mkdir(parents=True, exist_ok=True)
         shared, labels = split_shared([list(o) for o in job_overrides])
         if shared:  # said once: a job's own lines then name what differs
@@ -150,7 +154,7 @@ class LocalSweep:
         env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in [env.get("PYTHONPATH")] if p])
         job.before = {name: file_id(job.folder / name) for name in (results.SUMMARY, results.METRICS)}
         setup = functools.partial(_in_the_job, job.cpus, os.getpid(), ctypes.CDLL(None).prctl)
-        with open(job.folder / JOB_LOG, "wb") as log, spec:
+        with open_no_follow(job.folder / JOB_LOG, "wb") as log, spec:
             job.started = time.time()
             job.deadline = job.started + self.settings["timeout_min"] * 60
             # its own session: a Ctrl-C at the terminal reaches the sweep only, which forwards it
@@ -246,7 +250,7 @@ class LocalSweep:
         line = {"job": job.idx, "folder": job.name}
         if job.process is not None:
             line.update(started=job.started, cuda_visible_devices=job.gpus, cpus=job.cpus)
-        with open(self.sweep_dir / LAUNCHER_DIR / LAUNCHES, "a") as handle:
+        with open_no_follow(self.sweep_dir / LAUNCHER_DIR / LAUNCHES, "a") as handle:
             handle.write(json.dumps({**line, **fields}) + "\n")
 
 

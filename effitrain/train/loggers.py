@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
 from effitrain.util.atomic import write_atomic
+from effitrain.util.links import open_no_follow
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class MetricsFile:
         if self._handle is None:
             kept = [r for r in read_metrics(self.path) if (r.get("step") or 0) <= self.keep_through_step]
             write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-            self._handle = open(self.path, "a")
+            self._handle = open_no_follow(self.path, "a")  # a link planted since the start: refused
         self._handle.write(json.dumps({k: plain(v) for k, v in payload.items()}) + "\n")
         self._handle.flush()
 

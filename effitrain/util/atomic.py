@@ -10,6 +10,7 @@ tokenized data's cache entry (:mod:`effitrain.train.data`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -49,6 +50,8 @@ def publish(tmp: Path, target: Path, replace_folder: bool = False) -> None:
             if path.is_file():
                 fsync_path(path)
     fsync_path(tmp)
+    if target.is_symlink():  # planted after the run's folder check: neither replaced nor followed
+        raise OSError(errno.ELOOP, "a symbolic link the run did not make is there", str(target))
     if replace_folder and target.is_dir():
         shutil.rmtree(target)
     os.replace(tmp, target)

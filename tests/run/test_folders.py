@@ -360,3 +360,68 @@ def test_an_adapter_run_is_found_again_at_the_lr_it_ran_at(tmp_path):
     previous = {"status": "ok", results.CONFIG_KEY: results.config_record(ran)}
     assert results.skip_refusal(tmp_path, previous, composed) is None  # the sweep rerun skips it
     assert results.skip_refusal(tmp_path, previous, _with(composed, **{"adapter.lr": 5e-4})) is not None
+
+
+# -- planted links: refused before anything is read, locked or written there ------------------------
+
+
+@pytest.mark.parametrize("name", [results.LOCK, ".hydra", "checkpoints", "metrics.jsonl"])
+def test_a_folder_holding_a_planted_link_is_refused_before_its_lock_is_opened(tmp_path, cfg, name):
+    victim = tmp_path / "victim"
+    victim.mkdir() if name in (".hydra", "checkpoints") else victim.write_text("precious\n")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / name).symlink_to(victim)
+    refusal = (
+        f"hydra.run.dir={str(folder)!r} is invalid: {folder / name} is a symbolic link (to {victim}), and "
+        "effitrain writes through no link it did not make: remove the link, or give another folder"
+    )
+    for job_of_sweep in (False, True):
+        with results.claimed(folder, cfg, job_of_sweep) as decision:
+            assert (decision.action, decision.reason) == ("refuse", refusal)
+    with pytest.raises(results.ConfigError, match="is a symbolic link"):
+        results.check_output_dir(folder)
+    from effitrain.config.validate import check_output_folder
+
+    with pytest.raises(results.ConfigError) as raised:
+        check_output_folder("hydra.run.dir", str(folder))
+    assert str(raised.value) == refusal
+    assert sorted(os.listdir(folder)) == [name]
+    if victim.is_file():
+        assert victim.read_text() == "precious\n"
+    else:
+        assert os.listdir(victim) == []
+
+
+def test_a_run_with_a_checkpoint_linked_outside_is_refused_before_it_trains(tmp_path):
+    from tests.helpers.run import run_job
+
+    victim = tmp_path / "elsewhere"
+    (victim / "model.safetensors").parent.mkdir()
+    (victim / "model.safetensors").write_bytes(b"someone else's")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step-00000001").symlink_to(victim)
+    summary = run_job(run, "max_steps=2", "checkpoint_every=1", "resume=auto")
+    assert summary["status"] == "failed" and summary["error_type"] == "config"
+    assert "step-00000001 is a symbolic link" in summary["error"]
+    assert "train/steps" not in summary or not summary["train/steps"]
+    assert os.listdir(victim) == ["model.safetensors"]
+    assert (victim / "model.safetensors").read_bytes() == b"someone else's"
+
+
+@pytest.mark.slow
+def test_train_py_refuses_a_planted_hydra_link_in_one_line_before_hydra_writes(tmp_path):
+    from tests.helpers.run import TINY, train_py
+
+    elsewhere, folder = tmp_path / "elsewhere", tmp_path / "run"
+    elsewhere.mkdir()
+    folder.mkdir()
+    (folder / ".hydra").symlink_to(elsewhere)
+    done = train_py(*TINY, f"hydra.run.dir={folder}")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"effitrain: error: hydra.run.dir={str(folder)!r} is invalid: {folder}/.hydra is a symbolic link (to "
+        f"{elsewhere}), and effitrain writes through no link it did not make: remove the link, or give another folder"
+    ]
+    assert os.listdir(elsewhere) == [] and os.listdir(folder) == [".hydra"]

@@ -494,3 +494,27 @@ def test_a_sweep_says_the_shared_overrides_once_and_each_job_what_differs():
     assert shared == ["model=tiny", "data=synthetic"]
     assert labels == ["seed=1 optimizer=adamw", "seed=2 optimizer=adamw", "seed=1 optimizer=lion"]
     assert split_shared([["seed=1"]]) == ([], ["seed=1"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", ["job.log", "launches.jsonl"])
+def test_a_sweep_folder_holding_a_planted_link_is_refused_and_the_target_keeps_its_bytes(tmp_path, planted):
+    """``job.log`` or ``.effitrain/launches.jsonl`` linked to another file: the sweep is refused in one
+    line before any job starts (it overwrote or appended to the target before)."""
+    sweep = tmp_path / "sweep"
+    done = run_app(sweep, "seed=1")
+    assert done.returncode == 0, done.stderr
+    (job,) = [p for p in sweep.iterdir() if p.name.endswith("seed=1")]
+    link = job / "job.log" if planted == "job.log" else sweep / LAUNCHER_DIR / LAUNCHES
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link.unlink()
+    link.symlink_to(victim)
+    again = run_app(sweep, "seed=1,2")
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"effitrain: error: hydra.sweep.dir={str(sweep)!r} is invalid: {link} is a symbolic link (to {victim}), "
+        "and effitrain writes through no link it did not make: remove the link, or give another folder"
+    )
+    assert victim.read_text() == "precious\n"
+    assert not [p for p in sweep.iterdir() if p.name.endswith("seed=2")]
