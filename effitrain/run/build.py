@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from effitrain.memory.replay import StepMemory
 from effitrain.memory.track import TrainingMemory
-from effitrain.train import checkpoint
+from effitrain.train import checkpoint, resume_point
 from effitrain.train.adapters import apply_adapter, quantization_config
 from effitrain.train.data import build_dataloaders, tokenize_cached
 from effitrain.train.distributed import world_size
@@ -23,7 +23,7 @@ from effitrain.train.tasks import build_task
 
 
 def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.device, is_main: bool,
-              resume: checkpoint.ResumePoint | None = None) -> Job:  # fmt: skip
+              resume: resume_point.ResumePoint | None = None) -> Job:  # fmt: skip
     """Build data, model, optimizer, scheduler, meter and checkpointer for ``cfg`` (validated already)."""
     from datasets.utils import logging as datasets_logging
     from transformers import set_seed

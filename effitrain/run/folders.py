@@ -9,8 +9,6 @@ and the run itself (:mod:`effitrain.run.recipe`).
 from __future__ import annotations
 
 import contextlib
-import copy
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +17,8 @@ from typing import Literal
 from omegaconf import DictConfig
 
 from effitrain.config.errors import ConfigError, invalid
+from effitrain.config.record import config_record, derived, first_difference
 from effitrain.run.results import read_summary
-from effitrain.train.loggers import without_secret
 from effitrain.util.atomic import probe_write
 from effitrain.util.links import link_refusal
 
@@ -69,7 +67,7 @@ def decide(folder: Path, cfg: DictConfig, job_of_sweep: bool = False) -> Decisio
         return Decision("skip", done, previous)
     where = f"hydra.run.dir={str(folder)!r} is invalid"
     if not ok:
-        from effitrain.train.checkpoint import list_checkpoints  # torch: not in a sweep's process
+        from effitrain.train.resume_point import list_checkpoints  # torch: not in a sweep's process
 
         saved = list_checkpoints(folder)
         if saved and cfg.get("resume") is None:  # a fresh start would rotate them away
@@ -98,10 +96,10 @@ def decide(folder: Path, cfg: DictConfig, job_of_sweep: bool = False) -> Decisio
 def _resumable(folder: Path, cfg: DictConfig, previous: dict | None) -> Decision:
     """``run``, or ``refuse`` when the checkpoint ``resume`` names could not be resumed (another
     config): said before anything is written, so an interrupted run's folder stays as it was."""
-    from effitrain.train.checkpoint import find_resume  # imports torch: only when needed
+    from effitrain.train.resume_point import find_resume  # imports torch: only when needed
 
     try:
-        find_resume(_derived(cfg), folder)
+        find_resume(derived(cfg), folder)
     except ConfigError as error:
         return Decision("refuse", str(error), previous)
     return Decision("run", previous=previous)
@@ -137,28 +135,6 @@ def claimed(folder: Path, cfg: DictConfig, job_of_sweep: bool = False):
         yield Decision("busy", owner=owner) if owner is not None else decide(folder, cfg, job_of_sweep)
 
 
-def _derived(cfg: DictConfig) -> DictConfig:
-    """``cfg`` as the run derives it (:func:`effitrain.config.load.derive`)."""
-    from effitrain.config.load import derive
-
-    derived = copy.deepcopy(cfg)
-    derive(derived, int(os.environ.get("WORLD_SIZE", "1")))
-    return derived
-
-
-def config_record(cfg: DictConfig) -> dict:
-    """The result-changing configuration of a run, as ``summary.json`` records it under ``job/config``:
-    the resolved config without ``run_invariant_keys`` (:func:`effitrain.train.checkpoint.trajectory_config`),
-    ``micro_batch_size`` derived from ``effective_batch_size``, as JSON values."""
-    from effitrain.train.checkpoint import (
-        trajectory_config,
-    )  # imports torch: only when needed
-
-    record = json.loads(json.dumps(trajectory_config(_derived(cfg)), default=str))
-    secret = os.environ.get("WANDB_API_KEY")  # a key pulled in by interpolation is never written
-    return without_secret(record, secret)
-
-
 def config_change(previous: dict, cfg: DictConfig) -> tuple[str, object, object] | None:
     """The first key (sorted) whose value in ``cfg`` differs from the one recorded in the earlier
     summary ``previous``, as ``(key, now, then)``; None when they agree.
@@ -166,8 +142,6 @@ def config_change(previous: dict, cfg: DictConfig) -> tuple[str, object, object]
     A summary without the full record (an older version's, or edited) is compared on the ``cfg/*``
     keys it holds; one that holds neither has nothing to compare and is taken as it is.
     """
-    from effitrain.train.checkpoint import first_difference  # imports torch: only when needed
-
     recorded = previous.get(CONFIG_KEY)
     if isinstance(recorded, dict):
         return first_difference(config_record(cfg), recorded)
@@ -176,8 +150,7 @@ def config_change(previous: dict, cfg: DictConfig) -> tuple[str, object, object]
         return None
     from effitrain.run.summary_keys import summary_config_keys
 
-    derived = _derived(cfg)
-    now = summary_config_keys(derived, Path("."), int(os.environ.get("WORLD_SIZE", "1")))
+    now = summary_config_keys(derived(cfg), Path("."), int(os.environ.get("WORLD_SIZE", "1")))
     change = first_difference({key: now.get(key) for key in said}, said)
     if change is None:
         return None

@@ -28,7 +28,7 @@ from effitrain.run.folders import check_output_dir
 from effitrain.run.ranks import write_rank_figures
 from effitrain.run.summary import Summary
 from effitrain.run.summary_keys import summary_config_keys
-from effitrain.train import checkpoint
+from effitrain.train import resume_point
 from effitrain.train.adapters import parameter_counts
 from effitrain.train.distributed import process_state, world_size
 from effitrain.train.job import Evaluation, Job, evaluate_job
@@ -116,7 +116,7 @@ def finished_and_kept(cfg: DictConfig, output_dir: Path) -> str | None:
 
 def prepare(
     cfg: DictConfig, output_dir: Path, num_processes: int, validated: bool = False
-) -> checkpoint.ResumePoint | None:
+) -> resume_point.ResumePoint | None:
     """The run's decisions on its derived config, once and in this order: validate it (unless the
     front door just did), refuse to overwrite a finished ok run, find the checkpoint to resume
     from (which also checks the number of processes); None: a fresh start.
@@ -128,7 +128,7 @@ def prepare(
         validate(cfg, num_processes)
     if cfg.get("resume") != "auto":  # resume=auto asked the folder policy already (finished_and_kept)
         folders.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
-    return checkpoint.find_resume(cfg, output_dir)
+    return resume_point.find_resume(cfg, output_dir)
 
 
 def describe(job: Job) -> dict:

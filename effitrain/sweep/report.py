@@ -110,7 +110,7 @@ class SweepReport(Callback):
 
 def _left_checkpoints(outcomes: list[JobOutcome]) -> bool:
     """Whether a job that is not ok left checkpoints in its folder (a rerun then needs resume=auto)."""
-    from effitrain.train.checkpoint import list_checkpoints
+    from effitrain.train.resume_point import list_checkpoints
 
     return any(job.status != "ok" and list_checkpoints(job.folder) for job in outcomes)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from omegaconf import DictConfig
 
-from effitrain.train import checkpoint
+from effitrain.train import checkpoint, resume_point
 from effitrain.train.step import StepMeter, epoch_batches
 from effitrain.train.tasks import Task
 
@@ -68,11 +68,11 @@ class Job:
     step_memory: StepMemory | None
     data_keys: dict  # summary keys describing the tokenized data (the task's)
     memory: TrainingMemory  # everything mem/* of the run, read around the measured region
-    resume: checkpoint.ResumePoint | None = None  # the checkpoint this run continues from
+    resume: resume_point.ResumePoint | None = None  # the checkpoint this run continues from
     # where the loop starts: set by :meth:`restore` before the backend's fit
-    start: checkpoint.Position = field(default_factory=lambda: checkpoint.Position(0, 0, 0))
+    start: resume_point.Position = field(default_factory=lambda: resume_point.Position(0, 0, 0))
     # (position, generators) the data order resumes from, when the job restored the weights itself
-    _data_resume: tuple[checkpoint.Position, dict] | None = None
+    _data_resume: tuple[resume_point.Position, dict] | None = None
 
     def __enter__(self) -> Job:
         return self

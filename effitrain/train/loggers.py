@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
+from effitrain.config.record import without_secret
 from effitrain.util.atomic import write_atomic
 from effitrain.util.links import open_no_follow
 
@@ -56,20 +57,6 @@ def read_metrics(path: Path) -> list[dict]:
         if isinstance(record, dict):
             records.append(record)
     return records
-
-
-def without_secret(value, secret: str | None):
-    """``value`` with every string equal to or containing ``secret`` replaced, so the key is never
-    written or logged (nested dicts and lists included)."""
-    if not secret:
-        return value
-    if isinstance(value, dict):
-        return {k: without_secret(v, secret) for k, v in value.items()}
-    if isinstance(value, list):
-        return [without_secret(v, secret) for v in value]
-    if isinstance(value, str) and secret in value:
-        return "<redacted>"
-    return value
 
 
 class MetricsFile:

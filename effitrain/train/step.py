@@ -43,7 +43,7 @@ def epoch_batches(loader, epoch: int, skip: int = 0, rng_state: dict | None = No
     for _ in range(skip):
         next(batches)
     if rng_state is not None:
-        from effitrain.train.checkpoint import set_rng_state
+        from effitrain.train.rng import set_rng_state
 
         set_rng_state(rng_state)
     return batches

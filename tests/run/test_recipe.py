@@ -36,8 +36,8 @@ def eval_reference(run_dir, *overrides: str) -> dict:
     from safetensors.torch import load_model
     from sklearn.metrics import f1_score
 
-    from effitrain.train.checkpoint import list_checkpoints
     from effitrain.train.modeling import build_model, build_tokenizer
+    from effitrain.train.resume_point import list_checkpoints
 
     cfg = compose(*overrides)
     raw = instantiate(cfg.data)

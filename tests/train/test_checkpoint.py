@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from effitrain.train import checkpoint
+from effitrain.train import resume_point
 from tests.helpers.run import REPO, TINY, read_metrics, run_job, train_py
 
 # 64 samples / micro 8 = 8 micro-batches per epoch; 3 epochs = 24 optimizer steps: the kill lands
@@ -29,12 +29,12 @@ BACKENDS = ["accelerator", "trainer"]
 
 
 def final_weights(run_dir: Path) -> dict:
-    _, folder = checkpoint.list_checkpoints(run_dir)[-1]
+    _, folder = resume_point.list_checkpoints(run_dir)[-1]
     return load_file(folder / "model.safetensors")
 
 
 def adapter_weights(run_dir: Path) -> dict:
-    _, folder = checkpoint.list_checkpoints(run_dir)[-1]
+    _, folder = resume_point.list_checkpoints(run_dir)[-1]
     return load_file(folder / "adapter_model.safetensors")
 
 
@@ -97,7 +97,7 @@ def test_sigkill_then_resume_auto_is_bit_identical(tmp_path, reference_runs, opt
     run_dir = tmp_path / "run"
     start_and_kill(run_dir, *overrides, at_step=KILL_AT_STEP)
     assert not (run_dir / "summary.json").exists()
-    saved = [step for step, _ in checkpoint.list_checkpoints(run_dir)]
+    saved = [step for step, _ in resume_point.list_checkpoints(run_dir)]
     assert saved and saved[-1] >= 3 and len(saved) <= 2
 
     if (optimizer, backend) == ("adamw", "accelerator"):  # once end to end, as a user types it
@@ -143,7 +143,7 @@ def test_an_adapter_run_killed_and_resumed_is_bit_identical_and_peft_loads_its_c
     ]
     assert resumed["eval/loss"] == reference["eval/loss"]  # the rebuilt frozen base is the same too
     # the checkpoint holds peft's own files: the adapter and the head, not the frozen base
-    _, folder = checkpoint.list_checkpoints(run_dir)[-1]
+    _, folder = resume_point.list_checkpoints(run_dir)[-1]
     names = {p.name for p in folder.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors"} <= names and "model.safetensors" not in names
     set_seed(42)
@@ -160,12 +160,12 @@ def test_checkpoint_files_and_pruning(tmp_path):
     summary = run_job(tmp_path, "max_steps=7", "checkpoint_every=3", "checkpoint_keep=2", "compile=on",
                       "compile.backend=aot_eager")  # fmt: skip
     assert summary["status"] == "ok", summary["error"]
-    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [6, 7]  # 3 pruned; 7 is the end
+    assert [step for step, _ in resume_point.list_checkpoints(tmp_path)] == [6, 7]  # 3 pruned; 7 is the end
     folder = tmp_path / "checkpoints" / "step-00000007"
     assert sorted(p.name for p in folder.iterdir()) == [
         "effitrain.json", "model.safetensors", "optimizer.pt", "rng_state.pth", "scheduler.pt"
     ]  # fmt: skip
-    meta = checkpoint.read_meta(folder)
+    meta = resume_point.read_meta(folder)
     assert (meta["step"], meta["epoch"], meta["batches_in_epoch"]) == (7, 0, 7)
     assert meta["meter"]["samples"] == 7 * 8
     weights = load_file(folder / "model.safetensors")
@@ -179,9 +179,9 @@ def test_checkpoint_files_and_pruning(tmp_path):
 
 def test_position_counts_full_windows_and_maps_epoch_end_to_next_epoch():
     # 13 micro-batches, accumulation 4: windows of 4, 4, 4, 1 per epoch
-    assert checkpoint.position(3, 13, 4) == checkpoint.Position(3, 0, 12)
-    assert checkpoint.position(4, 13, 4) == checkpoint.Position(4, 1, 0)
-    assert checkpoint.position(6, 13, 4) == checkpoint.Position(6, 1, 8)
+    assert resume_point.position(3, 13, 4) == resume_point.Position(3, 0, 12)
+    assert resume_point.position(4, 13, 4) == resume_point.Position(4, 1, 0)
+    assert resume_point.position(6, 13, 4) == resume_point.Position(6, 1, 8)
 
 
 @pytest.mark.slow
@@ -209,8 +209,8 @@ def test_interrupted_write_leaves_previous_checkpoint_and_auto_uses_it(tmp_path,
     shutil.copytree(run_dir / "checkpoints" / "step-00000004", broken)
     with open(broken / "model.safetensors", "r+b") as handle:
         handle.truncate(1000)
-    assert checkpoint.read_meta(broken) is None
-    assert checkpoint.newest_valid(run_dir) == run_dir / "checkpoints" / "step-00000004"
+    assert resume_point.read_meta(broken) is None
+    assert resume_point.newest_valid(run_dir) == run_dir / "checkpoints" / "step-00000004"
 
     summary = run_job(run_dir, *overrides, "resume=auto")
     assert summary["status"] == "ok", summary["error"]
@@ -238,9 +238,9 @@ def test_a_checkpoint_of_another_number_of_processes_is_refused_before_anything_
     from tests.helpers.run import compose
 
     assert run_job(tmp_path, "max_steps=1", "checkpoint_every=1")["status"] == "ok"
-    meta_file = tmp_path / "checkpoints" / "step-00000001" / checkpoint.META
+    meta_file = tmp_path / "checkpoints" / "step-00000001" / resume_point.META
     meta = json.loads(meta_file.read_text())
-    point = checkpoint.find_resume(compose("max_steps=1", "checkpoint_every=1", "resume=auto"), tmp_path)
+    point = resume_point.find_resume(compose("max_steps=1", "checkpoint_every=1", "resume=auto"), tmp_path)
     assert (point.folder, point.step, point.meta) == (meta_file.parent, 1, meta)
     meta_file.write_text(json.dumps(dict(meta, world_size=2)))
     (tmp_path / "summary.json").unlink()  # as if killed after the checkpoint
@@ -281,7 +281,7 @@ def test_forced_nan_is_diverged_and_writes_no_checkpoint(tmp_path, backend):
         summary = run_job(tmp_path, *overrides)
     assert summary["status"] == "diverged"
     assert summary["error"] == "train/loss is nan at optimizer step 2"
-    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path)] == [1]
+    assert [step for step, _ in resume_point.list_checkpoints(tmp_path)] == [1]
     assert [line["step"] for line in read_metrics(tmp_path)] == [1]
 
 
@@ -300,7 +300,7 @@ def test_a_damaged_checkpoint_of_the_right_size_is_skipped_for_the_one_before(tm
     data = bytearray((newest / damaged).read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, other bytes
     (newest / damaged).write_bytes(bytes(data))
-    assert checkpoint.damage(newest) == f"{damaged} differs from its checksum (damaged)"
+    assert resume_point.damage(newest) == f"{damaged} differs from its checksum (damaged)"
 
     summary = run_job(run_dir, *steps, "resume=auto")
     assert summary["status"] == "ok", summary["error"]
@@ -338,7 +338,7 @@ def test_a_resumed_run_s_summary_totals_equal_the_uninterrupted_run_s(tmp_path, 
     whole = run_job(tmp_path / "whole", *common)
     assert whole["status"] == "ok", whole["error"]
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
-    for step, folder in checkpoint.list_checkpoints(tmp_path / "resumed"):
+    for step, folder in resume_point.list_checkpoints(tmp_path / "resumed"):
         if step > 3:
             shutil.rmtree(folder)
     (tmp_path / "resumed" / "summary.json").unlink()
@@ -392,7 +392,7 @@ def test_a_resumed_run_remembers_its_best_evaluation_before_the_resume(tmp_path)
     best = min(evaluations, key=lambda line: line["eval/loss"])
     assert (whole["eval/best_loss"], whole["eval/best_step"]) == (best["eval/loss"], best["step"])
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
-    for step, folder in checkpoint.list_checkpoints(tmp_path / "resumed"):
+    for step, folder in resume_point.list_checkpoints(tmp_path / "resumed"):
         if step > 9:
             shutil.rmtree(folder)
     (tmp_path / "resumed" / "summary.json").unlink()
@@ -448,8 +448,8 @@ def test_pruning_removes_only_this_run_s_checkpoints(tmp_path, capsys, backend):
     steps = ["max_steps=3", "checkpoint_every=1", "checkpoint_keep=1", f"backend={backend}"]
     summary = run_job(run_dir, *steps, "resume=auto")
     assert summary["status"] == "ok", summary.get("error")
-    assert [step for step, _ in checkpoint.list_checkpoints(run_dir)] == [3, 99]
-    assert checkpoint.damage(run_dir / "checkpoints" / "step-00000003") is None
+    assert [step for step, _ in resume_point.list_checkpoints(run_dir)] == [3, 99]
+    assert resume_point.damage(run_dir / "checkpoints" / "step-00000003") is None
     assert (foreign / "effitrain.json").read_text() == "{}"
     err = capsys.readouterr().err
     assert err.count(f"left alone by pruning: {foreign} is not a complete checkpoint of this run") == 1
@@ -460,9 +460,9 @@ def test_an_earlier_attempt_s_checkpoints_are_this_run_s_and_pruned(tmp_path):
     """The checkpoints of the attempt a resume continues are of this run: pruned like its own."""
     run_dir = tmp_path / "run"
     assert run_job(run_dir, "max_steps=4", "checkpoint_every=1", "checkpoint_keep=3")["status"] == "ok"
-    assert [step for step, _ in checkpoint.list_checkpoints(run_dir)] == [2, 3, 4]
+    assert [step for step, _ in resume_point.list_checkpoints(run_dir)] == [2, 3, 4]
     shutil.rmtree(run_dir / "checkpoints" / "step-00000004")  # as if killed after step 3
     (run_dir / "summary.json").unlink()
     summary = run_job(run_dir, "max_steps=4", "checkpoint_every=1", "checkpoint_keep=1", "resume=auto")
     assert summary["status"] == "ok" and summary["train/resumed_from_step"] == 3
-    assert [step for step, _ in checkpoint.list_checkpoints(run_dir)] == [4]
+    assert [step for step, _ in resume_point.list_checkpoints(run_dir)] == [4]

@@ -10,7 +10,7 @@ import pickle
 import pytest
 import torch
 
-from effitrain.train import checkpoint
+from effitrain.train import resume_point
 from effitrain.train.sharded_checkpoint import UnsafeCheckpoint, load_sharded, refusal, save_sharded
 from effitrain.util.atomic import sha256
 
@@ -82,9 +82,9 @@ def planted_folder(mesh, folder, marker, where):
         optimizer_state["param_groups"][0]["lr"] = Payload(marker)
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
     files = sorted(p.name for p in folder.iterdir())
-    meta = {"format": checkpoint.FORMAT, "step": 1, "files": {n: (folder / n).stat().st_size for n in files},
+    meta = {"format": resume_point.FORMAT, "step": 1, "files": {n: (folder / n).stat().st_size for n in files},
             "sha256": {n: sha256(folder / n) for n in files}}  # fmt: skip
-    (folder / checkpoint.META).write_text(json.dumps(meta))
+    (folder / resume_point.META).write_text(json.dumps(meta))
     return model, optimizer
 
 
@@ -93,8 +93,8 @@ def test_a_planted_pickle_is_refused_and_never_run(group, tmp_path, where):
     folder, marker = tmp_path / "step-00000001", tmp_path / "ran"
     folder.mkdir()
     model, optimizer = planted_folder(group, folder, marker, where)
-    assert checkpoint.read_meta(folder) is not None  # sizes and checksums match: only its content tells
-    meta, why = checkpoint.examine(folder)
+    assert resume_point.read_meta(folder) is not None  # sizes and checksums match: only its content tells
+    meta, why = resume_point.examine(folder)
     assert meta is None and "not a checkpoint effitrain could have written" in why
     assert "os.mknod" in why or "posix.mknod" in why  # the global it refused, named
     with pytest.raises(UnsafeCheckpoint):

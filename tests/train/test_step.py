@@ -80,7 +80,7 @@ class _Loader:
 
 
 def test_epoch_batches_set_the_epoch_skip_the_consumed_and_restore_the_generators():
-    from effitrain.train.checkpoint import rng_state
+    from effitrain.train.rng import rng_state
 
     loader = _Loader(["a", "b", "c", "d"])
     assert list(epoch_batches(loader, 3)) == ["a", "b", "c", "d"] and loader.epochs == [3]
