@@ -8,9 +8,10 @@ loop (:class:`effitrain.backends.Backend`).
 from __future__ import annotations
 
 import contextlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from omegaconf import DictConfig
@@ -19,9 +20,30 @@ from effitrain.train import checkpoint, resume_point
 from effitrain.train.step import StepMeter, epoch_batches
 from effitrain.train.tasks import Task
 
-if TYPE_CHECKING:  # built by the run (effitrain.run.build), above this layer
-    from effitrain.memory.replay import StepMemory
-    from effitrain.memory.track import TrainingMemory
+
+class StepTracking(Protocol):
+    """What the loop asks of the step tracker (:class:`effitrain.memory.replay.StepMemory`, built by the
+    run above this layer): declared here, so this layer names no class of a higher one."""
+
+    batches: list  # the shapes of the tracked step's micro-batches, as the replay needs them
+
+    def track(self, step: int) -> AbstractContextManager: ...
+
+    def saw(self, batch: dict) -> None: ...
+
+    def end(self) -> None: ...
+
+    def summary(self) -> dict: ...
+
+
+class RunMemory(Protocol):
+    """What the run reads of the measured region (:class:`effitrain.memory.track.TrainingMemory`)."""
+
+    def __enter__(self) -> RunMemory: ...
+
+    def __exit__(self, *exc) -> None: ...
+
+    def summary(self) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -65,9 +87,9 @@ class Job:
     output_dir: Path
     checkpoints: checkpoint.Checkpointer
     # the memory tracker: measures one chosen optimizer step inside track_step; None: no tracking
-    step_memory: StepMemory | None
+    step_memory: StepTracking | None
     data_keys: dict  # summary keys describing the tokenized data (the task's)
-    memory: TrainingMemory  # everything mem/* of the run, read around the measured region
+    memory: RunMemory  # everything mem/* of the run, read around the measured region
     resume: resume_point.ResumePoint | None = None  # the checkpoint this run continues from
     # where the loop starts: set by :meth:`restore` before the backend's fit
     start: resume_point.Position = field(default_factory=lambda: resume_point.Position(0, 0, 0))
