@@ -12,32 +12,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-WANDB = "wandb"  # W&B's own folder: it links latest-run and its debug logs inside it
+WANDB = "wandb"  # W&B's own folder: W&B writes there, and links its logs inside and outside it
 
 
 def planted_link(folder: Path) -> Path | None:
     """The first symbolic link inside ``folder`` (walked without following links), or None. W&B's own
-    links (inside ``wandb/``, pointing inside it) are not planted; ``folder`` itself may be one (a
-    user's choice of where results go)."""
+    folder (``wandb/``, whose links W&B makes itself: ``latest-run``, its debug logs) is not walked;
+    ``folder`` itself may be one (a user's choice of where results go)."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
     for top, dirs, files in os.walk(folder):
         here = Path(top)
+        if here == folder and WANDB in dirs and not (here / WANDB).is_symlink():
+            dirs.remove(WANDB)
         for name in sorted(dirs + files):
             path = here / name
-            if path.is_symlink() and not _wandb_own(folder, path):
+            if path.is_symlink():
                 return path
         dirs[:] = [name for name in dirs if not (here / name).is_symlink()]
     return None
-
-
-def _wandb_own(folder: Path, link: Path) -> bool:
-    relative = link.relative_to(folder).parts
-    if WANDB not in relative[:-1]:
-        return False
-    inside = folder.joinpath(*relative[: relative.index(WANDB) + 1]).resolve()
-    return link.resolve().is_relative_to(inside)
 
 
 def link_refusal(key: str, folder: Path) -> str | None:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from effitrain.util.links import link_refusal, open_no_follow, planted_link
+from effitrain.util.links import WANDB, link_refusal, open_no_follow, planted_link
 
 
 def test_a_link_is_found_at_any_depth_and_never_followed(tmp_path):
@@ -28,14 +28,20 @@ def test_a_link_is_found_at_any_depth_and_never_followed(tmp_path):
     )
 
 
-def test_w_and_b_s_own_links_inside_its_folder_are_not_planted(tmp_path):
+def test_w_and_b_s_own_folder_is_not_walked_but_a_link_in_its_place_is_planted(tmp_path):
     wandb = tmp_path / "wandb"
     (wandb / "offline-run-1" / "logs").mkdir(parents=True)
     (wandb / "latest-run").symlink_to("offline-run-1")
     (wandb / "debug.log").symlink_to(wandb / "offline-run-1" / "logs" / "debug.log")
-    assert planted_link(tmp_path) is None
-    (wandb / "offline-run-1" / "files").symlink_to("/etc")  # out of W&B's folder: planted
-    assert planted_link(tmp_path) == wandb / "offline-run-1" / "files"
+    (wandb / "offline-run-1" / "logs" / "debug-core.log").symlink_to("/root/.cache/wandb/logs/core-debug.log")
+    assert planted_link(tmp_path) is None  # W&B links its logs inside and outside its folder itself
+    (tmp_path / "sweep-job").mkdir()
+    (tmp_path / "sweep-job" / WANDB).symlink_to("/etc")  # a job's own wandb/ is walked: not at the top
+    assert planted_link(tmp_path) == tmp_path / "sweep-job" / WANDB
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / WANDB).symlink_to(wandb)  # the folder itself a link: planted
+    assert planted_link(other) == other / WANDB
 
 
 @pytest.mark.parametrize("mode", ["a", "wb"])
