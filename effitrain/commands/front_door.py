@@ -271,6 +271,21 @@ def train(argv: list[str]) -> None:
         hydra.main(version_base="1.3", config_path=CONF_SOURCE, config_name="config")(task)()
 
 
+def resume_hint(cfg: DictConfig, folder: Path) -> str:
+    """What an interrupted run's last line says of resuming: the command's own words with the folder
+    (a rerun without ``hydra.run.dir`` starts anew in a folder of its own), or that there is nothing to
+    resume from (``checkpoint_every`` is off by default)."""
+    from effitrain.train.resume_point import list_checkpoints
+
+    saved = list_checkpoints(folder)
+    if saved:
+        return (
+            f"its newest checkpoint is step {saved[-1][0]}: resume with resume=auto hydra.run.dir='{folder}'"
+        )
+    why = "checkpoint_every is off" if not cfg.get("checkpoint_every") else "it stopped before its first one"
+    return f"no checkpoint to resume from ({why}): a rerun starts over; checkpoint_every=N saves one every N steps"
+
+
 def train_job(cfg: DictConfig, validated: str | None = None) -> float | None:
     """The Hydra task: run one job into Hydra's output folder; exit non-zero if it failed.
     ``validated``: the :func:`~effitrain.config.load.identity` of the config the front door validated.
@@ -312,7 +327,10 @@ def train_job(cfg: DictConfig, validated: str | None = None) -> float | None:
         return summary.get(cfg.get("optimized_metric", "eval/loss"))
     message = f"{summary['status']}: {summary['error']}"
     if summary["status"] == "interrupted":  # the shell's convention: 128 + the signal's number
-        print(f"effitrain: error: {message}; resume with resume=auto", file=sys.stderr)
+        print(
+            f"effitrain: error: {message}; {resume_hint(cfg, Path(hydra_cfg.runtime.output_dir))}",
+            file=sys.stderr,
+        )
         sys.exit(128 + summary["signal"])
     if hydra_cfg.mode == RunMode.MULTIRUN:
         print(f"effitrain: job {hydra_cfg.job.num} {message}", file=sys.stderr)

@@ -65,7 +65,7 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     say(plan_line(cfg, batches_per_process, num_steps, world_size()))
     memory = TrainingMemory(model, optimizer, device)
     meter = StepMeter(num_steps, loggers, device, cfg.progress_bar, is_main, task, memory.peak.read_current)
-    data_keys = task.data_summary(tokenized)
+    data_keys = task.data_summary(raw, tokenized)
     checkpoints = checkpoint.Checkpointer(
         cfg, output_dir, model, optimizer, scheduler, meter, num_steps, batches_per_process, resume
     )

@@ -50,3 +50,22 @@ def check_label_sets(column, train: list, eval_: list, key: str = "data.label_co
     if unseen:
         raise invalid(key, column, f"the eval split holds labels the train split lacks ({_shown(unseen)}; "
                                    f"train has {_shown(train_values)})")  # fmt: skip
+
+
+def input_blind_loss(train_labels, eval_labels, num_classes: int) -> float | None:
+    """The eval cross-entropy of a classifier that ignores the text: it predicts the training labels'
+    class prior, or the uniform distribution where that scores better (an untrained head predicts
+    about uniformly, and beats a prior the eval split does not share). A run whose eval loss is not
+    below it learned nothing measurable. None without labels."""
+    import math
+    from collections import Counter
+
+    train, evaluated = Counter(train_labels), Counter(eval_labels)
+    if not train or not evaluated or num_classes < 1:
+        return None
+    uniform = math.log(num_classes)
+    if any(label not in train for label in evaluated):  # the prior's loss is infinite there
+        return uniform
+    total_train, total_eval = sum(train.values()), sum(evaluated.values())
+    prior = -sum(n / total_eval * math.log(train[label] / total_train) for label, n in evaluated.items())
+    return min(prior, uniform)

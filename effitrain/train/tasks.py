@@ -86,8 +86,8 @@ class Task:
         """Tokens a micro-batch trains on, for ``train/tokens`` (a tensor: read once per step)."""
         return self.num_items(batch)
 
-    def data_summary(self, tokenized) -> dict:
-        """Summary keys describing the tokenized data (none by default)."""
+    def data_summary(self, raw, tokenized) -> dict:
+        """Summary keys describing the data, read and tokenized (none by default)."""
         return {}
 
 
@@ -111,6 +111,14 @@ class Classification(Task):
         value = data_cfg.num_train if "num_train" in data_cfg else data_cfg.get("label_column", "label")
         check_label_sets(value, raw.train["label"], raw.eval["label"], key=key)
         return raw
+
+    def data_summary(self, raw, tokenized) -> dict:
+        """``eval/input_blind_loss``: the eval loss of a prediction that ignores the text (the training
+        labels' prior, or uniform), which ``eval/loss`` must beat for the run to have learned."""
+        from effitrain.train.labels import input_blind_loss
+
+        loss = input_blind_loss(raw.train["label"], raw.eval["label"], len(raw.label_names))
+        return {"eval/input_blind_loss": loss}
 
     def tokenize(self, raw, tokenizer, max_length: int):
         from datasets import DatasetDict
@@ -296,10 +304,10 @@ class CausalLM(Task):
             "eval/loss_sem": (rows.std() / math.sqrt(len(rows))).item() if len(rows) > 1 else None,
         }
 
-    def data_summary(self, tokenized) -> dict:
+    def data_summary(self, raw, tokenized) -> dict:
         """``train/unigram_perplexity``: exp of the entropy of the training split's target tokens,
         what the best model that ignores context scores on that split: the baseline eval/perplexity
-        must beat."""
+        must beat; ``eval/input_blind_loss``, its log, the loss eval/loss must beat."""
         import numpy as np
 
         targets = np.concatenate(
@@ -307,8 +315,10 @@ class CausalLM(Task):
         )
         counts = np.bincount(targets)
         p = counts[counts > 0] / len(targets)
+        entropy = float(-(p * np.log(p)).sum())
         return {
-            "train/unigram_perplexity": float(np.exp(-(p * np.log(p)).sum())),
+            "train/unigram_perplexity": math.exp(entropy),
+            "eval/input_blind_loss": entropy,
             "data/train_rows": len(tokenized["train"]),
             "data/train_target_tokens": int(len(targets)),
         }

@@ -180,6 +180,7 @@ def test_ctrl_c_or_sigterm_writes_an_interrupted_summary_and_exits_128_plus_sign
         "max_steps=100000",
         "epochs=1000",
         f"hydra.run.dir={tmp_path}",
+        *(["checkpoint_every=1"] if signum == signal.SIGTERM else []),  # one with a checkpoint, one without
     ]
     # as from a terminal: a suite started in the background (nohup, `&`) passes SIGINT on ignored,
     # and Python then leaves Ctrl-C ignored, as it should for a background job
@@ -192,8 +193,18 @@ def test_ctrl_c_or_sigterm_writes_an_interrupted_summary_and_exits_128_plus_sign
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signum
     assert "Traceback" not in stderr
-    assert f"effitrain: error: interrupted: interrupted by {signum.name}; resume with resume=auto" in stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
+    if signum == signal.SIGTERM:  # the folder named: a rerun without it would start in a folder of its own
+        from effitrain.train.resume_point import list_checkpoints
+
+        newest = list_checkpoints(tmp_path)[-1][0]  # a write the signal cut short is no checkpoint
+        hint = f"its newest checkpoint is step {newest}: resume with resume=auto hydra.run.dir='{tmp_path}'"
+    else:
+        hint = "no checkpoint to resume from (checkpoint_every is off): a rerun starts over; checkpoint_every=N saves one every N steps"
+    assert (
+        stderr.strip().splitlines()[-1]
+        == f"effitrain: error: interrupted: interrupted by {signum.name}; {hint}"
+    )
     assert summary["status"] == "interrupted" and summary["signal"] == signum
     assert summary["train/steps"] >= 3
 

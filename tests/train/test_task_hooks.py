@@ -196,12 +196,27 @@ def test_the_unigram_baseline_is_exp_of_the_target_tokens_entropy():
     from datasets import Dataset
 
     tokenized = {"train": Dataset.from_dict({"input_ids": [[9, 1, 1, 2], [9, 2], [9], [9, 1, 3]]})}
-    summary = CausalLM().data_summary(tokenized)
+    summary = CausalLM().data_summary(None, tokenized)
     # targets (position 0 is none; a one-token row has none): 1, 1, 2, 2, 1, 3 -> p = 1/2, 1/3, 1/6
     entropy = -sum(p * math.log(p) for p in (1 / 2, 1 / 3, 1 / 6))
     assert summary["train/unigram_perplexity"] == pytest.approx(math.exp(entropy), rel=1e-12)
     assert (summary["data/train_rows"], summary["data/train_target_tokens"]) == (4, 6)
-    assert Classification().data_summary(tokenized) == {}
+    assert summary["eval/input_blind_loss"] == pytest.approx(entropy, rel=1e-12)
+
+
+def test_a_classifier_s_input_blind_loss_is_the_prior_s_or_the_uniform_s_whichever_is_lower():
+    from types import SimpleNamespace
+
+    raw = SimpleNamespace(train={"label": [0, 0, 0, 1]}, eval={"label": [0, 1]}, label_names=["a", "b", "c"])
+    prior = -(0.5 * math.log(3 / 4) + 0.5 * math.log(1 / 4))  # 0.837, below ln 3 = 1.099
+    assert Classification().data_summary(raw, None) == {
+        "eval/input_blind_loss": pytest.approx(prior, rel=1e-12)
+    }
+    raw.eval = {"label": [2, 1]}  # a class the prior gives no mass: its loss is infinite, uniform's is ln 3
+    assert Classification().data_summary(raw, None) == {"eval/input_blind_loss": pytest.approx(math.log(3))}
+    raw.train, raw.eval = {"label": [0, 1]}, {"label": [0, 0, 0, 1]}  # uniform (ln 2 < ln 3) wins on 2 names
+    raw.label_names = ["a", "b"]
+    assert Classification().data_summary(raw, None) == {"eval/input_blind_loss": pytest.approx(math.log(2))}
 
 
 @pytest.fixture(scope="module")

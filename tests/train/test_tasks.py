@@ -40,7 +40,7 @@ def test_each_task_writes_the_metrics_it_declares():
     rows = {"input_ids": torch.tensor([[0, 1, 0]]), "labels": torch.tensor([[0, 1, 0]])}
     causal = CausalLM()
     written = causal.evaluate(_Logits(torch.zeros(1, 3, 2)), [rows], _OneProcess())
-    written |= causal.data_summary({"train": {"input_ids": [[5, 0, 1, 1, 1]]}})  # targets 0, 1, 1, 1
+    written |= causal.data_summary(None, {"train": {"input_ids": [[5, 0, 1, 1, 1]]}})  # targets 0, 1, 1, 1
     assert [m.key for m in CausalLM.metrics] == ["eval/perplexity", "train/unigram_perplexity"]
     assert written["eval/perplexity"] == pytest.approx(2.0)
     entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
