@@ -518,3 +518,30 @@ def test_a_sweep_folder_holding_a_planted_link_is_refused_and_the_target_keeps_i
     )
     assert victim.read_text() == "precious\n"
     assert not [p for p in sweep.iterdir() if p.name.endswith("seed=2")]
+
+
+@pytest.mark.parametrize(
+    ("code", "result", "summary", "expected"),
+    [
+        (0, None, None, ("failed", "its process exited with code 0 and no summary.json")),  # no word at all
+        (0, {"completed": True, "return_value": 0.5}, None, ("ok", None)),  # a task that writes no summary
+        (0, {"completed": False, "error": "boom"}, None, ("failed", "boom")),
+        (0, None, {"status": "ok"}, ("ok", None)),  # its own new summary says so
+        (1, None, {"status": "failed", "error": "bad"}, ("failed", "bad")),
+    ],
+)
+def test_a_job_is_ok_only_where_its_summary_or_its_result_says_so(tmp_path, code, result, summary, expected):
+    """How a job ended, read from its exit code, its result and its summary: a process that exits 0
+    but said nothing (no result, no summary) did not finish ok."""
+    from effitrain.run import results
+    from effitrain.sweep.launcher import LaunchedJob, file_id, job_outcome
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    job = LaunchedJob(0, [], None, folder, "job")
+    job.before = {name: file_id(folder / name) for name in (results.SUMMARY, results.METRICS)}
+    if summary is not None:
+        results.write_json_atomic(folder / results.SUMMARY, summary)
+    outcome = job_outcome(job, code, result, timeout_min=60)
+    assert outcome.status == expected[0]
+    assert (outcome.error is None) if expected[1] is None else expected[1] in outcome.error

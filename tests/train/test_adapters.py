@@ -169,3 +169,26 @@ def test_a_run_trains_the_adapter_and_reports_its_parts(tmp_path, adapter, backe
         tensors = sum(p.requires_grad for p in model.parameters())
         assert summary["mem/optimizer_state_bytes"] == 2 * trainable + 4 * tensors  # AdamW: 2 moments, a step
     assert math.isfinite(summary["train/loss"])
+
+
+@pytest.mark.parametrize(("r", "alpha"), [(4, 16), (8, 8)])
+def test_a_lora_layer_computes_w_x_plus_alpha_over_r_b_a_x(r, alpha):
+    """A wrapped Linear's output against the formula, by hand: ``W x + b + (lora_alpha / r) B A x``
+    (B made nonzero: it starts at zero, where any scale gives the same output). Dropout off (eval)."""
+    model, _ = adapted("adapter=lora", f"adapter.r={r}", f"adapter.lora_alpha={alpha}")
+    model.eval()
+    layers = [m for m in model.modules() if hasattr(m, "lora_A") and "default" in m.lora_A]
+    assert layers
+    torch.manual_seed(0)
+    for layer in layers[:3]:
+        base, a, b = layer.base_layer, layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        assert (a.shape, b.shape) == ((r, base.in_features), (base.out_features, r))
+        with torch.no_grad():
+            b.normal_()
+            x = torch.randn(5, base.in_features)
+            expected = (
+                x @ base.weight.T
+                + (base.bias if base.bias is not None else 0)
+                + (alpha / r) * (x @ a.T @ b.T)
+            )
+            torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
