@@ -9,6 +9,7 @@ and the run itself (:mod:`effitrain.run.recipe`).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,7 @@ def decide(folder: Path, cfg: DictConfig, job_of_sweep: bool = False) -> Decisio
     if planted is not None:  # before anything reads or writes there
         return Decision("refuse", planted)
     previous = read_summary(folder)
-    ok = previous is not None and previous.get("status") == "ok"
+    ok = finished_ok(previous, cfg)
     if job_of_sweep:
         if not ok and cfg.get("resume") is not None:  # a checkpoint it could not resume: refused now
             return _resumable(folder, cfg, previous)
@@ -91,6 +92,19 @@ def decide(folder: Path, cfg: DictConfig, job_of_sweep: bool = False) -> Decisio
         return decision
     kept = f"effitrain: {folder} already holds a finished ok run (resume=auto): left as it is"
     return Decision("keep", kept, previous)
+
+
+def finished_ok(summary: dict | None, cfg: DictConfig) -> bool:
+    """Whether ``summary`` is a finished ok run's: status ok, its config record (``job/config``, or an
+    older version's ``cfg/*`` keys) and a finite optimized metric (``eval/loss`` by default). A status
+    alone (a summary edited, forged or cut short) is not one: it is never skipped as done, and its
+    folder is run again."""
+    if summary is None or summary.get("status") != "ok":
+        return False
+    recorded = isinstance(summary.get(CONFIG_KEY), dict) or any(key.startswith("cfg/") for key in summary)
+    metric = summary.get(cfg.get("optimized_metric", "eval/loss"))
+    finite = isinstance(metric, (int, float)) and not isinstance(metric, bool) and math.isfinite(metric)
+    return recorded and finite
 
 
 def _resumable(folder: Path, cfg: DictConfig, previous: dict | None) -> Decision:

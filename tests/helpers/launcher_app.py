@@ -16,8 +16,10 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
+from effitrain.config.record import config_record
 from effitrain.config.registry import CONF_DIR
 from effitrain.run import results
+from effitrain.run.folders import CONFIG_KEY
 from effitrain.sweep.launcher import expose_launcher_plugin
 
 
@@ -45,7 +47,9 @@ def task(cfg) -> float:
         "ended": time.time(),
     }
     (folder / "record.json").write_text(json.dumps(record))
-    results.write_json_atomic(folder / results.SUMMARY, {"status": "ok", "eval/loss": float(cfg.seed)})
+    # as a run writes it: a finished ok summary holds its config record (run/folders.finished_ok)
+    summary = {"status": "ok", "eval/loss": float(cfg.seed), CONFIG_KEY: config_record(cfg)}
+    results.write_json_atomic(folder / results.SUMMARY, summary)
     return float(cfg.seed)
 
 

@@ -244,7 +244,8 @@ def _planted_ok_run(folder):
     """An ok run's folder as train.py leaves it, with a Hydra record that must stay as it is."""
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "config.yaml").write_text("optimizer: planted\n")
-    (folder / "summary.json").write_text(json.dumps({"status": "ok", "eval/loss": 0.5}))
+    # what a finished run writes beside its status: its figure and config keys (run/folders.finished_ok)
+    (folder / "summary.json").write_text(json.dumps({"status": "ok", "eval/loss": 0.5, "cfg/seed": 7}))
 
 
 @pytest.mark.slow
@@ -425,3 +426,26 @@ def test_train_py_refuses_a_planted_hydra_link_in_one_line_before_hydra_writes(t
         f"{elsewhere}), and effitrain writes through no link it did not make: remove the link, or give another folder"
     ]
     assert os.listdir(elsewhere) == [] and os.listdir(folder) == [".hydra"]
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"status": "ok"},  # no figure, no record
+        {"status": "ok", "eval/loss": 0.5},  # no record: what was run is unknown
+        {"status": "ok", "eval/loss": float("nan"), "cfg/seed": 42},  # a NaN result
+        {"status": "ok", "eval/loss": "0.5", "cfg/seed": 42},  # not a number
+    ],
+)
+def test_an_ok_status_without_its_figure_or_its_record_is_run_again(tmp_path, cfg, forged):
+    """A summary that says ok but lacks what a finished run writes is never skipped as done (a rerun
+    of the sweep skipped it before), and its folder is run again, not refused as a finished run."""
+    folder = tmp_path / "forged"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps(forged))
+    assert not results.finished_ok(json.loads((folder / "summary.json").read_text()), cfg)
+    assert results.decide(folder, cfg, job_of_sweep=True).action == "run"
+    assert results.decide(folder, cfg).action == "run"
+    complete = {"status": "ok", "eval/loss": 0.5, results.CONFIG_KEY: results.config_record(cfg)}
+    assert results.finished_ok(complete, cfg)
+    assert results.finished_ok({**forged, **complete}, cfg)

@@ -225,7 +225,10 @@ def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, mo
     job = tmp_path / "j"
     hydra_cfg = OmegaConf.create({"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(job)}})
     job.mkdir()
-    cfg = OmegaConf.create({"skip_ok_jobs": True})
+    from effitrain.run.folders import CONFIG_KEY, config_record
+    from tests.helpers.run import compose
+
+    cfg = compose()
     assert start_job(cfg, hydra_cfg) is None  # no summary yet
     # the sweep's jobs share one Inductor cache under the sweep folder
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path.resolve() / INDUCTOR_CACHE)
@@ -233,13 +236,18 @@ def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, mo
         (job / "summary.json").write_text(json.dumps({"status": status}))
         assert start_job(cfg, hydra_cfg) is None, status
     assert capsys.readouterr().out == ""
-    (job / "summary.json").write_text(json.dumps({"status": "ok", "eval/loss": 0.5}))
-    assert start_job(cfg, hydra_cfg) == {"status": "ok", "eval/loss": 0.5}
+    (job / "summary.json").write_text(json.dumps({"status": "ok", "eval/loss": 0.5}))  # no record
+    assert start_job(cfg, hydra_cfg) is None
+    finished = {"status": "ok", "eval/loss": 0.5, CONFIG_KEY: config_record(cfg)}  # as a run writes it
+    (job / "summary.json").write_text(json.dumps(finished))
+    assert start_job(cfg, hydra_cfg) == finished
     assert capsys.readouterr().out == (
         f"effitrain: skip: {job} already holds an ok summary.json (skip_ok_jobs=true)\n"
     )
-    assert start_job(OmegaConf.create({}), hydra_cfg) == {"status": "ok", "eval/loss": 0.5}  # on by default
-    assert start_job(OmegaConf.create({"skip_ok_jobs": False}), hydra_cfg) is None
+    unset = OmegaConf.create(OmegaConf.to_container(cfg))
+    del unset["skip_ok_jobs"]
+    assert start_job(unset, hydra_cfg) == finished  # on by default
+    assert start_job(OmegaConf.merge(cfg, {"skip_ok_jobs": False}), hydra_cfg) is None
 
 
 @pytest.mark.slow
