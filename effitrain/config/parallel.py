@@ -10,11 +10,7 @@ import os
 from omegaconf import DictConfig
 
 from effitrain.config.errors import invalid
-
-# Optimizers whose update mixes plain tensors with the sharded (DTensor) parameters, which DTensor
-# refuses ("got mixed torch.Tensor and DTensor"): bitsandbytes' 8-bit kernels and transformers'
-# Adafactor (its factored statistics are plain tensors).
-NOT_ON_DTENSOR = ("bitsandbytes.", "transformers.optimization.Adafactor", "effitrain.train.apollo.")
+from effitrain.config.optimizers import optimizer_family
 
 
 def check_parallel(cfg: DictConfig, device: str | None = None) -> None:
@@ -49,7 +45,7 @@ def check_parallel(cfg: DictConfig, device: str | None = None) -> None:
             "fully_shard is not built): use compile=off"
         )  # fmt: skip
     target = str(cfg.optimizer.get("_target_", ""))
-    if target.startswith(NOT_ON_DTENSOR):
+    if not optimizer_family(target).on_dtensor:
         raise invalid(
             "optimizer", target, "with parallel=fsdp: its update mixes plain tensors with the sharded "
             "(DTensor) parameters; use adamw, adamw_fused or lion"

@@ -2,7 +2,8 @@
 exist, an override naming an option that does not, which options can be built here (an optional
 package installed or not, and the extra that installs it), and the signature of what a node's
 ``_target_`` names (:func:`target_definition`), read without importing a module not yet loaded, and
-the allow-list of where each group's targets come from (:data:`GROUP_TARGETS`)."""
+the allow-list of where each group's targets come from (:data:`GROUP_TARGETS`; the optimizer's: the
+targets of its families' rows, :mod:`effitrain.config.optimizers`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from effitrain.config.errors import ConfigError
+from effitrain.config.optimizers import OPTIMIZER_FAMILIES, optional_extra
 
 # conf/ at the top of the checkout is the package effitrain.conf (pyproject.toml maps it, into the
 # wheel too): Hydra reads it through this search path wherever effitrain is installed.
@@ -92,26 +94,8 @@ def installed_optimizers(names: list[str]) -> list[str]:
 
 
 def install_hint(module: str) -> str:
-    extra = optional_extra(module.split(".")[0])
+    extra = optional_extra(module)
     return f"pip install 'effitrain[{extra}]'" if extra else f"install the package that provides {module}"
-
-
-def optional_extra(module: str) -> str | None:
-    """The extra of effitrain's metadata (``pip install 'effitrain[X]'``) that installs ``module``."""
-    import re
-    from importlib.metadata import PackageNotFoundError, requires
-
-    try:
-        requirements = requires("effitrain") or []
-    except PackageNotFoundError:
-        return None
-    for requirement in requirements:
-        name, _, marker = requirement.partition(";")
-        extra = re.search(r"""extra\s*==\s*['"]([^'"]+)['"]""", marker)
-        distribution = re.split(r"[\s<>=!~\[(]", name.strip(), maxsplit=1)[0]
-        if extra and distribution.replace("-", "_").lower() == module.lower():
-            return extra.group(1)
-    return None
 
 
 def is_target_node(node) -> bool:
@@ -143,14 +127,7 @@ class Allowed:
 # The allow-list: each group's targets, checked before anything is imported (``check_allowed``).
 GROUP_TARGETS = {
     "optimizer": Allowed(
-        (
-            "torch.optim",
-            "transformers.optimization",
-            "bitsandbytes.optim",
-            "torchao.optim",
-            "lion_pytorch",
-            "effitrain.train.apollo",
-        ),
+        tuple(family.target for family in OPTIMIZER_FAMILIES),  # one row per family of optimizers
         "a torch.optim.Optimizer class",
         is_class=True,
         base="torch.optim.Optimizer",

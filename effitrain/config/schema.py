@@ -11,8 +11,8 @@ objects, while pydantic reports every field's problem with its location and inpu
 these types. Groups whose keys are a target's arguments (optimizer, data, logger, ...) stay open
 (``Any``); their keys are checked against the target's signature by ``targets.check_targets``, and
 the values a target's own code would accept but that silently disable what they configure by the
-settings of :data:`OPTIMIZER_SETTINGS` and :class:`SyntheticData`. A root key added to
-``conf/config.yaml`` needs its field here.
+settings of its optimizer family (:mod:`effitrain.config.optimizers`) and :class:`SyntheticData`. A
+root key added to ``conf/config.yaml`` needs its field here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Annotated, Any, Dict, List, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, List, Optional, Union
 
 import pydantic
 from hydra.core.config_store import ConfigStore
@@ -28,24 +28,11 @@ from omegaconf import MISSING
 from pydantic import BaseModel, ConfigDict, Field
 
 from effitrain.config.errors import ConfigError, invalid
+from effitrain.config.optimizers import optimizer_family
+from effitrain.config.ranges import at_least, finite, ranged
 
 MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
 SYNTHETIC_MAX_LABELS = 6  # the keyword classes load_synthetic makes (a test holds them equal)
-
-
-def ranged(kind, allowed: str, **limits):
-    """``kind`` with pydantic's ``limits`` (ge, gt, lt, le, allow_inf_nan, strict) and ``allowed``, the
-    words an error gives for a value outside them."""
-    return Annotated[kind, Field(description=allowed, **limits)]
-
-
-def at_least(minimum: int, null: bool = False):
-    suffix = " (or null)" if null else ""
-    return ranged(Optional[int] if null else int, f"must be an integer >= {minimum}{suffix}", ge=minimum)
-
-
-def finite(condition: str, **limits):
-    return ranged(float, condition, allow_inf_nan=False, **limits)
 
 
 # The devices whose kernels a memory prediction replays (effitrain estimate --device, plan --device).
@@ -243,53 +230,6 @@ def field_type(object_type, key: str):
     return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
 
 
-class OptimizerSettings(BaseModel):
-    """What every optimizer node holds; its other keys are its target's (``check_targets``)."""
-
-    model_config = ConfigDict(extra="allow")
-    lr: finite("must be a finite number > 0", gt=0, strict=True)
-
-
-class AdafactorSettings(OptimizerSettings):
-    clip_threshold: finite(
-        "must be a finite number > 0 (Adafactor divides an update by max(1, its RMS / clip_threshold): "
-        "0 makes every update zero, below 0 turns clipping off)", gt=0, strict=True,
-    ) = 1.0  # fmt: skip
-    beta1: ranged(
-        Optional[float], "must be null (no first moment) or a number in [0, 1)", ge=0, lt=1, strict=True
-    ) = None
-
-
-class ApolloSettings(OptimizerSettings):
-    scale: finite(
-        "must be a finite number > 0 (it multiplies the projected update: 0 leaves every projected weight "
-        "matrix unchanged, below 0 steps uphill)", gt=0, strict=True,
-    ) = 1.0  # fmt: skip
-
-
-class LionSettings(OptimizerSettings):
-    # lion-pytorch asserts them with no message
-    betas: ranged(
-        Tuple[ranged(float, "", ge=0, le=1, strict=True), ranged(float, "", ge=0, le=1, strict=True)],
-        "must be two numbers in [0, 1]",
-    ) = (0.9, 0.99)
-
-
-class Bitsandbytes8bitSettings(OptimizerSettings):
-    min_8bit_size: ranged(
-        int, "must be an integer >= 0 (tensors with fewer elements keep 32-bit state)", ge=0, strict=True
-    ) = 4096
-
-
-# Settings by the optimizer's target: (its top package, its class name or None for any of them).
-OPTIMIZER_SETTINGS = {
-    ("transformers", "Adafactor"): AdafactorSettings,
-    ("effitrain", "APOLLOAdamW"): ApolloSettings,
-    ("lion_pytorch", "Lion"): LionSettings,
-    ("bitsandbytes", None): Bitsandbytes8bitSettings,
-}
-
-
 class AdapterSettings(BaseModel):
     """A LoRA node's values peft would take but that train nothing or fail later (``conf/adapter``)."""
 
@@ -315,12 +255,8 @@ class SyntheticData(BaseModel):
 
 def group_settings(group: str, target: str):
     """The settings model a group's node with this ``_target_`` is checked against, or None."""
-    package, name = target.partition(".")[0], target.rpartition(".")[2]
     if group == "optimizer":
-        for (top, class_name), settings in OPTIMIZER_SETTINGS.items():
-            if package == top and class_name in (None, name):
-                return settings
-        return OptimizerSettings
+        return optimizer_family(target).settings
     if group == "data" and target.endswith(".load_synthetic"):
         return SyntheticData
     if group == "adapter" and target == "peft.LoraConfig":

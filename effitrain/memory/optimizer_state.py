@@ -1,13 +1,19 @@
 """Memory estimated from shapes alone, before running: the optimizer's state as each optimizer
 allocates it in its first step (works on a ``meta`` model). A configuration's whole footprint with
-its step peak is :func:`effitrain.commands.estimate.estimate_memory`."""
+its step peak is :func:`effitrain.commands.estimate.estimate_memory`.
+
+The formulas live here, one per optimizer family; each family's row
+(:data:`effitrain.config.optimizers.OPTIMIZER_FAMILIES`) names its formula and the class it
+describes, so that the config layer knows the families without importing torch."""
 
 from __future__ import annotations
 
 import contextvars
+import importlib
 
 import torch
 
+from effitrain.config.optimizers import state_family
 from effitrain.memory.count import Footprint, footprint, optimizer_params
 from effitrain.memory.cuda import in_blocks
 
@@ -30,7 +36,7 @@ def _local_numel(param) -> int:
     return param.to_local().numel() if hasattr(param, "to_local") else param.numel()
 
 
-def _adam_state(optimizer) -> Footprint:
+def adam_state(optimizer) -> Footprint:
     """torch Adam/AdamW: exp_avg and exp_avg_sq like the parameter, one scalar step tensor each."""
     from effitrain.util.compat import adam_step_dtype
 
@@ -46,14 +52,25 @@ def _adam_state(optimizer) -> Footprint:
     return total
 
 
-def _bnb_two_state(optimizer) -> Footprint:
+def _init_state_unchanged(cls) -> bool:
+    """Subclasses that override init_state (AdEMAMix: three moments) allocate something else."""
+    return any(
+        f"{c.__module__}.{c.__qualname__}" == "bitsandbytes.optim.optimizer.Optimizer2State"
+        and cls.init_state is c.init_state
+        for c in cls.__mro__
+    )
+
+
+def bnb_two_state(optimizer) -> Footprint | None:
     """bitsandbytes Optimizer2State (Adam8bit, AdamW8bit, ...): see its ``init_state``.
 
     Tensors with fewer than ``min_8bit_size`` elements (or all, with ``optim_bits=32``) keep two
     fp32 moments. Larger ones keep two uint8 moments, one fp32 absmax per block of 256 elements
     per moment, and share the two 256-entry quantization maps (one pair per device); ``step`` is
-    a Python int.
+    a Python int. A subclass with its own ``init_state`` is not covered (None).
     """
+    if not _init_state_unchanged(type(optimizer)):
+        return None
     total, devices = Footprint(), set()
     for gindex, group in enumerate(optimizer.param_groups):
         for pindex, param in enumerate(group["params"]):
@@ -75,7 +92,7 @@ def _bnb_two_state(optimizer) -> Footprint:
     return total
 
 
-def _adafactor_state(optimizer) -> Footprint:
+def adafactor_state(optimizer) -> Footprint:
     """transformers Adafactor: factored row/column second moments for >=2-D tensors, full ones
     for 1-D, a full first moment only when ``beta1`` is set; fp32 for half-precision parameters
     (the gradient is upcast first). ``step`` is a Python int; ``RMS`` starts as the int 0 but each
@@ -97,7 +114,7 @@ def _adafactor_state(optimizer) -> Footprint:
     return total
 
 
-def _lion_state(optimizer) -> Footprint:
+def lion_state(optimizer) -> Footprint:
     """lion_pytorch's Lion: one moment (``exp_avg``) like each parameter, nothing else."""
     total = Footprint()
     for group in optimizer.param_groups:
@@ -106,7 +123,7 @@ def _lion_state(optimizer) -> Footprint:
     return total
 
 
-def _apollo_state(optimizer) -> Footprint | None:
+def apollo_state(optimizer) -> Footprint | None:
     """apollo_torch's APOLLO AdamW (random projections; the SVD projector is not covered: None).
 
     Every parameter holds two Python ints (``seed``, set when the optimizer is built, and
@@ -145,7 +162,7 @@ def _apollo_state(optimizer) -> Footprint | None:
 TORCHAO_QUANTIZED = {"4bit": (4, 16), "8bit": (8, 256)}
 
 
-def _torchao_adam_state(optimizer) -> Footprint | None:
+def torchao_adam_state(optimizer) -> Footprint | None:
     """torchao's low-bit Adam/AdamW (``torchao.optim``), see ``_AdamBase._new_buffer``.
 
     Per parameter a 0-d fp32 ``step`` and two moments (three with ``amsgrad``). A tensor of at
@@ -174,47 +191,25 @@ def _torchao_adam_state(optimizer) -> Footprint | None:
     return total
 
 
-def _bnb_two_state_unchanged(cls) -> bool:
-    # Subclasses that override init_state (AdEMAMix: three moments) allocate something else.
-    return any(
-        f"{c.__module__}.{c.__qualname__}" == "bitsandbytes.optim.optimizer.Optimizer2State"
-        and cls.init_state is c.init_state
-        for c in cls.__mro__
-    )
-
-
-# Which formula describes an optimizer, by the classes in its MRO (qualified names, so checking
-# never imports bitsandbytes or transformers for an optimizer that is neither).
-ESTIMATORS = [
-    ("torch.optim.adam.Adam", _adam_state),
-    ("bitsandbytes.optim.optimizer.Optimizer2State", _bnb_two_state),
-    ("transformers.optimization.Adafactor", _adafactor_state),
-    ("lion_pytorch.lion_pytorch.Lion", _lion_state),
-    ("apollo_torch.apollo.AdamW", _apollo_state),
-    ("torchao.optim.adam._AdamBase", _torchao_adam_state),
-]
-
-
 def estimate_optimizer_state(optimizer, block: int = 1) -> Footprint | None:
     """The state ``optimizer`` will hold after its first step, from its parameters' shapes alone;
     each tensor rounded up to whole ``block``s of bytes (CUDA's allocator: 512).
 
     The optimizer may be built on ``meta`` parameters: construction allocates no state. Only the
     parameters that get a gradient get state; all of the optimizer's parameters are assumed to.
-    Returns None for an optimizer with no known formula.
+    Returns None for an optimizer with no known formula. Which formula describes it is its family's
+    (:func:`effitrain.config.optimizers.state_family`, by the classes of its MRO).
     """
-    cls = type(optimizer)
-    names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__}
-    for name, estimator in ESTIMATORS:
-        if name in names:
-            if estimator is _bnb_two_state and not _bnb_two_state_unchanged(cls):
-                return None
-            token = _BLOCK.set(block)
-            try:
-                return estimator(optimizer)
-            finally:
-                _BLOCK.reset(token)
-    return None
+    family = state_family(type(optimizer))
+    if family is None:
+        return None
+    module, _, name = family.state_formula.rpartition(".")
+    formula = getattr(importlib.import_module(module), name)
+    token = _BLOCK.set(block)
+    try:
+        return formula(optimizer)
+    finally:
+        _BLOCK.reset(token)
 
 
 def grads_estimate(optimizer) -> Footprint:

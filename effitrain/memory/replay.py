@@ -610,9 +610,8 @@ def _caches_filled_for_real(optimizer_cfg, weight_decay: float) -> None:
         optimizer.step()
 
 
-# Optimizers whose step fake tensors cannot run: bitsandbytes' kernels.
-NOT_ON_FAKE = ("bitsandbytes.",)
-
-
 def _runs_on_fake(optimizer_cfg) -> bool:
-    return not str(optimizer_cfg.get("_target_", "")).startswith(NOT_ON_FAKE)
+    """Fake tensors can run the optimizer's step (not bitsandbytes' kernels): its family says."""
+    from effitrain.config.optimizers import optimizer_family
+
+    return optimizer_family(str(optimizer_cfg.get("_target_", ""))).on_fake

@@ -44,7 +44,7 @@ import math
 import torch
 
 from effitrain.config.errors import ConfigError
-from effitrain.config.parallel import NOT_ON_DTENSOR
+from effitrain.config.optimizers import optimizer_family
 from effitrain.memory.replay import (
     BOUND_ASSUMED_BRANCH,
     CATEGORIES,
@@ -138,14 +138,13 @@ def trace_sharded(config, optimizer_cfg, cfg, batches: list[dict], device: str =
 
     Raises:
         ConfigError: ``world_size`` below 1.
-        UnshardableOptimizer: an optimizer training refuses under FSDP
-            (:data:`effitrain.config.parallel.NOT_ON_DTENSOR`), or whose replayed update fails on
-            DTensors.
+        UnshardableOptimizer: an optimizer training refuses under FSDP (its family's ``on_dtensor``,
+            :mod:`effitrain.config.optimizers`), or whose replayed update fails on DTensors.
     """
     if world_size < 1:
         raise ConfigError(f"--world-size={world_size} is invalid: expected a number of processes, 1 or more")
     target = str(optimizer_cfg.get("_target_", ""))
-    if target.startswith(NOT_ON_DTENSOR):  # training refuses it: no prediction for a run that cannot be
+    if not optimizer_family(target).on_dtensor:  # training refuses it: no prediction for a run that cannot be
         raise UnshardableOptimizer(
             f"optimizer._target_={target!r} is invalid with parallel=fsdp: its update mixes plain tensors "
             "with the sharded (DTensor) parameters"
