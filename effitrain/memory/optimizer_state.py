@@ -10,6 +10,7 @@ import torch
 
 from effitrain.memory.count import Footprint, footprint, optimizer_params
 from effitrain.memory.cuda import in_blocks
+from effitrain.util.compat import TORCHAO_ADAM_BASE, torchao_moments_owner
 
 # bitsandbytes 0.50.2, Optimizer2State.init_state: 8-bit moments are quantized in blocks of 256
 # elements, each block with one fp32 absmax scale per moment. Not exposed as an attribute.
@@ -154,8 +155,8 @@ def _torchao_adam_state(optimizer) -> Footprint | None:
     FP8 state and DTensor parameters are not covered (None).
     """
     # the class that chooses the moments' subclass (a user's subclass of AdamW4bit inherits it)
-    owner = next(c for c in type(optimizer).__mro__ if "_subclass_zeros" in vars(c))
-    if owner.__name__[-4:] not in TORCHAO_QUANTIZED:
+    owner = torchao_moments_owner(optimizer)
+    if owner is None or owner.__name__[-4:] not in TORCHAO_QUANTIZED:
         return None
     bits, map_entries = TORCHAO_QUANTIZED[owner.__name__[-4:]]
     block = optimizer.block_size
@@ -191,7 +192,7 @@ ESTIMATORS = [
     ("transformers.optimization.Adafactor", _adafactor_state),
     ("lion_pytorch.lion_pytorch.Lion", _lion_state),
     ("apollo_torch.apollo.AdamW", _apollo_state),
-    ("torchao.optim.adam._AdamBase", _torchao_adam_state),
+    (TORCHAO_ADAM_BASE, _torchao_adam_state),
 ]
 
 
