@@ -19,6 +19,7 @@ from effitrain.config.registry import (
     group_options,
     is_target_node,
 )
+from effitrain.util.compat import config_node
 
 # Mappings whose keys are passed on as keyword arguments, so ``+node.key=...`` adds something a
 # target reads: datasets.load_dataset's, the model config's (checked by validate), the
@@ -211,7 +212,7 @@ def _leaf_keys(node, prefix: str = "") -> list[str]:
     keys = []
     for key in node:
         path = f"{prefix}{key}"
-        value = node._get_node(key)
+        value = config_node(node, key)
         keys += _leaf_keys(value, f"{path}.") if isinstance(value, DictConfig) else [path]
     return keys
 

@@ -35,6 +35,7 @@ from typing import Optional, Tuple
 from pydantic import BaseModel, ConfigDict
 
 from effitrain.config.ranges import finite, ranged
+from effitrain.util.compat.optimizers import TORCHAO_ADAM_BASE
 
 
 class OptimizerSettings(BaseModel):
@@ -115,7 +116,7 @@ OPTIMIZER_FAMILIES = (
     ),
     OptimizerFamily(
         "torchao.optim", "torchao", extra="torchao",
-        state_of="torchao.optim.adam._AdamBase", state_formula=f"{_FORMULAS}.torchao_adam_state",
+        state_of=TORCHAO_ADAM_BASE, state_formula=f"{_FORMULAS}.torchao_adam_state",
     ),
     OptimizerFamily(
         "lion_pytorch", "lion-pytorch", settings=LionSettings,

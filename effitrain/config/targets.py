@@ -35,6 +35,7 @@ from effitrain.config.registry import (
     missing_module,
     target_definition,
 )
+from effitrain.util.compat import config_node
 
 # Hydra's own keys of a node it instantiates: never an argument of the target.
 HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
@@ -98,7 +99,7 @@ def target_nodes(node: DictConfig, prefix: str = ""):
     for key in range(len(node)) if isinstance(node, ListConfig) else list(node):
         if (not prefix and key == "hydra") or OmegaConf.is_missing(node, key):
             continue
-        child = node._get_node(key)
+        child = config_node(node, key)
         if isinstance(child, (DictConfig, ListConfig)) and node.get(key) is not None:
             path = f"{prefix}{key}"
             if is_target_node(child):

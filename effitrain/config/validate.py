@@ -34,6 +34,7 @@ from effitrain.config.targets import (
     check_weights,
 )
 from effitrain.util.atomic import probe_write
+from effitrain.util.compat import config_node
 from effitrain.util.links import link_refusal
 
 
@@ -190,7 +191,7 @@ def _missing_values(cfg: DictConfig) -> None:
     for key in cfg:
         if key == "hydra":
             continue
-        node = cfg._get_node(key)
+        node = config_node(cfg, key)
         if OmegaConf.is_config(node):
             try:
                 missing += sorted(OmegaConf.missing_keys(node))

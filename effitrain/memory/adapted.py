@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from effitrain.util.compat import keep_in_fp32_modules
+
 
 def replay_model(auto, config, cfg, task):
     """``cfg``'s model of ``auto`` (a transformers auto class) from ``config``, with ``cfg.adapter``'s
@@ -139,7 +141,7 @@ def quantized_layers(auto, config, quantization) -> list[torch.Tensor]:
     quantization = keeping_head(quantization, model)  # as the run's loading (modeling.build_model)
     quantizer = AutoHfQuantizer.from_config(quantization)
     skipped = quantizer.get_modules_to_not_convert(
-        model, quantization.llm_int8_skip_modules, model._keep_in_fp32_modules
+        model, quantization.llm_int8_skip_modules, keep_in_fp32_modules(model)
     )
     original = {name: module.weight for name, module in model.named_modules() if hasattr(module, "weight")}
     model = replace_with_bnb_linear(model, modules_to_not_convert=skipped, quantization_config=quantization)

@@ -16,6 +16,7 @@ import torch
 from effitrain.config.optimizers import state_family
 from effitrain.memory.count import Footprint, footprint, optimizer_params
 from effitrain.memory.cuda import in_blocks
+from effitrain.util.compat import torchao_moments_owner
 
 # bitsandbytes 0.50.2, Optimizer2State.init_state: 8-bit moments are quantized in blocks of 256
 # elements, each block with one fp32 absmax scale per moment. Not exposed as an attribute.
@@ -171,8 +172,8 @@ def torchao_adam_state(optimizer) -> Footprint | None:
     FP8 state and DTensor parameters are not covered (None).
     """
     # the class that chooses the moments' subclass (a user's subclass of AdamW4bit inherits it)
-    owner = next(c for c in type(optimizer).__mro__ if "_subclass_zeros" in vars(c))
-    if owner.__name__[-4:] not in TORCHAO_QUANTIZED:
+    owner = torchao_moments_owner(optimizer)
+    if owner is None or owner.__name__[-4:] not in TORCHAO_QUANTIZED:
         return None
     bits, map_entries = TORCHAO_QUANTIZED[owner.__name__[-4:]]
     block = optimizer.block_size

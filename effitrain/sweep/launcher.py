@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
+from hydra.core.utils import JobStatus, configure_log, setup_globals
 from omegaconf import DictConfig, open_dict
 
 from effitrain.config.errors import ConfigError, fail
@@ -32,6 +32,7 @@ from effitrain.run.summary_keys import summary_config_keys
 from effitrain.sweep.report import RECORD, JobOutcome, signal_name
 from effitrain.sweep.slots import job_slots
 from effitrain.train.loggers import read_metrics
+from effitrain.util.compat import job_return
 from effitrain.util.links import link_refusal, open_no_follow
 
 LAUNCHER_DIR = ".effitrain"  # <sweep>/.effitrain: launches.jsonl
@@ -243,7 +244,7 @@ class LocalSweep:
         # COMPLETED also for a failed or killed job: the sweep reports it and goes on; Hydra's
         # sweeper would stop the whole multirun at the first FAILED with a traceback
         done = {"status": JobStatus.COMPLETED, "working_dir": os.getcwd()}
-        return [JobReturn(job.overrides, job.config, _return_value=job.value, **done) for job in self.jobs]
+        return [job_return(job.overrides, job.config, job.value, **done) for job in self.jobs]
 
     def _record(self, job: LaunchedJob, **fields) -> None:
         """A line of ``<sweep>/.effitrain/launches.jsonl``: where and when each job ran."""

@@ -45,6 +45,7 @@ def main(result_fd: int) -> int:
     from hydra.core.singleton import Singleton
     from hydra.core.utils import JobStatus, run_job, setup_globals
 
+    from effitrain.util.compat import job_return_value
     from effitrain.util.interrupts import one_line
 
     spec = cloudpickle.load(sys.stdin.buffer)  # an unnamed file: only the launcher could write it
@@ -53,7 +54,7 @@ def main(result_fd: int) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the run records Ctrl-C as interrupted
     task, config, context = spec["task_function"], spec["config"], spec["hydra_context"]
     job = run_job(task, config, "hydra.sweep.dir", "hydra.sweep.subdir", hydra_context=context)
-    result = {"completed": job.status == JobStatus.COMPLETED, "return_value": job._return_value}
+    result = {"completed": job.status == JobStatus.COMPLETED, "return_value": job_return_value(job)}
     if not result["completed"]:  # the task raised: its traceback in job.log, its one line for the report
         error = result.pop("return_value")
         traceback.print_exception(error)

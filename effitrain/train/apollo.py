@@ -15,6 +15,8 @@ from apollo_torch import APOLLOAdamW as _APOLLOAdamW
 from apollo_torch.random_projector import GradientProjector
 from apollo_torch.svd_projector import GaLoreProjector
 
+from effitrain.util.compat import apollo_projector, apollo_projector_state
+
 PROJECTORS = {cls.__name__: cls for cls in (GradientProjector, GaLoreProjector)}
 
 
@@ -85,7 +87,7 @@ class APOLLOAdamW(_APOLLOAdamW):
         saved["state"] = {  # copies: the packed state shares its dicts with the live one
             index: {
                 **state,
-                "projector": {"class": type(state["projector"]).__name__, **vars(state["projector"])},
+                "projector": apollo_projector_state(state["projector"]),
             }
             if "projector" in state
             else state
@@ -102,9 +104,7 @@ class APOLLOAdamW(_APOLLOAdamW):
         super().load_state_dict({**state_dict, "state": states})
         params = [param for group in self.param_groups for param in group["params"]]
         for index, attributes in saved.items():
-            attributes = dict(attributes)
-            projector = PROJECTORS[attributes.pop("class")].__new__(PROJECTORS[saved[index]["class"]])
-            projector.__dict__.update(attributes)
+            projector = apollo_projector(attributes, PROJECTORS)
             if torch.is_tensor(projector.ortho_matrix):
                 projector.ortho_matrix = projector.ortho_matrix.to(params[index].device)
             self.state[params[index]]["projector"] = projector

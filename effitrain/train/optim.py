@@ -8,9 +8,11 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from effitrain.util.compat import batch_norm_classes
+
 
 def _is_norm(module: torch.nn.Module) -> bool:
-    norm_types = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._BatchNorm)
+    norm_types = (torch.nn.LayerNorm, torch.nn.GroupNorm, *batch_norm_classes())
     return isinstance(module, norm_types) or "norm" in type(module).__name__.lower()
 
 

@@ -20,6 +20,7 @@ import contextlib
 import torch
 
 from effitrain.train.distributed import close_group_at_exit
+from effitrain.util.compat import no_split_modules
 
 # precision.mixed_precision -> the dtype FSDP2 gathers the weights in for forward and backward
 PARAM_DTYPES = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -50,7 +51,7 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     Raises:
         ValueError: the model names no such classes, or none of them is in the model.
     """
-    names = set(getattr(model, "_no_split_modules", None) or ())
+    names = set(no_split_modules(model))
     if not names:
         raise ValueError(f"{type(model).__name__} names no transformer blocks (_no_split_modules is empty)")
     blocks, inside = [], set()
