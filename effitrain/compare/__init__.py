@@ -9,14 +9,21 @@ swapped, ``wandb/*`` where its W&B run went) and ``metrics.jsonl``, and writes: 
 ``pareto.png``, ``lr_grad_norm.png``, for repeated seeds ``comparison_seeds.csv`` and ``seeds.png``,
 and a self-contained ``comparison.html``.
 
-    load.py    job folders -> JobResult (summary, metrics, the choices that differ), seed statistics
-    verdict.py per combination its step peak, quality and speed against the baseline, with their
-               noise; the front (the one the Pareto plot rings); whether anything was learned; the
-               decision in words, each kind of job (task, model, data) apart (first in the
-               terminal, Markdown and page)
-    render.py  the table as text, Markdown, CSV and HTML
-    plots.py   the figures
-    labels.py  how the figures name jobs (short labels; one name for identical curves)
+    load.py          job folders -> JobResult (summary, metrics, the choices that differ), seed
+                     statistics
+    combinations.py  per combination its step peak, quality and speed with their noise, and their
+                     ratios against the baseline
+    learning.py      whether anything was learned: the eval loss against the task's reference
+    verdict.py       the front (the one the Pareto plot rings) and the decision in words, each kind
+                     of job (task, model, data) apart (first in the terminal, Markdown and page)
+    table.py         the table's model: columns, rows, each figure's noise, the best cells, seeds
+    render.py        the table as text, Markdown and CSV
+    page.py          the self-contained HTML page
+    plots.py         the figures; pareto.py the Pareto plot; axes.py how every figure is drawn
+    labels.py        how the figures name jobs (short labels; one name for identical curves)
+
+The summary's keys, memory categories and each figure's direction are
+:mod:`effitrain.config.summary_schema`'s: nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -24,17 +31,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from effitrain.compare.load import JobResult, failures, load_jobs, seed_groups, seed_stats
+from effitrain.compare.page import write_html
 from effitrain.compare.plots import plot_all, plot_seeds
-from effitrain.compare.render import (
-    CSV_KEYS,
-    seed_rows,
-    table_rows,
-    text_table,
-    write_csv,
-    write_html,
-    write_markdown,
-    write_seeds_csv,
-)
+from effitrain.compare.render import text_table, write_csv, write_markdown, write_seeds_csv
+from effitrain.compare.table import CSV_KEYS, seed_rows, table_rows
 from effitrain.compare.verdict import Verdict, verdict
 from effitrain.config.errors import ConfigError
 

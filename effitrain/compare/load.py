@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from effitrain.config.errors import ConfigError
+from effitrain.config.summary_schema import STEADY_SPEED, WARMUP_STEPS, reported_metrics
 from effitrain.run import results
 from effitrain.run.results import job_folders
 from effitrain.train.loggers import read_metrics
-from effitrain.train.step import WARMUP_STEPS
-from effitrain.train.tasks import reported_metrics
 
 MIB = 2**20
 
@@ -45,11 +44,9 @@ NOISE_SIGMAS = 2.0  # a difference smaller than this many standard deviations is
 SAME = 1e-3
 
 # The figures compare ranks a job by: a job without a finite value of each is shown, never ranked.
+# compare's one samples/s (the table's, the plots', the seeds table's and the verdict's) is
+# STEADY_SPEED (config/summary_schema), computed here (JobResult.speed).
 RANKED_KEYS = ("eval/loss", "mem/step_peak_bytes")
-# compare's one samples/s (the table's, the plots', the seeds table's and the verdict's): the median
-# over the steady optimizer steps, from metrics.jsonl; not the summary's speed/samples_per_s, whose
-# total time holds the warm-up steps and the slow memory-tracked one.
-STEADY_SPEED = "speed/steady_samples_per_s"
 
 
 @dataclass
@@ -135,7 +132,7 @@ class JobResult:
 
 def step_rates(job: JobResult) -> list[float]:
     """Samples per second of each steady optimizer step in ``metrics.jsonl`` (the first
-    :data:`~effitrain.train.step.WARMUP_STEPS` left out, as the step meter's median does)."""
+    :data:`~effitrain.config.summary_schema.WARMUP_STEPS` left out, as the step meter's median does)."""
     lines = [m for m in job.metrics if "train/loss" in m and _is_value(m.get("speed/step_s"))]
     rates, before = [], None
     for index, line in enumerate(lines):

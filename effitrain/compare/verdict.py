@@ -16,133 +16,27 @@ A ratio is *within noise* when it is less than two of its standard deviations (o
 beyond noise on another. Jobs of different kinds (task, model, data) are decided apart, each kind
 against its own baseline; a job that did not finish ok, or whose eval loss or step peak is not
 finite, is never ranked.
+
+The combinations and their ratios are :mod:`effitrain.compare.combinations`'; whether anything was
+learned (what quality is judged against) is :mod:`effitrain.compare.learning`'s.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from effitrain.compare.load import (
-    MIB,
-    NOISE_SIGMAS,
-    SAME,
-    Estimate,
-    JobResult,
-    _finite,
-    baseline,
-    beyond_noise,
-    combination_label,
-    job_kind,
-    kinds,
-)
-from effitrain.train.tasks import reported_metrics
-
-# The quality metrics whose equality across all jobs means nothing was learned measurably: the tasks'.
-METRICS = reported_metrics()
-QUALITY_KEYS = tuple(metric.key for metric in METRICS)
-AXES = ("memory", "quality", "speed")
-LOWER_IS_BETTER = {"memory": True, "quality": True, "speed": False}
-
-
-@dataclass
-class Ratio:
-    """A combination's value over the baseline's, with one standard deviation of the ratio."""
-
-    value: float
-    std: float | None
-    base: bool = False  # the baseline's own row
-
-    @property
-    def noise(self) -> bool:
-        """Within noise of the baseline; an unknown spread (fewer than three steady steps) is no
-        evidence either."""
-        if self.base or self.std is None:
-            return True
-        return abs(self.value - 1.0) < max(NOISE_SIGMAS * self.std, SAME)
-
-    def text(self, digits: int = 2) -> str:
-        if self.base:
-            return "1 (base)"
-        cell = f"{self.value:.{digits}f}"
-        if self.std is None:
-            return cell + " ?"
-        if self.std:
-            cell += f" ± {self.std:.{digits}f}"
-        return cell + (" ~" if self.noise else "")
-
-
-def ratio(a: Estimate | None, b: Estimate | None, is_base: bool) -> Ratio | None:
-    if a is None or b is None or not b.value:
-        return None
-    value = a.value / b.value
-    if a.relative is None or b.relative is None:
-        std = None
-    else:
-        std = abs(value) * math.hypot(a.relative, b.relative)
-    return Ratio(value, std, base=is_base)
-
-
-@dataclass
-class Combination:
-    numbers: list[int]  # the jobs' numbers, 1-based, as in the table and the plots
-    label: str
-    jobs: list[JobResult]
-    kind: str = ""
-    memory: Estimate | None = None
-    quality: Estimate | None = None
-    speed: Estimate | None = None
-    ratios: dict[str, Ratio | None] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return f"{_numbers(self)}. {self.label}"
-
-
-def _over_seeds(values: list[Estimate]) -> Estimate | None:
-    """One seed: its own estimate; several: their mean, and the spread between them."""
-    if len(values) > 1:
-        return Estimate(statistics.fmean(v.value for v in values), statistics.stdev(v.value for v in values))
-    return values[0] if values else None
-
-
-def combinations(jobs: list[JobResult]) -> list[Combination]:
-    """The ranked jobs grouped by kind and every choice but the seed, in job order."""
-    groups: dict[tuple[str, str], Combination] = {}
-    for number, job in enumerate(jobs, 1):
-        if not job.ranked:
-            continue
-        label = combination_label(job)  # as the seeds table groups them
-        group = groups.setdefault((job_kind(job), label), Combination([], label, [], job_kind(job)))
-        group.numbers.append(number)
-        group.jobs.append(job)
-    kinds_seen = {c.kind for c in groups.values()}
-    for kind in kinds_seen if len(kinds_seen) > 1 else []:  # named by what differs within their kind
-        mine = [c for c in groups.values() if c.kind == kind]
-        members = [job for c in mine for job in c.jobs]
-        shared = frozenset(k for k in members[0].choices if len({job.choices.get(k) for job in members}) == 1)
-        for combo in mine if len(mine) > 1 else []:  # one combination keeps every choice as its name
-            combo.label = combination_label(combo.jobs[0], shared)
-    for group in groups.values():
-        summaries = [job.summary for job in group.jobs]
-        # bytes of tensors: exact for one run
-        group.memory = _over_seeds([Estimate(s["mem/step_peak_bytes"], 0.0) for s in summaries
-                                    if _finite(s.get("mem/step_peak_bytes"))])  # fmt: skip
-        sems = [s.get("eval/loss_sem") for s in summaries]
-        group.quality = _over_seeds([Estimate(s["eval/loss"], sem if _finite(sem) else None)
-                                     for s, sem in zip(summaries, sems) if _finite(s.get("eval/loss"))])  # fmt: skip
-        group.speed = _over_seeds([job.speed for job in group.jobs if job.speed is not None])
-    return list(groups.values())
+from effitrain.compare.combinations import AXES, Combination, Ratio, combinations, lower_is_better, ratio
+from effitrain.compare.learning import learning
+from effitrain.compare.load import MIB, NOISE_SIGMAS, JobResult, baseline, beyond_noise, kinds
+from effitrain.compare.render import text_table
 
 
 def dominates_axis(a: Combination, b: Combination, axis: str) -> bool:
     """``a`` better than ``b`` on one axis beyond noise (an unknown spread never decides; exact
-    step peaks decide when more than :data:`SAME` apart)."""
+    step peaks decide when more than :data:`effitrain.compare.load.SAME` apart)."""
     x, y = getattr(a, axis), getattr(b, axis)
-    return x is not None and y is not None and beyond_noise(x, y, LOWER_IS_BETTER[axis])
+    return x is not None and y is not None and beyond_noise(x, y, lower_is_better(axis))
 
 
 def dominates(a: Combination, b: Combination) -> bool:
@@ -173,8 +67,6 @@ class Verdict:
         return {number for combo in self.front for number in combo.numbers}
 
     def text(self) -> str:
-        from effitrain.compare.render import text_table
-
         parts = (
             ["Verdict", *self.lines, "", text_table(self.headers, self.rows)]
             if self.rows
@@ -192,126 +84,6 @@ class Verdict:
                     keys[f"verdict/{combo.name}/{axis}_x_base"] = value.value
                     keys[f"verdict/{combo.name}/{axis}_x_base_std"] = value.std
         return keys
-
-
-def reference_loss(job: JobResult) -> tuple[str, float] | None:
-    """What the job's eval loss must beat to have learned anything, and its value: a causal LM's
-    unigram loss (the log of ``train/unigram_perplexity``); a classifier's loss of predicting,
-    whatever the text, the training labels' class prior or the uniform distribution, whichever
-    scores better on the eval labels (an untrained head predicts about uniformly, and beats a
-    prior that the eval split does not share). None where it cannot be known here."""
-    unigram = job.summary.get("train/unigram_perplexity")
-    if _finite(unigram) and unigram > 0:
-        return "the unigram loss (ln of the training split's unigram perplexity)", math.log(unigram)
-    config = job.summary.get("job/config")
-    if job.summary.get("cfg/task") != "classification" or not isinstance(config, dict):
-        return None
-    data = {k.removeprefix("data."): v for k, v in config.items() if k.startswith("data.")}
-    loss = _prior_loss(json.dumps(data, sort_keys=True, default=str)) if data else None
-    what = "the loss of a prediction that ignores the text (the training labels' class prior, or uniform)"
-    return None if loss is None else (what, loss)
-
-
-@functools.cache
-def _prior_loss(data: str) -> float | None:
-    """The eval labels' cross-entropy under the training labels' frequencies, or under the uniform
-    distribution where that is lower; the data loaded as the job loaded it (its recorded ``data``
-    node)."""
-    from collections import Counter
-
-    from omegaconf import OmegaConf
-
-    from effitrain.train.tasks import Classification
-
-    node: dict = {}
-    for key, value in json.loads(data).items():
-        *parents, last = key.split(".")
-        inner = node
-        for part in parents:
-            inner = inner.setdefault(part, {})
-        inner[last] = value
-    try:
-        raw = Classification().load(OmegaConf.create(node))
-    except (
-        Exception
-    ):  # the reference is context: data that cannot be read here (moved, hub offline) does not stop compare
-        return None
-    train, evaluated = Counter(raw.train["label"]), Counter(raw.eval["label"])
-    if not train or not evaluated:
-        return None
-    uniform = math.log(len(raw.label_names))
-    if any(label not in train for label in evaluated):  # the prior's loss is infinite there
-        return uniform
-    total_train, total_eval = sum(train.values()), sum(evaluated.values())
-    prior = -sum(n / total_eval * math.log(train[label] / total_train) for label, n in evaluated.items())
-    return min(prior, uniform)
-
-
-def _learning(combos: list[Combination]) -> tuple[str | None, list[str]]:
-    """The line that says nothing was learned (or None) and the note on what learning is judged
-    against. A combination learned when its eval loss is below its task's reference
-    (:func:`reference_loss`) beyond noise; where no reference is known, nothing learned means every
-    quality metric the same for all."""
-    references = {id(c): reference_loss(c.jobs[0]) for c in combos}
-    known = [(c, references[id(c)]) for c in combos if references[id(c)] is not None]
-    losses = [c.quality.value for c in combos if c.quality is not None]
-    if not losses:
-        return None, []
-    if not known:
-        return _all_the_same(combos), []
-    learned = [
-        c for c, (_, value) in known if c.quality and beyond_noise(c.quality, Estimate(value, 0.0), True)
-    ]
-    what = known[0][1][0]
-    values = sorted({round(value, 4) for _, (_, value) in known})
-    shown = f"{values[0]:.4f}" if len(values) == 1 else f"{values[0]:.4f} to {values[-1]:.4f}"
-    learners = ", ".join(_numbers(c) for c in learned) or "none"
-    note = (f"learning: judged against {what}, {shown}; below it beyond noise (learned): {learners}.")  # fmt: skip
-    if learned or len(known) < len(combos):
-        return None, [note]
-    # accuracy may differ by chance where no job learned (0.28 against 0.58): each range is said
-    scores = []
-    for key, name, digits in (("eval/loss", "eval loss", 4), *((m.key, m.label, m.digits) for m in METRICS)):
-        values = [job.summary[key] for c in combos for job in c.jobs if _finite(job.summary.get(key))]
-        if values:
-            scores.append(_span(name, values, digits))
-    flat = (f"No job learned anything measurable: {', '.join(scores)}; no eval loss is below {shown}, "
-            f"{what}, beyond noise. Quality cannot decide here: train longer (max_steps, epochs), raise "
-            "optimizer.lr, or give the model a task it can learn (more data.num_train), then compare again.")  # fmt: skip
-    return flat, [note]
-
-
-def _span(name: str, values: list[float], digits: int) -> str:
-    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
-    return f"{name} {low}" if low == high else f"{name} {low} to {high}"
-
-
-def _all_the_same(combos: list[Combination]) -> str | None:
-    """Without a reference: one line when every job scored the same on every quality metric (eval
-    losses within the sampling error, or 0.1%)."""
-    done = [job.summary for c in combos for job in c.jobs]
-    if len(done) < 2:
-        return None
-    losses = [s["eval/loss"] for s in done if _finite(s.get("eval/loss"))]
-    if len(losses) < len(done):
-        return None
-    sems = sorted(s["eval/loss_sem"] for s in done if _finite(s.get("eval/loss_sem")))
-    tolerance = max([SAME * max(abs(v) for v in losses), *sems[:1]])
-    if max(losses) - min(losses) > tolerance:
-        return None
-    said = []
-    for key in QUALITY_KEYS:
-        values = {round(s[key], 6) for s in done if _finite(s.get(key))}
-        if len(values) > 1:
-            return None
-        if values:
-            said.append(f"{key.removeprefix('eval/')} {values.pop():.4f}")
-    said.insert(0, f"eval loss {min(losses):.4f} to {max(losses):.4f}")
-    return (
-        f"No job learned anything measurable: all {len(done)} have {', '.join(said)}. Quality cannot "
-        "decide here: train longer (max_steps, epochs), raise optimizer.lr, or give the model a task "
-        "it can learn (more data.num_train), then compare again."
-    )
 
 
 def _fmt_pct(ratio_: Ratio, what_less: str, what_more: str) -> str:
@@ -356,7 +128,7 @@ def _decision(
             placed = [c for c in front if getattr(c, axis) is not None]
             if not placed:
                 continue
-            pick = min if LOWER_IS_BETTER[axis] else max
+            pick = min if lower_is_better(axis) else max
             best = pick(placed, key=lambda c: getattr(c, axis).value)
             tied = [c for c in placed if c is not best and not dominates_axis(best, c, axis)]
             r = best.ratios[axis]
@@ -364,10 +136,10 @@ def _decision(
                 lines.append(f"  {axis}: the front's combinations are within noise of each other")
                 continue
             figure = "" if r is None else " (the baseline)" if r.base else f" ({r.text()} x {name})"
-            tie = f"; the same within noise: {', '.join(_numbers(c) for c in tied)}" if tied else ""
+            tie = f"; the same within noise: {', '.join(c.numbered for c in tied)}" if tied else ""
             lines.append(f"  {what}: {best.name}{figure}{tie}")
-    named = [c.name for c in front] if len(front) <= 6 else [_numbers(c) for c in front]
-    beaten = [_numbers(c) for c in combos if c not in front]
+    named = [c.name for c in front] if len(front) <= 6 else [c.numbered for c in front]
+    beaten = [c.numbered for c in combos if c not in front]
     lines.append(f"Front (memory/quality/speed): {', '.join(named)}"
                  + (f"; beaten: {', '.join(beaten)}." if beaten else "."))  # fmt: skip
     return lines
@@ -398,16 +170,16 @@ def verdict(jobs: list[JobResult]) -> Verdict:
         kind_front = pareto(mine)
         front += kind_front
         names.append(name)
-        flat, learning = _learning(mine)
+        flat, judged = learning(mine)
         decided = ([flat] if flat else []) + _decision(mine, kind_front, name, learned=flat is None)
         if several:
-            numbers = ", ".join(_numbers(c) for c in mine)
+            numbers = ", ".join(c.numbered for c in mine)
             decided = [f"{kind} (jobs {numbers}; ratios x {name}):"] + [
                 f"  {line.strip()}" for line in decided
             ]
-            learning = [f"{kind}: {note}" for note in learning]
+            judged = [f"{kind}: {note}" for note in judged]
         lines += decided
-        notes += learning
+        notes += judged
     name = names[0] if not several else "base"
     base_note = f"x {name}" if not several else "x base (each kind's own baseline)"
     notes.insert(0, f"ratios: {base_note} (1 = same; step peak and eval loss: lower is better, samples/s: "
@@ -430,7 +202,7 @@ def verdict(jobs: list[JobResult]) -> Verdict:
                f"eval loss x {name}", "samples/s", f"samples/s x {name}", "front"]  # fmt: skip
     rows = []
     for combo in combos:
-        cells = [_numbers(combo), combo.label]
+        cells = [combo.numbered, combo.label]
         for axis, scale, digits in (("memory", MIB, 1), ("quality", 1, 4), ("speed", 1, 1)):
             estimate, r = getattr(combo, axis), combo.ratios[axis]
             value = ""
@@ -442,7 +214,3 @@ def verdict(jobs: list[JobResult]) -> Verdict:
         cells.append("yes" if combo in front else "")
         rows.append(cells)
     return Verdict(name, combos, front, lines, headers, rows, notes)
-
-
-def _numbers(combo: Combination) -> str:
-    return "=".join(map(str, combo.numbers))

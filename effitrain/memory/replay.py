@@ -22,6 +22,7 @@ import math
 import torch
 
 from effitrain.config.errors import ConfigError
+from effitrain.config.summary_schema import CATEGORIES
 from effitrain.util.compat import (
     attention_implementation,
     checkpointing_wrapped,
@@ -41,7 +42,6 @@ CATEGORY_OF = {
     "Temp": "temporaries",
     "Other": "temporaries",
 }
-CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries")
 
 
 def step_tracker():

@@ -50,16 +50,17 @@ def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
             "job/name": short_name(task_overrides, invariant, set(choices)),
             "job/sweep_dir": sweep_dir,
             "job/dir": str(Path(output_dir).absolute()),
-            **wandb_keys(cfg.get("logger"), sweep_dir),
         }
     )
+    keys.update(wandb_keys(cfg.get("logger"), keys, output_dir))
     return keys
 
 
-def wandb_keys(logger: DictConfig | None, sweep_dir: str | None) -> dict:
-    """Where the job's W&B run goes, from the logger config (the W&B logger replaces them with what
-    ``wandb.init`` gave once it started, ``wandb/run_id`` included); mode ``disabled`` without W&B."""
-    from effitrain.train.loggers import group_name, resolve_mode
+def wandb_keys(logger: DictConfig | None, keys: dict, output_dir: Path) -> dict:
+    """Where the job's W&B run goes (:func:`effitrain.train.loggers.wandb_destination`, from the
+    logger config and the job's ``keys``; the W&B logger replaces them with what ``wandb.init`` gave
+    once it started, ``wandb/run_id`` included); mode ``disabled`` without W&B."""
+    from effitrain.train.loggers import job_identity, resolve_mode, wandb_destination
 
     target = str((logger or {}).get("_target_") or "")
     if not target.endswith("WandbLogger"):
@@ -69,10 +70,12 @@ def wandb_keys(logger: DictConfig | None, sweep_dir: str | None) -> dict:
         mode = resolve_mode(logger.get("mode"))
     except ConfigError:  # the run reports it when it starts the logger
         mode = None
+    settings = {key: logger.get(key) for key in ("project", "entity", "group")}
+    where = wandb_destination(job_identity(output_dir, keys), **settings)
     return {
-        "wandb/project": logger.get("project"),
-        "wandb/entity": logger.get("entity"),
-        "wandb/group": logger.get("group") or group_name(sweep_dir),
+        "wandb/project": where["project"],
+        "wandb/entity": where["entity"],
+        "wandb/group": where["group"],
         "wandb/mode": mode,
         "wandb/run_id": None,
     }

@@ -142,7 +142,8 @@ def offline_sync_hint(sweep_dir: str | Path) -> str | None:
 
 def job_identity(output_dir: Path, cfg_keys: dict) -> dict:
     """Group, name, job type, tags and W&B folder of this job, from the summary's own ``cfg/*`` and
-    ``job/*`` keys (see :func:`effitrain.run.summary_keys.summary_config_keys`).
+    ``job/*`` keys (see :func:`effitrain.run.summary_keys.summary_config_keys`): what
+    :func:`wandb_destination` takes where the logger's config sets none.
 
     In a multirun the group is the sweep's study and start time (:func:`group_name`) and every
     job's W&B run lives in ``<sweep folder>/wandb``: one folder that ``wandb leet`` and ``wandb
@@ -168,6 +169,32 @@ def job_identity(output_dir: Path, cfg_keys: dict) -> dict:
         "tags": tags,
         "dir": sweep_dir or str(output_dir),
         "multirun": sweep_dir is not None,
+    }
+
+
+def wandb_destination(
+    identity: dict,
+    project: str | None = "effitrain",
+    entity: str | None = None,
+    group: str | None = None,
+    name: str | None = None,
+    job_type: str | None = None,
+    tags=(),
+) -> dict:
+    """Where a job's W&B run goes (project, entity, group, name, job type, tags, folder), decided
+    here only: the logger config's own value where it sets one, else the job's (``identity``:
+    :func:`job_identity`). The run itself (:class:`WandbLogger`) and the summary's ``wandb/*`` keys
+    (:func:`effitrain.run.summary_keys.wandb_keys`, what compare logs its table beside) both take
+    it from here, so they cannot disagree."""
+    return {
+        "project": project,
+        "entity": entity,
+        "group": group or identity["group"],
+        "name": name or identity["name"],
+        "job_type": job_type or identity["job_type"],
+        "tags": [str(t)[:_TAG_CHARS] for t in [*identity["tags"], *(tags or [])]],
+        "dir": identity["dir"],
+        "multirun": identity["multirun"],
     }
 
 
@@ -208,7 +235,7 @@ class WandbLogger:
     ):
         self.mode = resolve_mode(mode)
         self.run = None
-        self._where = {"project": project, "entity": entity, "group": group or identity["group"]}
+        where = self._where = wandb_destination(identity, project, entity, group, name, job_type, tags)
         self._warned = False
         self._sync_hint = None  # an offline single run: how to upload it, said at its start and end
         if self.mode == "disabled":
@@ -218,15 +245,10 @@ class WandbLogger:
         except ImportError as error:
             self._warn(f"wandb cannot be imported ({error}); this run is not logged to W&B")
             return
-        wandb_dir = Path(identity["dir"])
+        wandb_dir = Path(where["dir"])
         secret = os.environ.get("WANDB_API_KEY")
         init = {
-            "project": project,
-            "entity": entity,
-            "group": group or identity["group"],
-            "name": name or identity["name"],
-            "job_type": job_type or identity["job_type"],
-            "tags": [str(t)[:_TAG_CHARS] for t in identity["tags"] + list(tags or [])],
+            **{key: where[key] for key in ("project", "entity", "group", "name", "job_type", "tags")},
             "notes": notes,
             "config": config,
             "dir": str(wandb_dir),
@@ -240,7 +262,7 @@ class WandbLogger:
         modes = [self.mode] + (["offline"] if self.mode == "online" else [])
         # a sweep pays an unreachable server once: later jobs find the first one's note and start offline
         marker = wandb_dir / OFFLINE_MARKER
-        if self.mode == "online" and identity["multirun"] and marker.exists():
+        if self.mode == "online" and where["multirun"] and marker.exists():
             print(f"effitrain: W&B: {marker.read_text().strip()}; this job starts offline", flush=True)
             modes = ["offline"]
         for attempt in modes:
@@ -254,7 +276,7 @@ class WandbLogger:
         if self.run is None:
             self._warn("this run is not logged to W&B")
             return
-        if modes[0] == "online" and self.mode == "offline" and identity["multirun"]:
+        if modes[0] == "online" and self.mode == "offline" and where["multirun"]:
             try:
                 marker.write_text("an earlier job of this sweep could not reach the W&B server\n")
             except OSError:
@@ -264,7 +286,7 @@ class WandbLogger:
         # the dashboard's run summaries: the best evaluation and the highest memory, not the last
         self.run.define_metric("eval/loss", step_metric="step", summary="min")
         self.run.define_metric("mem/current_bytes", step_metric="step", summary="max")
-        if self.mode == "offline" and not identity["multirun"]:
+        if self.mode == "offline" and not where["multirun"]:
             # a sweep says it once for all its jobs, at its end (offline_sync_hint); a run at its
             # start and again as it finishes, where it does not scroll away
             target = self.run.settings.sync_dir

@@ -17,10 +17,9 @@ from itertools import islice
 
 import torch
 
+from effitrain.config.summary_schema import WARMUP_STEPS  # steps left out of the steady step time
 from effitrain.train.distributed import all_reduce_sum
 from effitrain.util.interrupts import raise_if_interrupted
-
-WARMUP_STEPS = 2  # steps left out of the steady-state step time (compilation, allocator warm-up)
 
 
 class TrainingDiverged(RuntimeError):

@@ -10,20 +10,21 @@ optimizer step and the evaluation metrics. Backends call only these hooks (``job
   real target tokens of all its micro-batches and processes (padding never counts); eval/loss (the
   token mean over the eval split) and eval/perplexity = exp(eval/loss).
 
-A task declares the metrics it writes beside eval/loss once (``Task.metrics``): the run's closing
-line, compare's tables and its verdict read them from there (:func:`reported_metrics`).
+A task declares the metrics it writes beside eval/loss once (``Task.metrics``; effitrain's own in
+:data:`effitrain.config.summary_schema.TASK_METRICS`, which compare's tables and verdict read
+without importing torch); the run's closing line reads them from the task.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import instantiate_node, invalid
+from effitrain.config.summary_schema import TASK_METRICS, Metric  # Metric: a task's own metrics
 from effitrain.config.targets import READ_BY_EFFITRAIN
 
 IGNORE_INDEX = -100  # the label cross-entropy skips: padding, and no target after a sequence's end
@@ -41,16 +42,6 @@ def data_node(data_cfg: DictConfig, **values) -> DictConfig:
         node.pop(key, None)
     node.update({k: v for k, v in values.items() if k in node})
     return OmegaConf.create(node)
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A summary key a task writes, and how reports show it."""
-
-    key: str  # the summary key, eval/accuracy
-    label: str | None  # its column in compare's tables (None: printed at the end of a run only)
-    digits: int = 4  # decimals in compare's tables
-    higher_is_better: bool = True
 
 
 class Task:
@@ -97,7 +88,7 @@ class Classification(Task):
     name = "classification"
     auto_class = "AutoModelForSequenceClassification"
     model_mapping = "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"  # model types that have the head
-    metrics = (Metric("eval/accuracy", "accuracy"), Metric("eval/f1", "F1"))
+    metrics = TASK_METRICS["classification"]
 
     def load(self, data_cfg):
         from effitrain.train.data import check_raw
@@ -195,10 +186,7 @@ class CausalLM(Task):
     auto_class = "AutoModelForCausalLM"
     model_mapping = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
     uses_labels = False
-    metrics = (
-        Metric("eval/perplexity", "perplexity", digits=2, higher_is_better=False),
-        Metric("train/unigram_perplexity", None),  # the baseline eval/perplexity must beat
-    )
+    metrics = TASK_METRICS["causal_lm"]  # eval/perplexity; train/unigram_perplexity, what it must beat
 
     def __init__(self, packing: bool = False):
         if not isinstance(packing, bool):
@@ -376,20 +364,6 @@ def macro_f1(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) 
             zero_division=0,
         )
     )
-
-
-def reported_metrics() -> list[Metric]:
-    """The metrics with a column in compare's tables: those every task class declares, in the order
-    the classes are defined (Classification's, then CausalLM's), each key once."""
-    found: dict[str, Metric] = {}
-    classes = [Task]
-    while classes:
-        task = classes.pop(0)
-        for metric in task.metrics:
-            if metric.label is not None:
-                found.setdefault(metric.key, metric)
-        classes += task.__subclasses__()
-    return list(found.values())
 
 
 def build_task(cfg: DictConfig) -> Task:

@@ -430,7 +430,7 @@ def _crowd(source, count, tmp_path):
 @pytest.mark.parametrize("count", [2, 6, 24])
 def test_pareto_labels_never_overlap(verdict_sweep, tmp_path, count):
     from effitrain.compare.load import load_jobs
-    from effitrain.compare.plots import _overlap, plot_pareto
+    from effitrain.compare.pareto import _overlap, plot_pareto
 
     jobs = load_jobs([_crowd(verdict_sweep, count, tmp_path)])
     panels = plot_pareto(jobs, tmp_path / "pareto.png")
@@ -483,7 +483,7 @@ def _page_job(index, loss, sem=0.001, step_s=(2.0, 1.0, 0.1, 0.1, 0.1, 0.1), **s
 
 def _bold(jobs):
     """The table's bold cells by column title: the rows (1-based job numbers) marked best."""
-    from effitrain.compare.render import table_best, table_rows
+    from effitrain.compare.table import table_best, table_rows
 
     headers, rows = table_rows(jobs)
     marked = table_best(jobs, headers, rows)
@@ -509,7 +509,7 @@ def test_the_table_marks_a_best_eval_loss_only_beyond_the_sampling_error():
 
 
 def test_a_negative_first_step_overhead_is_no_figure_and_a_nan_loss_is_never_ranked():
-    from effitrain.compare.render import table_rows
+    from effitrain.compare.table import table_rows
 
     jobs = [_page_job(1, float("nan"), **{"speed/first_step_overhead_s": -0.31}),
             _page_job(2, 0.9, **{"speed/first_step_overhead_s": 0.5})]  # fmt: skip
@@ -540,7 +540,7 @@ def test_the_loss_plot_names_every_merged_group_and_keeps_close_curves_apart(tmp
     from effitrain.compare import plots
 
     drawn = []
-    monkeypatch.setattr(plots, "_save", lambda plt, fig, path, tight=True: drawn.append(fig))
+    monkeypatch.setattr(plots, "save_figure", lambda plt, fig, path, tight=True: drawn.append(fig))
     curves = {1: [1.0, 0.9, 0.8], 2: [1.0, 0.7, 0.5], 3: [1.0, 0.9, 0.8], 4: [1.0, 0.7, 0.5],
               5: [1.0, 0.9, 0.8001]}  # fmt: skip
     jobs = []
@@ -622,8 +622,8 @@ def _markdown_line(folder, index):
 def test_the_pareto_plot_shows_the_table_s_samples_per_s_and_rings_the_verdict_s_front(tmp_path):
     import statistics
 
-    from effitrain.compare.plots import plot_pareto
-    from effitrain.compare.render import table_rows
+    from effitrain.compare.pareto import plot_pareto
+    from effitrain.compare.table import table_rows
     from effitrain.compare.verdict import verdict
 
     steps = {1: (2, 1, 0.1, 0.1, 0.1, 0.1), 2: (2, 1, 0.2, 0.3, 0.2, 0.2), 3: (2, 1, 0.4, 0.4, 0.4, 0.4)}

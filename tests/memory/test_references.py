@@ -228,7 +228,7 @@ def _job(index: int, optimizer: str, state_mib: int, peak_mib: int | None, statu
     ],
 )  # fmt: skip
 def test_compare_table_on_known_summaries(jobs, title, rows):
-    from effitrain.compare.render import table_rows
+    from effitrain.compare.table import table_rows
 
     headers, table = table_rows([_job(i, *values) for i, values in enumerate(jobs)])
     columns = ["optimizer", "status", "opt state MiB", title, "step peak MiB", title]
@@ -241,7 +241,7 @@ def test_compare_table_on_known_summaries(jobs, title, rows):
 
 
 def test_compare_table_names_jobs_by_their_choices_or_their_folder():
-    from effitrain.compare.render import table_rows
+    from effitrain.compare.table import table_rows
 
     jobs = [
         _job(0, "adamw", 800, 4000, choices={"optimizer": "adamw"}),
@@ -287,7 +287,7 @@ def test_no_decay_holds_exactly_the_one_dimensional_parameters_of_every_shipped_
 
 def test_a_job_that_did_not_finish_ok_holds_no_best_value():
     """An interrupted job's short wall time or partial state is not a column's best."""
-    from effitrain.compare.render import best_cells
+    from effitrain.compare.table import best_cells
 
     headers = ["#", "status", "opt state MiB", "wall s"]
     rows = [
@@ -300,7 +300,7 @@ def test_a_job_that_did_not_finish_ok_holds_no_best_value():
 
 
 def test_best_cells_skip_empty_and_nan_cells_and_take_the_highest_where_higher_is_better():
-    from effitrain.compare.render import best_cells
+    from effitrain.compare.table import best_cells
 
     headers = ["#", "optimizer", "eval loss", "accuracy", "samples/s", "job"]
     rows = [
