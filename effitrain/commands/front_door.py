@@ -315,6 +315,7 @@ def train_job(cfg: DictConfig, validated: str | None = None) -> float | None:
     summary = run(cfg, hydra_cfg.runtime.output_dir, validated=validated == identity(cfg, world_size))
     if summary["status"] == "ok" and summary.get("env/rank", 0) == 0:
         from effitrain.config.model_spec import task_class
+        from effitrain.config.summary_schema import learned_nothing
 
         task_keys = [metric.key for metric in task_class(cfg).metrics]  # what the task declares it writes
         task_metrics = "".join(f"{k} {summary[k]:.4f}  " for k in task_keys if k in summary)
@@ -323,6 +324,13 @@ def train_job(cfg: DictConfig, validated: str | None = None) -> float | None:
             f"{task_metrics}{summary['speed/samples_per_s']:.1f} samples/s  {summary['speed/wall_s']:.1f} s  "
             f"-> {hydra_cfg.runtime.output_dir}"
         )
+        nothing = learned_nothing(summary)
+        if nothing is not None:  # what compare's verdict would say, said by the run itself
+            print(
+                f"effitrain: note: learned nothing measurable: eval/loss {nothing[0]:.4f} is not below "
+                f"{nothing[1]:.4f}, the loss of a prediction that ignores the input, beyond noise "
+                "(eval/input_blind_loss, eval/loss_sem)"
+            )
     if summary["status"] == "ok":
         return summary.get(cfg.get("optimized_metric", "eval/loss"))
     message = f"{summary['status']}: {summary['error']}"

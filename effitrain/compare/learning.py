@@ -18,33 +18,39 @@ METRICS = reported_metrics()
 QUALITY_KEYS = tuple(metric.key for metric in METRICS)
 
 
+UNIGRAM = "the unigram loss (ln of the training split's unigram perplexity)"
+PRIOR = "the loss of a prediction that ignores the text (the training labels' class prior, or uniform)"
+
+
 def reference_loss(job: JobResult) -> tuple[str, float] | None:
     """What the job's eval loss must beat to have learned anything, and its value: a causal LM's
     unigram loss (the log of ``train/unigram_perplexity``); a classifier's loss of predicting,
     whatever the text, the training labels' class prior or the uniform distribution, whichever
     scores better on the eval labels (an untrained head predicts about uniformly, and beats a
     prior that the eval split does not share). None where it cannot be known here."""
-    unigram = job.summary.get("train/unigram_perplexity")
+    blind = job.summary.get("eval/input_blind_loss")  # written by the run since it knows (no data read here)
+    if _finite(blind):
+        causal = job.summary.get("cfg/task") == "causal_lm"
+        return (UNIGRAM if causal else PRIOR), blind
+    unigram = job.summary.get("train/unigram_perplexity")  # an older summary's
     if _finite(unigram) and unigram > 0:
-        return "the unigram loss (ln of the training split's unigram perplexity)", math.log(unigram)
+        return UNIGRAM, math.log(unigram)
     config = job.summary.get("job/config")
     if job.summary.get("cfg/task") != "classification" or not isinstance(config, dict):
         return None
     data = {k.removeprefix("data."): v for k, v in config.items() if k.startswith("data.")}
     loss = _prior_loss(json.dumps(data, sort_keys=True, default=str)) if data else None
-    what = "the loss of a prediction that ignores the text (the training labels' class prior, or uniform)"
-    return None if loss is None else (what, loss)
+    return None if loss is None else (PRIOR, loss)
 
 
 @functools.cache
 def _prior_loss(data: str) -> float | None:
     """The eval labels' cross-entropy under the training labels' frequencies, or under the uniform
     distribution where that is lower; the data loaded as the job loaded it (its recorded ``data``
-    node)."""
-    from collections import Counter
-
+    node): a summary written before the run recorded ``eval/input_blind_loss`` itself."""
     from omegaconf import OmegaConf
 
+    from effitrain.train.labels import input_blind_loss
     from effitrain.train.tasks import Classification  # imports torch: the contract's one ignored import
 
     node: dict = {}
@@ -60,15 +66,7 @@ def _prior_loss(data: str) -> float | None:
         Exception
     ):  # the reference is context: data that cannot be read here (moved, hub offline) does not stop compare
         return None
-    train, evaluated = Counter(raw.train["label"]), Counter(raw.eval["label"])
-    if not train or not evaluated:
-        return None
-    uniform = math.log(len(raw.label_names))
-    if any(label not in train for label in evaluated):  # the prior's loss is infinite there
-        return uniform
-    total_train, total_eval = sum(train.values()), sum(evaluated.values())
-    prior = -sum(n / total_eval * math.log(train[label] / total_train) for label, n in evaluated.items())
-    return min(prior, uniform)
+    return input_blind_loss(raw.train["label"], raw.eval["label"], len(raw.label_names))
 
 
 def learning(combos: list[Combination]) -> tuple[str | None, list[str]]:

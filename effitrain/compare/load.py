@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from effitrain.config.errors import ConfigError
-from effitrain.config.summary_schema import STEADY_SPEED, WARMUP_STEPS, reported_metrics
+from effitrain.config.summary_schema import (  # noqa: F401 (Estimate, beyond_noise: compare's names too)
+    NOISE_SIGMAS,
+    SAME,
+    STEADY_SPEED,
+    WARMUP_STEPS,
+    Estimate,
+    beyond_noise,
+    reported_metrics,
+)
 from effitrain.run import results
 from effitrain.run.results import job_folders
 from effitrain.train.loggers import read_metrics
@@ -38,39 +46,10 @@ def _finite(value) -> bool:
     return _is_value(value) and math.isfinite(value)
 
 
-NOISE_SIGMAS = 2.0  # a difference smaller than this many standard deviations is noise
-# Closer than this (relative) is the same, whatever the spread: a step peak 4 bytes apart under
-# the other backend, float noise in the seventh digit of a loss.
-SAME = 1e-3
-
 # The figures compare ranks a job by: a job without a finite value of each is shown, never ranked.
 # compare's one samples/s (the table's, the plots', the seeds table's and the verdict's) is
 # STEADY_SPEED (config/summary_schema), computed here (JobResult.speed).
 RANKED_KEYS = ("eval/loss", "mem/step_peak_bytes")
-
-
-@dataclass
-class Estimate:
-    """A value with one standard deviation (``None``: unknown)."""
-
-    value: float
-    std: float | None
-
-    @property
-    def relative(self) -> float | None:
-        return None if self.std is None or not self.value else abs(self.std / self.value)
-
-
-def beyond_noise(better: Estimate, worse: Estimate, lower_is_better: bool) -> bool:
-    """``better`` beats ``worse`` by more than :data:`NOISE_SIGMAS` of their combined standard
-    deviation and more than :data:`SAME` (an unknown spread never decides). The one rule of the
-    verdict's front and the table's best cells."""
-    if better.std is None or worse.std is None:
-        return False
-    gap = (worse.value - better.value) if lower_is_better else (better.value - worse.value)
-    return gap > max(
-        NOISE_SIGMAS * math.hypot(better.std, worse.std), SAME * max(abs(better.value), abs(worse.value))
-    )
 
 
 @dataclass

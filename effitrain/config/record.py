@@ -2,14 +2,11 @@
 run against (the keys that change the training trajectory, flattened), with a secret never in it.
 
 Torch-free: the folder policy (:mod:`effitrain.run.folders`) compares records before anything heavy
-loads; a checkpoint (:mod:`effitrain.train.checkpoint`) writes the same record.
+loads; a checkpoint (:mod:`effitrain.train.checkpoint`) writes the same record. Nothing here imports
+beyond omegaconf and the override parser: W&B's logger and compare read it too.
 """
 
 from __future__ import annotations
-
-import copy
-import json
-import os
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -57,23 +54,3 @@ def without_secret(value, secret: str | None):
     if isinstance(value, str) and secret in value:
         return "<redacted>"
     return value
-
-
-def derived(cfg: DictConfig) -> DictConfig:
-    """A copy of ``cfg`` as the run derives it (:func:`effitrain.config.load.derive`), for this process's
-    ``WORLD_SIZE``."""
-    from effitrain.config.load import derive
-
-    derived = copy.deepcopy(cfg)
-    derive(derived, int(os.environ.get("WORLD_SIZE", "1")))
-    return derived
-
-
-def config_record(cfg: DictConfig) -> dict:
-    """The result-changing configuration of a run, as ``summary.json`` records it under ``job/config``:
-    the resolved config without ``run_invariant_keys`` (:func:`effitrain.config.record.trajectory_config`),
-    ``micro_batch_size`` derived from ``effective_batch_size``, as JSON values."""
-
-    record = json.loads(json.dumps(trajectory_config(derived(cfg)), default=str))
-    secret = os.environ.get("WANDB_API_KEY")  # a key pulled in by interpolation is never written
-    return without_secret(record, secret)

@@ -9,11 +9,14 @@ importing torch, and a category, a task's metric or a column's direction is chan
 * :data:`WARMUP_STEPS`: the optimizer steps left out of the steady step time;
 * :data:`TASK_METRICS`: the metrics each task writes beside ``eval/loss`` (``Task.metrics``);
 * :data:`BETTER`: which way is better for each figure a comparison ranks or marks (``lower`` or
-  ``higher``), the table's bold cells and the verdict's axes alike.
+  ``higher``), the table's bold cells and the verdict's axes alike;
+* :func:`beyond_noise`: when one figure beats another (the verdict's one rule), and
+  :func:`learned_nothing`: a run's eval loss not below its input-blind loss beyond noise.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # The step peak's categories, in the order every table and plot shows them: the tracker's
@@ -86,3 +89,45 @@ BETTER: dict[str, str] = {
     "speed/compile_s": LOWER,
     "speed/wall_s": LOWER,
 }
+
+
+NOISE_SIGMAS = 2.0  # a difference smaller than this many standard deviations is noise
+# Closer than this (relative) is the same, whatever the spread: a step peak 4 bytes apart under
+# the other backend, float noise in the seventh digit of a loss.
+SAME = 1e-3
+
+
+@dataclass
+class Estimate:
+    """A value with one standard deviation (``None``: unknown)."""
+
+    value: float
+    std: float | None
+
+    @property
+    def relative(self) -> float | None:
+        return None if self.std is None or not self.value else abs(self.std / self.value)
+
+
+def beyond_noise(better: Estimate, worse: Estimate, lower_is_better: bool) -> bool:
+    """``better`` beats ``worse`` by more than :data:`NOISE_SIGMAS` of their combined standard
+    deviation and more than :data:`SAME` (an unknown spread never decides). The one rule of the
+    verdict's front and the table's best cells."""
+    if better.std is None or worse.std is None:
+        return False
+    gap = (worse.value - better.value) if lower_is_better else (better.value - worse.value)
+    return gap > max(
+        NOISE_SIGMAS * math.hypot(better.std, worse.std), SAME * max(abs(better.value), abs(worse.value))
+    )
+
+
+def learned_nothing(summary: dict) -> tuple[float, float] | None:
+    """``(eval/loss, eval/input_blind_loss)`` when a finished run's eval loss is not below what its task
+    scores without reading the input, beyond noise (its ``eval/loss_sem``; plainly below where that is
+    unknown); None when it learned, or where either figure is missing. The run's last line says it,
+    as compare's verdict does for a sweep."""
+    loss, blind, sem = (summary.get(k) for k in ("eval/loss", "eval/input_blind_loss", "eval/loss_sem"))
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (loss, blind)):
+        return None
+    spread = sem if isinstance(sem, (int, float)) and math.isfinite(sem) else 0.0
+    return None if beyond_noise(Estimate(loss, spread), Estimate(blind, 0.0), True) else (loss, blind)

@@ -9,6 +9,8 @@ and the run itself (:mod:`effitrain.run.recipe`).
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from typing import Literal
 from omegaconf import DictConfig
 
 from effitrain.config.errors import ConfigError, invalid
-from effitrain.config.record import config_record, derived, first_difference
+from effitrain.config.record import first_difference, trajectory_config, without_secret
 from effitrain.run.results import read_summary
 from effitrain.util.atomic import probe_write
 from effitrain.util.links import link_refusal
@@ -147,6 +149,26 @@ def claimed(folder: Path, cfg: DictConfig, job_of_sweep: bool = False):
             return
     with folder_lock(folder) as owner:
         yield Decision("busy", owner=owner) if owner is not None else decide(folder, cfg, job_of_sweep)
+
+
+def derived(cfg: DictConfig) -> DictConfig:
+    """A copy of ``cfg`` as the run derives it (:func:`effitrain.config.load.derive`), for this process's
+    ``WORLD_SIZE``."""
+    from effitrain.config.load import derive
+
+    derived = copy.deepcopy(cfg)
+    derive(derived, int(os.environ.get("WORLD_SIZE", "1")))
+    return derived
+
+
+def config_record(cfg: DictConfig) -> dict:
+    """The result-changing configuration of a run, as ``summary.json`` records it under ``job/config``:
+    the resolved config without ``run_invariant_keys`` (:func:`effitrain.config.record.trajectory_config`),
+    ``micro_batch_size`` derived from ``effective_batch_size``, as JSON values."""
+
+    record = json.loads(json.dumps(trajectory_config(derived(cfg)), default=str))
+    secret = os.environ.get("WANDB_API_KEY")  # a key pulled in by interpolation is never written
+    return without_secret(record, secret)
 
 
 def config_change(previous: dict, cfg: DictConfig) -> tuple[str, object, object] | None:

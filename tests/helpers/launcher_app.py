@@ -16,10 +16,9 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-from effitrain.config.record import config_record
 from effitrain.config.registry import CONF_DIR
 from effitrain.run import results
-from effitrain.run.folders import CONFIG_KEY
+from effitrain.run.folders import CONFIG_KEY, config_record
 from effitrain.sweep.launcher import expose_launcher_plugin
 
 

@@ -527,3 +527,24 @@ def test_a_sigterm_whose_raise_python_dropped_still_interrupts_the_run(
     assert summary["train/steps"] == steps
     assert [line["step"] for line in read_metrics(tmp_path)] == list(range(1, steps + 1))
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_a_run_that_learned_nothing_says_so_in_its_last_line(tmp_path):
+    """Two optimizer steps at a tiny lr leave the classifier at its input-blind loss: the ok line is
+    followed by the note, with the two losses the summary holds."""
+    from tests.helpers.run import TINY, train_py
+
+    done = train_py(*TINY, "max_steps=2", "optimizer.lr=1e-9", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    from effitrain.config.summary_schema import learned_nothing
+
+    loss, blind = learned_nothing(summary)
+    assert (loss, blind) == (summary["eval/loss"], summary["eval/input_blind_loss"])
+    lines = done.stdout.strip().splitlines()
+    assert lines[-2].startswith("effitrain: ok: ")
+    assert lines[-1] == (
+        f"effitrain: note: learned nothing measurable: eval/loss {loss:.4f} is not below {blind:.4f}, the loss "
+        "of a prediction that ignores the input, beyond noise (eval/input_blind_loss, eval/loss_sem)"
+    )

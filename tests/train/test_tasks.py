@@ -49,8 +49,8 @@ def test_each_task_writes_the_metrics_it_declares():
 
 
 def test_compare_shows_the_declared_metrics_in_the_order_of_the_task_classes():
-    from effitrain.compare.load import SEED_KEYS
     from effitrain.compare.learning import QUALITY_KEYS
+    from effitrain.compare.load import SEED_KEYS
     from effitrain.compare.table import COLUMNS, HIGHER_IS_BETTER, LOWER_IS_BETTER, SEED_COLUMNS
 
     shown = [("eval/accuracy", "accuracy", 4), ("eval/f1", "F1", 4), ("eval/perplexity", "perplexity", 2)]
