@@ -72,11 +72,19 @@ class JobResult:
 
     @property
     def unranked(self) -> str | None:
-        """Why a job that finished ok is still not ranked (a figure that is not finite); else None."""
-        # a key the summary lacks (an older summary) is unknown, not wrong: only a value that is
-        # there and not finite (NaN, infinite, null) stops the ranking
-        bad = [key for key in RANKED_KEYS if key in self.summary and not _finite(self.summary[key])]
-        return f"{' and '.join(bad)} not a finite number: not ranked" if self.ok and bad else None
+        """Why a job that finished ok is still not ranked, else None: a figure missing or not finite
+        (NaN, infinite, null), or no config record (``job/config``, or an older summary's ``cfg/*``):
+        a summary edited or forged to say ok is shown, never ranked."""
+        if not self.ok:
+            return None
+        bad = [key for key in RANKED_KEYS if not _finite(self.summary.get(key))]
+        if bad:
+            return f"{' and '.join(bad)} not a finite number: not ranked"
+        if not isinstance(self.summary.get("job/config"), dict) and not any(
+            k.startswith("cfg/") for k in self.summary
+        ):
+            return "no config record (job/config): not ranked"
+        return None
 
     @property
     def ranked(self) -> bool:
