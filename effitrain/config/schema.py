@@ -28,6 +28,7 @@ from omegaconf import MISSING
 from pydantic import BaseModel, ConfigDict, Field
 
 from effitrain.config.errors import ConfigError, invalid
+from effitrain.config.parallel import CHECKS as PARALLEL_CHECKS
 
 MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
 SYNTHETIC_MAX_LABELS = 6  # the keyword classes load_synthetic makes (a test holds them equal)
@@ -70,7 +71,7 @@ CompileMode = _choice(
 )
 InitMode = _choice("InitMode", ("pretrained", "random"))
 MixedPrecision = _choice("MixedPrecision", ("no", "fp16", "bf16"))
-ParallelStrategy = _choice("ParallelStrategy", ("ddp", "fsdp"))
+ParallelStrategy = _choice("ParallelStrategy", tuple(PARALLEL_CHECKS))  # config/parallel names them
 
 
 @dataclass
