@@ -22,7 +22,7 @@ from effitrain.train.distributed import rank
 
 def batches_per_process(batches: int, processes: int) -> int:
     """accelerate shards batches over processes: each process sees ``ceil(batches / processes)``
-    of them (the last ones padded by repeating), whatever each process holds of the model."""
+    of them, whatever each process holds of the model."""
     return math.ceil(batches / processes)
 
 

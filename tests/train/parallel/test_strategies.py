@@ -29,7 +29,7 @@ def test_the_config_finds_its_strategy(override, name, shards):
     "batches, processes, each", [(10, 1, 10), (10, 3, 4), (9, 3, 3), (1, 2, 1), (7, 8, 1)]
 )
 def test_each_process_trains_on_ceil_batches_over_processes(batches, processes, each):
-    """accelerate's split: the last process pads by repeating; sharding splits the model, not this."""
+    """accelerate's split of the batches; sharding splits the model, not the data."""
     assert {s.batches_per_process(batches, processes) for s in STRATEGIES.values()} == {each}
 
 
