@@ -72,13 +72,14 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     """
     from effitrain.memory.replay import CATEGORIES
     from effitrain.memory.trace_cache import traces_of
+    from effitrain.train.parallel import strategy_of
 
     model = meta_model(cfg)
     optimizers = optimizers or {"chosen": cfg.optimizer}
     batches, evaluation = replay_shapes(cfg, model)
     rows = counted_rows(model, optimizers, cfg, batches, evaluation, device, cache)
     if step:
-        if cfg.parallel.strategy == "fsdp":
+        if strategy_of(cfg).shards:
             traces, sources = _sharded_traces(
                 model.config, optimizers, cfg, batches, evaluation, device, world_size
             )

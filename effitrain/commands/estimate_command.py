@@ -131,7 +131,9 @@ def sharded_world_size(cfg, world_size: int | None) -> int | None:
     Raises:
         ConfigError: ``--world-size`` below 1, or given without ``parallel=fsdp``.
     """
-    sharded = cfg.parallel.strategy == "fsdp"
+    from effitrain.train.parallel import strategy_of
+
+    sharded = strategy_of(cfg).shards
     if world_size is not None and not sharded:
         raise ConfigError(
             f"--world-size={world_size} is invalid with parallel={cfg.parallel.strategy}: only parallel=fsdp "

@@ -1,4 +1,6 @@
-"""The ``parallel`` group's checks: what FSDP2 sharding cannot run with, said before anything loads.
+"""The parallel strategies as a config knows them, before anything loads: each one's name and the
+combinations it refuses (torch-free: the config layer checks them, below the strategy objects of
+:mod:`effitrain.train.parallel`, whose ``check`` is the function of its name here).
 
 Each refusal was measured on this machine (torch 2.13, CPU, gloo): see docs/sharding.md.
 """
@@ -13,24 +15,31 @@ from effitrain.config.errors import invalid
 from effitrain.config.optimizers import optimizer_family
 
 
-def check_parallel(cfg: DictConfig, device: str | None = None) -> None:
-    """``parallel`` against the other groups and the machine (``device``: the one checked for;
-    None: this machine's).
+def check_ddp(cfg: DictConfig, device: str | None = None) -> None:
+    """``ddp``: every process holds the whole model, so FSDP's keys keep their defaults.
 
     Raises:
-        ConfigError: FSDP's keys under ``ddp``; under ``fsdp``: the Trainer backend, compile, an
-            optimizer that cannot update DTensor parameters, an adapter, more processes on this machine than GPUs.
+        ConfigError: ``parallel.offload`` or ``parallel.reshard_after_forward`` set.
     """
     parallel = cfg.parallel
-    if parallel.strategy != "fsdp":
-        if parallel.offload or not parallel.reshard_after_forward:
-            key = "parallel.offload" if parallel.offload else "parallel.reshard_after_forward"
-            value = parallel.offload if parallel.offload else parallel.reshard_after_forward
-            raise invalid(key, value, "it is FSDP's: use parallel=fsdp, or leave it out with parallel=ddp")
-        return
+    if parallel.offload or not parallel.reshard_after_forward:
+        key = "parallel.offload" if parallel.offload else "parallel.reshard_after_forward"
+        value = parallel.offload if parallel.offload else parallel.reshard_after_forward
+        raise invalid(key, value, "it is FSDP's: use parallel=fsdp, or leave it out with parallel=ddp")
+
+
+def check_fsdp(cfg: DictConfig, device: str | None = None) -> None:
+    """``fsdp`` against the other groups and the machine (``device``: the one checked for; None:
+    this machine's).
+
+    Raises:
+        ConfigError: the Trainer backend, compile, an optimizer that cannot update DTensor
+            parameters, an adapter, more processes on this machine than GPUs.
+    """
+    strategy = str(cfg.parallel.strategy)
     if str(cfg.backend.get("_target_", "")).startswith("effitrain.backends.trainer"):
         raise invalid(
-            "parallel", "fsdp", "backend=trainer shards through its own fsdp arguments and builds the "
+            "parallel", strategy, "backend=trainer shards through its own fsdp arguments and builds the "
             "optimizer after wrapping, not effitrain's: use backend=accelerator"
         )  # fmt: skip
     adapter = cfg.get("adapter")
@@ -54,9 +63,23 @@ def check_parallel(cfg: DictConfig, device: str | None = None) -> None:
     gpus = _cuda_devices() if device in (None, "cuda") else 0
     if gpus and processes > gpus:
         raise invalid(
-            "parallel", "fsdp", f"{processes} processes on this machine and {gpus} GPUs: the device mesh "
+            "parallel", strategy, f"{processes} processes on this machine and {gpus} GPUs: the device mesh "
             "needs a GPU per process (nccl); launch at most one process per GPU"
         )  # fmt: skip
+
+
+# parallel.strategy -> its checks: the one list of the strategies' names (the schema's choices are
+# its keys; each object of effitrain.train.parallel answers check() with its function here)
+CHECKS = {"ddp": check_ddp, "fsdp": check_fsdp}
+
+
+def check_parallel(cfg: DictConfig, device: str | None = None) -> None:
+    """``parallel`` against the other groups and the machine: the chosen strategy's checks.
+
+    Raises:
+        ConfigError: what :func:`check_ddp` or :func:`check_fsdp` refuses.
+    """
+    CHECKS[str(cfg.parallel.strategy)](cfg, device)
 
 
 def _cuda_devices() -> int:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from effitrain.config.errors import ConfigError, invalid
 from effitrain.config.optimizers import optimizer_family
+from effitrain.config.parallel import CHECKS as PARALLEL_CHECKS
 from effitrain.config.ranges import at_least, finite, ranged
 
 MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
@@ -57,7 +58,7 @@ CompileMode = _choice(
 )
 InitMode = _choice("InitMode", ("pretrained", "random"))
 MixedPrecision = _choice("MixedPrecision", ("no", "fp16", "bf16"))
-ParallelStrategy = _choice("ParallelStrategy", ("ddp", "fsdp"))
+ParallelStrategy = _choice("ParallelStrategy", tuple(PARALLEL_CHECKS))  # config/parallel names them
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """One rank's memory under FSDP2 sharding (``parallel=fsdp``), predicted for any world size from one
 CPU process: the run's phases replayed on fake tensors, as :mod:`effitrain.memory.replay` replays
-an unsharded run, with the model sharded by training's own :func:`effitrain.train.sharding.shard`.
+an unsharded run, with the model sharded by training's own strategy object
+(:class:`effitrain.train.parallel.fsdp.FSDP`: its ``apply_on_mesh``, ``no_sync`` and ``replay_refusal``).
 
     effitrain estimate task=causal_lm model=llama_7b parallel=fsdp --world-size 8 --optimizers adamw
 
@@ -44,7 +45,6 @@ import math
 import torch
 
 from effitrain.config.errors import ConfigError
-from effitrain.config.optimizers import optimizer_family
 from effitrain.memory.replay import (
     BOUND_ASSUMED_BRANCH,
     CATEGORIES,
@@ -55,6 +55,7 @@ from effitrain.memory.replay import (
     fake_window,
     window_flops,
 )
+from effitrain.train.parallel import strategy_of
 from effitrain.util.compat import fake_process_group, fake_tensor_mode, fsdp_mem_tracker_class
 
 # FSDPMemTracker's categories -> effitrain's (the table above); Inputs are left out.
@@ -138,17 +139,18 @@ def trace_sharded(config, optimizer_cfg, cfg, batches: list[dict], device: str =
 
     Raises:
         ConfigError: ``world_size`` below 1.
-        UnshardableOptimizer: an optimizer training refuses under FSDP (its family's ``on_dtensor``,
-            :mod:`effitrain.config.optimizers`), or whose replayed update fails on DTensors.
+        UnshardableOptimizer: an optimizer training refuses under FSDP (the strategy's
+            ``replay_refusal``), or whose replayed update fails on DTensors.
+        ValueError: ``cfg.parallel`` a strategy that does not shard.
     """
     if world_size < 1:
         raise ConfigError(f"--world-size={world_size} is invalid: expected a number of processes, 1 or more")
-    target = str(optimizer_cfg.get("_target_", ""))
-    if not optimizer_family(target).on_dtensor:  # training refuses it: no prediction for a run that cannot be
-        raise UnshardableOptimizer(
-            f"optimizer._target_={target!r} is invalid with parallel=fsdp: its update mixes plain tensors "
-            "with the sharded (DTensor) parameters"
-        )
+    strategy = strategy_of(cfg)
+    if not strategy.shards:
+        raise ValueError(f"parallel.strategy={strategy.name}: one rank's replay is of a strategy that shards")
+    refusal = strategy.replay_refusal(optimizer_cfg)
+    if refusal is not None:  # training refuses it: no prediction for a run that cannot be
+        raise UnshardableOptimizer(refusal)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank}: expected 0 to {world_size - 1}")
     arguments = (config, optimizer_cfg, cfg, batches, device, eval_shapes)
@@ -164,12 +166,14 @@ def trace_sharded(config, optimizer_cfg, cfg, batches: list[dict], device: str =
     fake_process_group(rank=rank, world_size=world_size)
     try:
         mesh = init_device_mesh("cpu", (world_size,))  # outside FakeTensorMode: see the module docstring
-        return _trace(mesh, world_size, *arguments)
+        return _trace(strategy, mesh, world_size, *arguments)
     finally:
         torch.distributed.destroy_process_group()
 
 
-def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_shapes) -> ShardedTrace:
+def _trace(
+    strategy, mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_shapes
+) -> ShardedTrace:
     import warnings
 
     import transformers
@@ -178,7 +182,6 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
     from effitrain.memory.cuda import cuda_kernels, foreach_by_default
     from effitrain.train.modeling import enable_activation_checkpointing
     from effitrain.train.optim import build_optimizer
-    from effitrain.train.sharding import gradient_sync_off, shard
     from effitrain.train.step import StepMeter, StepOps
     from effitrain.train.tasks import build_task
 
@@ -197,7 +200,7 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
             model = auto.from_config(config)
         model.train()
         # FSDP2's mixed-precision policy casts the gathered weights and the inputs: no autocast
-        shard(model, cfg.parallel, cfg.precision.mixed_precision, mesh)
+        strategy.apply_on_mesh(model, cfg, mesh)
         assumed: list[torch.dtype] = []
 
         def make_optimizer():
@@ -214,7 +217,7 @@ def _trace(mesh, world_size, config, optimizer_cfg, cfg, batches, device, eval_s
         evaluation = window.evaluation
         ops = StepOps(
             backward=lambda loss: loss.backward(),
-            no_sync=lambda: gradient_sync_off(model),
+            no_sync=lambda: strategy.no_sync(model),
             clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=cuda or None),
             num_processes=world_size,
         )

@@ -17,7 +17,7 @@ from effitrain.train.distributed import world_size
 from effitrain.train.job import Job
 from effitrain.train.modeling import build_tokenizer, enable_activation_checkpointing
 from effitrain.train.optim import build_optimizer, build_scheduler, num_optimizer_steps
-from effitrain.train.sharding import device_mesh, shard
+from effitrain.train.parallel import strategy_of
 from effitrain.train.step import StepMeter
 from effitrain.train.tasks import build_task
 
@@ -50,14 +50,11 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     if cfg.get("gradient_checkpointing"):
         enable_activation_checkpointing(model)
     model = apply_adapter(model, cfg.get("adapter"), task)
-    if cfg.parallel.strategy == "fsdp":  # before the optimizer: it must hold the sharded parameters
-        if world_size() == 1:
-            say("parallel=fsdp in one process: sharded over a group of one (nothing split, offload applies)")
-        model = shard(model, cfg.parallel, cfg.precision.mixed_precision, device_mesh(device))
+    strategy = strategy_of(cfg)
+    model = strategy.apply(model, cfg, device, say)  # before the optimizer: it holds what this makes
     optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
 
-    # accelerate shards batches over processes: each process sees ceil(batches / world) of them.
-    batches_per_process = math.ceil(len(train_loader) / world_size())
+    batches_per_process = strategy.batches_per_process(len(train_loader), world_size())
     num_steps = num_optimizer_steps(
         batches_per_process, cfg.gradient_accumulation_steps, cfg.epochs, cfg.max_steps
     )

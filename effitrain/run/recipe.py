@@ -33,6 +33,7 @@ from effitrain.train.adapters import parameter_counts
 from effitrain.train.distributed import process_state, world_size
 from effitrain.train.job import Evaluation, Job, evaluate_job
 from effitrain.train.loggers import MetricsFile, build_tracker
+from effitrain.train.parallel import strategy_of
 from effitrain.util.compat import compile_seconds, reset_accelerator_state
 from effitrain.util.interrupts import interrupts_raise, one_line, raise_if_interrupted
 
@@ -190,7 +191,7 @@ def predict_step_peak(job: Job) -> dict:
     memory = job.step_memory
     if memory is None or not memory.batches:
         return {}
-    if job.cfg.parallel.strategy == "fsdp" and world_size() > 1:
+    if strategy_of(job.cfg).shards and world_size() > 1:
         return {}  # the replay below is of an unsharded model: the sharded replay is issue 31's
 
     device = "cuda" if next(job.model.parameters()).device.type == "cuda" else "cpu"

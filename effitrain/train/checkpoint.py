@@ -37,8 +37,8 @@ import torch
 from omegaconf import DictConfig
 
 from effitrain.config.record import first_difference, trajectory_config
-from effitrain.train.adapters import load_adapter, save_adapter
 from effitrain.train.distributed import barrier, rank, world_size
+from effitrain.train.parallel import strategy_of
 from effitrain.train.resume_point import (
     FOLDER,
     FORMAT,
@@ -50,8 +50,6 @@ from effitrain.train.resume_point import (
     read_meta,
 )
 from effitrain.train.rng import rng_file_name, rng_state
-from effitrain.train.sharded_checkpoint import load_sharded, save_sharded
-from effitrain.train.sharding import is_sharded
 from effitrain.util.atomic import publish, sha256
 
 log = logging.getLogger(__name__)
@@ -119,8 +117,7 @@ class Checkpointer:
         barrier()
         try:
             torch.save(rng_state(), tmp / rng_file_name())
-            if is_sharded(self.model):
-                save_sharded(self.model, self.optimizer, tmp)
+            strategy_of(self.cfg).save(self.model, self.optimizer, tmp)  # weights and optimizer state
             barrier()
             if is_main:
                 self._write(step, tmp, target, trainer_state)
@@ -140,15 +137,9 @@ class Checkpointer:
         return target
 
     def _write(self, step: int, tmp: Path, target: Path, trainer_state) -> None:
-        from safetensors.torch import save_model
-
-        if not is_sharded(self.model):  # else every rank wrote its shards (save_sharded)
-            if not save_adapter(self.model, tmp):
-                save_model(self.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            for weights in tmp.glob("*.safetensors"):
-                # safetensors writes 0600: the weights follow the umask as every other result file
-                os.chmod(weights, 0o666 & ~_umask())
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        for weights in tmp.glob("*.safetensors"):
+            # safetensors writes 0600: the weights follow the umask as every other result file
+            os.chmod(weights, 0o666 & ~_umask())
         torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
         if trainer_state is not None:
             trainer_state.save_to_json(str(tmp / "trainer_state.json"))
@@ -229,19 +220,9 @@ class Checkpointer:
         """
         if self.resume is None:
             return Position(0, 0, 0)
-        from safetensors.torch import load_model
-
         folder, meta = self.resume.folder, self.resume.meta
         if weights:
-            if is_sharded(self.model):
-                load_sharded(self.model, self.optimizer, folder)
-            else:
-                device = next(self.model.parameters()).device
-                if not load_adapter(self.model, folder, device):
-                    load_model(self.model, str(folder / "model.safetensors"), strict=True, device=str(device))
-                self.optimizer.load_state_dict(
-                    torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
-                )
+            strategy_of(self.cfg).load(self.model, self.optimizer, folder)
             self.scheduler.load_state_dict(
                 torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=True)
             )
