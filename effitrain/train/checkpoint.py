@@ -41,7 +41,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
-from effitrain.train.adapters import load_adapter, save_adapter
+from effitrain.train.adapters.files import load_adapter, save_adapter
 from effitrain.train.distributed import barrier, launched_world_size, rank, world_size
 from effitrain.train.sharded_checkpoint import METADATA, load_sharded, refusal, save_sharded
 from effitrain.train.sharding import is_sharded
