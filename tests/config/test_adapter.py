@@ -121,3 +121,39 @@ def test_an_adapter_trains_at_its_lr_unless_the_command_line_sets_the_optimizers
     cfg = compose(*overrides)
     assert apply_adapter_lr(cfg) == (cfg.optimizer.lr != compose(*overrides).optimizer.lr)
     assert cfg.optimizer.lr == lr
+
+
+# docs/extending.md, "Adding an adapter kind": another peft config class is a node alone
+OTHER_KINDS = {
+    "ia3": {"_target_": "peft.IA3Config", "target_modules": ["query", "value", "intermediate.dense"],
+            "feedforward_modules": ["intermediate.dense"], "lr": 1e-3},
+    "vera": {"_target_": "peft.VeraConfig", "r": 8, "target_modules": ["query", "value"], "lr": 1e-3},
+}  # fmt: skip
+
+
+REFUSED = {  # a target the model lacks, in one line: peft's own words for VeRA's refusal
+    "ia3": "adapter.target_modules=['nope'] is invalid: matches no module of BertForSequenceClassification",
+    "vera": "adapter.target_modules=['nope'] is invalid: peft cannot wrap it: No layers types compatible with VeRA",
+}
+
+
+@pytest.mark.parametrize("kind, trainable", [("ia3", 1347), ("vera", 1315)])
+def test_another_peft_config_is_an_adapter_kind_with_no_code(kind, trainable):
+    from omegaconf import OmegaConf, open_dict
+
+    from effitrain.commands.estimate import estimate_memory
+
+    cfg = compose("adapter=lora")
+    with open_dict(cfg):
+        cfg.adapter = OmegaConf.create(OTHER_KINDS[kind])
+    validate(cfg)
+    assert cfg.adapter.lr == 1e-3
+    row = estimate_memory(cfg, step=False)["chosen"]
+    # the tiny BERT's head (pooler 32 x 32 + 32, classifier 32 x 3 + 3) trains in full beside the adapter
+    assert row["params_trainable"] == trainable and trainable - 1155 > 0
+    with open_dict(cfg):
+        cfg.adapter.target_modules = ["nope"]
+        cfg.adapter.pop("feedforward_modules", None)
+    with pytest.raises(ConfigError) as error:
+        validate(cfg)
+    assert str(error.value).startswith(REFUSED[kind])

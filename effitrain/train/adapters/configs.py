@@ -29,11 +29,14 @@ def uses_adapter(adapter_cfg: DictConfig | None) -> bool:
 
 
 def lora_config(adapter_cfg: DictConfig, task, model):
-    """The node's ``peft.LoraConfig`` (effitrain's own keys aside) for ``task``'s model class (a task
-    class or object: its ``auto_class``); for a classifier, ``model``'s whole head
-    (:func:`head_modules`) trains in full and gets no LoRA, unless ``modules_to_save`` or
-    ``exclude_modules`` is given."""
-    from hydra.utils import instantiate
+    """The node's peft config (``peft.LoraConfig``, or any peft ``*Config`` it targets; effitrain's own
+    keys aside) for ``task``'s model class (a task class or object: its ``auto_class``); for a
+    classifier, ``model``'s whole head (:func:`head_modules`) trains in full and gets no adapter,
+    unless ``modules_to_save`` or ``exclude_modules`` is given (``exclude_modules`` where the config
+    class takes it: VeRA's does not)."""
+    import inspect
+
+    from hydra.utils import get_class, instantiate
 
     node = OmegaConf.to_container(adapter_cfg, resolve=True)
     for key in READ_BY_EFFITRAIN["adapter"]:
@@ -42,8 +45,9 @@ def lora_config(adapter_cfg: DictConfig, task, model):
     if task_type == "SEQ_CLS":
         head = head_modules(model)
         node.setdefault("modules_to_save", head)
-        # a module and everything in it, by its full name: peft cannot wrap a module both ways
-        node.setdefault("exclude_modules", rf"({'|'.join(map(re.escape, head))})(\..*)?")
+        if "exclude_modules" in inspect.signature(get_class(node["_target_"])).parameters:
+            # a module and everything in it, by its full name: peft cannot wrap a module both ways
+            node.setdefault("exclude_modules", rf"({'|'.join(map(re.escape, head))})(\..*)?")
     return instantiate(node, task_type=task_type, _convert_="all")
 
 
