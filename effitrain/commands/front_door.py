@@ -134,7 +134,6 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     from effitrain.config.load import checked, load
     from effitrain.config.overrides import parse
     from effitrain.run import folders
-    from effitrain.train.adapters.build import check_builds
 
     split = _split_flags(argv)
     if split is None:
@@ -143,6 +142,9 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     parsed = parse(overrides)
     check_group_overrides(overrides)
     check_output_overrides(overrides)
+    # the model's check, torch with it: imported after the folder checks (a full disk refuses torch's import)
+    from effitrain.train.adapters.build import check_builds
+
     sweeps = [o for o in parsed if o.is_sweep_override()]
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     try:
