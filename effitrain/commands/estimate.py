@@ -16,11 +16,17 @@ from effitrain.memory.optimizer_state import estimate_optimizer_state, grads_est
 
 
 def meta_model(cfg):
-    """``cfg``'s model built on ``meta`` by the run's builders, its adapter (``adapter=lora``...)
-    applied: shapes, nothing allocated. A 4-bit base (``qlora``) is at full precision here: its
-    packed codes are counted by :func:`effitrain.memory.adapted.unpacked_4bit_bytes`."""
-    from effitrain.train.adapters import apply_adapter
-    from effitrain.train.modeling import build_model
+    """``cfg``'s model built on ``meta`` as a run builds it (its config sized to the tokenizer and the
+    data's labels), its adapter (``adapter=lora``...) applied: shapes, nothing allocated, by the one
+    build the check and the replay share (:func:`effitrain.train.adapters.build.model_on_meta`). A
+    4-bit base (``qlora``) is at full precision here: its packed codes are counted by
+    :func:`effitrain.train.adapters.replay.unpacked_4bit_bytes`.
+
+    Raises:
+        ConfigError: the model or its adapter cannot be built (one line naming the key).
+    """
+    from effitrain.train.adapters.build import model_on_meta
+    from effitrain.train.modeling import model_config
     from effitrain.train.tasks import build_task
 
     task = build_task(cfg)
@@ -28,9 +34,7 @@ def meta_model(cfg):
         num_labels = cfg.data.get("num_labels") or len(task.load(cfg.data).label_names)
     else:
         num_labels = None
-    model = build_model(cfg.model, num_labels, None, device="meta", auto_class=task.auto_class)
-    with torch.device("meta"):  # the adapter's own layers too
-        return apply_adapter(model, cfg.get("adapter"), task)
+    return model_on_meta(cfg, task, lambda: model_config(cfg.model, num_labels, None, task.auto_class))
 
 
 def replay_shapes(cfg, model) -> tuple[list[dict], dict]:
@@ -131,7 +135,7 @@ def counted_rows(model, optimizers: dict, cfg, batches: list[dict], evaluation: 
 
 
 def _counted(model, optimizer_cfg, cfg) -> dict:
-    from effitrain.memory.adapted import unpacked_4bit_bytes
+    from effitrain.train.adapters.replay import unpacked_4bit_bytes
     from effitrain.train.optim import build_optimizer
 
     weights_bytes = params_footprint(model).bytes - unpacked_4bit_bytes(model.config, cfg)

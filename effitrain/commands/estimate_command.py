@@ -29,6 +29,7 @@ def estimate(args) -> None:
     from effitrain.config.overrides import names, parse
     from effitrain.config.registry import group_options, installed_optimizers
     from effitrain.memory import MIB
+    from effitrain.train.adapters.build import check_builds  # torch: only for the verb
 
     parsed = parse(args.overrides)
     base = [o.input_line for o in parsed if not names(o, "optimizer")]
@@ -37,7 +38,7 @@ def estimate(args) -> None:
     if args.optimizers:
         check_optimizer_options(args.optimizers.split(","))
     # validated as check does, for the device predicted for; the data and weights are never read
-    cfg = load(args.overrides, device=device, loads=False)
+    cfg = load(args.overrides, device=device, loads=False, builds=check_builds)
     world_size = sharded_world_size(cfg, args.world_size)
     chosen = cfg.hydra.runtime.choices.optimizer
     optimizers = {

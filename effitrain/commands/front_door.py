@@ -142,6 +142,9 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     parsed = parse(overrides)
     check_group_overrides(overrides)
     check_output_overrides(overrides)
+    # the model's check, torch with it: imported after the folder checks (a full disk refuses torch's import)
+    from effitrain.train.adapters.build import check_builds
+
     sweeps = [o for o in parsed if o.is_sweep_override()]
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     try:
@@ -162,7 +165,7 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
             "or give one value"
         )
     if not multirun:
-        cfg = checked(cfg, problems, world_size)
+        cfg = checked(cfg, problems, world_size, builds=check_builds)
         check_output_folder("hydra.run.dir", str(cfg.hydra.run.dir))
         return cfg
     check_output_folder("hydra.sweep.dir", str(cfg.hydra.sweep.dir))
@@ -174,9 +177,10 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     jobs = sweep_jobs(fixed, sweeps, cfg)[:MAX_JOBS_CHECKED]
     for job in jobs:
         try:
-            job_cfg = _compose_with(config, fixed + job)[0] if config else load(fixed + job, world_size)
             if config:
-                checked(job_cfg, [], world_size)
+                job_cfg = checked(_compose_with(config, fixed + job)[0], [], world_size, builds=check_builds)
+            else:
+                job_cfg = load(fixed + job, world_size, builds=check_builds)
             try:
                 folder = Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
             except OmegaConfBaseException:  # named by what Hydra decides at launch (${hydra.job.num})

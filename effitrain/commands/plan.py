@@ -60,8 +60,8 @@ def weights_fit(cfg, budget: int, budget_text: str, margin: float = DEFAULT_MARG
         ConfigError: one line naming the budget, the weights' size and the least budget that could do.
     """
     from effitrain.commands.estimate import meta_model
-    from effitrain.memory.adapted import unpacked_4bit_bytes
     from effitrain.memory.count import params_footprint
+    from effitrain.train.adapters.replay import unpacked_4bit_bytes
 
     model = meta_model(cfg)
     weights = params_footprint(model).bytes - unpacked_4bit_bytes(model.config, cfg)

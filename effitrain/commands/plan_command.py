@@ -20,6 +20,7 @@ def plan_command(args) -> None:
 
     from effitrain.config.load import load
     from effitrain.memory import MIB
+    from effitrain.train.adapters.build import check_builds  # torch: only for the verb
 
     budget = parse_bytes(args.memory_budget)
     if args.effective_batch_size is not None and args.effective_batch_size < 1:
@@ -58,7 +59,9 @@ def plan_command(args) -> None:
         fitting, refused = [], None
         for adapter in adapters:
             try:
-                chosen = load([*args.overrides, f"adapter={adapter}"], device=device, loads=False)
+                chosen = load(
+                    [*args.overrides, f"adapter={adapter}"], device=device, loads=False, builds=check_builds
+                )
                 weights_fit(chosen, budget, args.memory_budget, args.margin)
                 fitting.append(adapter)
             except ConfigError as error:
@@ -68,7 +71,7 @@ def plan_command(args) -> None:
         rows = plan(args.overrides, budget, args.effective_batch_size, optimizers, device=device,
                     margin=args.margin, adapters=fitting, **traces)  # fmt: skip
     else:
-        load(args.overrides, device=device, loads=False)
+        load(args.overrides, device=device, loads=False, builds=check_builds)
         rows = plan_over_gpus(
             args.overrides, budget, args.memory_budget, gpus, args.effective_batch_size, optimizers, device,
             args.margin, **traces,

@@ -47,9 +47,7 @@ def checked(cfg: DictConfig, problems: list[str], world_size: int = 1, **validat
 def derive(cfg: DictConfig, world_size: int = 1) -> None:
     """What a run derives from its config before it starts (:mod:`effitrain.run.recipe`, and the folder
     policy comparing a rerun): ``micro_batch_size`` from ``effective_batch_size``, an adapter's lr made
-    the optimizer's (:func:`effitrain.config.adapter.apply_adapter_lr`)."""
-    from effitrain.config.adapter import apply_adapter_lr
-
+    the optimizer's (:func:`apply_adapter_lr`)."""
     apply_effective_batch_size(cfg, world_size)
     apply_adapter_lr(cfg)
 
@@ -90,4 +88,28 @@ def apply_effective_batch_size(cfg: DictConfig, world_size: int = 1) -> bool:
         return False
     with open_dict(cfg):
         cfg.micro_batch_size = micro
+    return True
+
+
+def apply_adapter_lr(cfg: DictConfig) -> bool:
+    """An adapter's ``lr`` made the optimizer's (``optimizer.lr``), unless the command line sets
+    ``optimizer.lr`` itself; True if it changed. LoRA's updates start at zero and are scaled by
+    ``lora_alpha / r``: they need a higher learning rate than full fine-tuning's to move in as many
+    steps, so the adapter group carries its own and the run's summary (``cfg/lr``) shows the one used."""
+    import math
+
+    from omegaconf import open_dict
+
+    from effitrain.config.compose import command_line_overrides
+
+    adapter = cfg.get("adapter")
+    lr = adapter.get("lr") if adapter is not None and adapter.get("_target_") else None
+    # a value the validation refuses is left for it to name as adapter.lr, not copied to optimizer.lr
+    usable = isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0
+    if not usable or cfg.optimizer.get("lr") == lr:
+        return False
+    if any(o.key_or_group == "optimizer.lr" for o in command_line_overrides(cfg)):
+        return False
+    with open_dict(cfg):
+        cfg.optimizer.lr = lr
     return True

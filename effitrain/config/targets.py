@@ -43,7 +43,7 @@ HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 # Keys of a target node that effitrain reads itself and leaves out when it instantiates the node.
 READ_BY_EFFITRAIN = {
     "data": ("packing",),  # the task's (tasks.data_node): causal_lm packs rows
-    # the weights' loading (adapters.quantization_config) and the optimizer's lr (adapter.apply_adapter_lr)
+    # the weights' loading (adapters.configs.quantization_config), the optimizer's lr (load.apply_adapter_lr)
     "adapter": ("quantization", "lr"),
 }
 
@@ -284,37 +284,6 @@ def check_config_overrides(cfg: DictConfig) -> None:
             raise invalid(
                 f"model.config_overrides.{key}", value, f"{config_class.__name__} has no such setting{hint}"
             )
-
-
-def check_model_builds(cfg: DictConfig) -> None:
-    """The model class the task builds accepts the architecture's values: built on ``meta`` (shapes
-    only, nothing allocated), so a dropout of 5 or heads that do not divide the width fail here, not
-    after the data is loaded. Names the command line's ``model.architecture.*`` or
-    ``model.config_overrides.*`` override when one was given; a model type whose class is not known
-    before loading (remote code, a hub id) is left to the build."""
-    import torch
-    import transformers
-    from transformers import AutoConfig
-
-    _, model_type, mapping = task_mapping(cfg)
-    model_class = getattr(transformers, str((mapping or {}).get(model_type)), None)
-    if model_class is None:
-        return
-    values = {k: v for k, v in model_architecture(cfg.model).items() if k != "model_type"}
-    try:
-        with torch.device("meta"):
-            model_class(AutoConfig.for_model(model_type, **values))
-    except Exception as error:  # noqa: BLE001 - the class's own check of its config
-        reason = " ".join(str(error).split()) or type(error).__name__
-        given = [
-            o
-            for o in command_line_overrides(cfg)
-            if o.key_or_group.startswith(("model.architecture.", "model.config_overrides."))
-        ]
-        key, value = (given[0].key_or_group, given[0].value()) if len(given) == 1 else ("model", values)
-        raise invalid(
-            key, value, f"{model_class.__name__} cannot be built with it ({reason[:300]})"
-        ) from None
 
 
 def check_optimizer(cfg: DictConfig) -> None:

@@ -4,8 +4,8 @@ loaded (:func:`validate`), and the checks of output folders made before Hydra wr
 Each key's type and range is the schema's (:mod:`effitrain.config.schema`); what stays here are the
 checks across keys and objects: the effective batch against accumulation, the precision and compile
 backend against this machine, the model against the task and its positions, every target against
-its group's allow-list and its signature, the optimizer and the model config built from the values,
-local files. Every error a user can cause is a :class:`ConfigError` whose message is one line naming
+its group's allow-list and its signature, the optimizer built from the values, local files; the model
+and its adapter built on ``meta`` by the check its builder hands in (``builds``). Every error a user can cause is a :class:`ConfigError` whose message is one line naming
 the key, the bad value and what is allowed; :func:`validate` reports every problem of a config at once.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import DictConfig
 
-from effitrain.config.adapter import check_adapter
 from effitrain.config.compose import command_line_overrides
 from effitrain.config.errors import ConfigError, ConfigErrors, invalid, raise_problems
 from effitrain.config.parallel import check_parallel
@@ -26,7 +26,6 @@ from effitrain.config.targets import (
     check_data_files,
     check_max_length,
     check_model,
-    check_model_builds,
     check_named_is_built,
     check_optimizer,
     check_targets,
@@ -109,14 +108,19 @@ def _collect(checks) -> list[str]:
     return problems
 
 
-def validate(cfg: DictConfig, world_size: int = 1, device: str | None = None, loads: bool = True) -> None:
+def validate(cfg: DictConfig, world_size: int = 1, device: str | None = None, loads: bool = True,
+             builds: Callable[[DictConfig], None] | None = None) -> None:  # fmt: skip
     """Check a composed run config before any data or model is loaded.
 
     Every check runs, so a user sees all problems at once. ``world_size`` is the number of
     data-parallel processes (the effective batch spans them all). ``device``: the device the config
     is checked for (``cpu`` or ``cuda``; None: this machine's, as a run has). ``loads``: the command
     loads the data and the weights (a run, ``check``); ``estimate`` and ``plan`` build the model on
-    ``meta`` from the config alone, so their data's files and the weights are not checked.
+    ``meta`` from the config alone, so their data's files and the weights are not checked. ``builds``:
+    the check that builds the model and its adapter on ``meta``
+    (:func:`effitrain.train.adapters.build.check_builds`, which needs torch and peft, so this layer
+    is handed it), run last; the front door and a run pass it, ``estimate`` and ``plan`` build by
+    the same function, which refuses the same values in the same line.
 
     Raises:
         ConfigError: one problem; ConfigErrors (a ConfigError) for several, one line each.
@@ -144,13 +148,12 @@ def validate(cfg: DictConfig, world_size: int = 1, device: str | None = None, lo
                 lambda: check_config_overrides(cfg),
                 lambda: check_task_model(cfg),
                 lambda: check_max_length(cfg),
-                lambda: check_adapter(cfg),
                 *([lambda: check_data_files(cfg)] if loads else []),
             ]
         )
     if not problems:  # after the model's type is known to fit the task: the most specific first
         problems = _collect(
-            [lambda: check_model_builds(cfg), *([lambda: check_weights(cfg)] if loads else [])]
+            [*([lambda: builds(cfg)] if builds else []), *([lambda: check_weights(cfg)] if loads else [])]
         )
     raise_problems(problems)
 

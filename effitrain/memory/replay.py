@@ -376,8 +376,8 @@ def completed(trace: Trace, analytic_state: int, config, cfg, device: str = "cpu
     """``trace`` with what its replay cannot hold added to every phase: the state of an optimizer
     counted, not replayed (``analytic_state``: :func:`counted_state`), and a 4-bit base's packed
     weights in place of the full ones it was traced with
-    (:func:`effitrain.memory.adapted.counted_4bit`); each with the bound it makes."""
-    from effitrain.memory.adapted import counted_4bit
+    (:func:`effitrain.train.adapters.replay.counted_4bit`); each with the bound it makes."""
+    from effitrain.train.adapters.replay import counted_4bit
 
     for peak in trace.phases.values():
         peak["optimizer_state"] += analytic_state
@@ -401,7 +401,7 @@ def counted_state(config, optimizer_cfg, cfg, device: str = "cpu") -> int:
     import transformers
 
     from effitrain.memory import estimate_optimizer_state
-    from effitrain.memory.adapted import adapted_on_meta
+    from effitrain.train.adapters.replay import adapted_on_meta
     from effitrain.train.optim import build_optimizer
     from effitrain.train.tasks import build_task
 
@@ -476,8 +476,8 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
     import transformers
 
     from effitrain.config.schema import DEVICES
-    from effitrain.memory.adapted import replay_model
     from effitrain.memory.cuda import autocast_like, cuda_kernels
+    from effitrain.train.adapters.replay import replay_model
     from effitrain.train.modeling import enable_activation_checkpointing
     from effitrain.train.step import StepMeter, StepOps
     from effitrain.train.tasks import build_task

@@ -11,7 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 from effitrain.memory.replay import StepMemory
 from effitrain.memory.track import TrainingMemory
 from effitrain.train import checkpoint, resume_point
-from effitrain.train.adapters import apply_adapter, quantization_config
+from effitrain.train.adapters.build import apply_adapter
+from effitrain.train.adapters.configs import quantization_config
 from effitrain.train.data import build_dataloaders, tokenize_cached
 from effitrain.train.distributed import world_size
 from effitrain.train.job import Job

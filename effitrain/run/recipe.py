@@ -29,7 +29,7 @@ from effitrain.run.ranks import write_rank_figures
 from effitrain.run.summary import Summary
 from effitrain.run.summary_keys import summary_config_keys
 from effitrain.train import resume_point
-from effitrain.train.adapters import parameter_counts
+from effitrain.train.adapters.build import check_builds, parameter_counts
 from effitrain.train.distributed import process_state, world_size
 from effitrain.train.job import Evaluation, Job, evaluate_job
 from effitrain.train.loggers import MetricsFile, build_tracker
@@ -126,7 +126,7 @@ def prepare(
         ConfigError: a bad config, a finished run in the folder, or a checkpoint it cannot resume.
     """
     if not validated:
-        validate(cfg, num_processes)
+        validate(cfg, num_processes, builds=check_builds)
     if cfg.get("resume") != "auto":  # resume=auto asked the folder policy already (finished_and_kept)
         folders.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
     return resume_point.find_resume(cfg, output_dir)

@@ -9,7 +9,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from effitrain.config.errors import invalid
-from effitrain.train.adapters import keep_cpu_layout, keeping_head
+from effitrain.train.adapters.build import keep_cpu_layout
+from effitrain.train.adapters.configs import keeping_head
 from effitrain.util.assets import hub_unreachable
 from effitrain.util.compat import checkpointing_wrapped, recomputation_tracked
 
@@ -118,6 +119,16 @@ def build_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None, 
     return config
 
 
+def model_config(model_cfg: DictConfig, num_labels: int | None, tokenizer=None,
+                 auto_class: str = "AutoModelForSequenceClassification"):  # fmt: skip
+    """The config :func:`build_model` builds ``auto_class``'s model from (:func:`build_config`), and
+    the one an estimate builds on ``meta`` (:func:`effitrain.train.adapters.build.model_on_meta`)."""
+    if tokenizer is None and model_cfg.init == "random":
+        # one rule for runs and estimates: a fresh embedding is sized to the tokenizer a run uses
+        tokenizer = tokenizer_for_size(model_cfg)
+    return build_config(model_cfg, num_labels, tokenizer, causal=auto_class == "AutoModelForCausalLM")
+
+
 def build_model(
     model_cfg: DictConfig,
     num_labels: int | None,
@@ -131,16 +142,13 @@ def build_model(
 
     ``init=pretrained`` loads weights from ``name_or_path``; ``init=random`` (or ``device="meta"``,
     used by estimates) builds the architecture only, so no weights are read. ``quantization``: a
-    ``BitsAndBytesConfig`` (``adapter=qlora``, :func:`effitrain.train.adapters.quantization_config`)
+    ``BitsAndBytesConfig`` (``adapter=qlora``, :func:`effitrain.train.adapters.configs.quantization_config`)
     that ``from_pretrained`` loads the weights through.
     """
     import transformers
 
     auto = getattr(transformers, auto_class)
-    if tokenizer is None and model_cfg.init == "random":
-        # one rule for runs and estimates: a fresh embedding is sized to the tokenizer a run uses
-        tokenizer = tokenizer_for_size(model_cfg)
-    config = build_config(model_cfg, num_labels, tokenizer, causal=auto_class == "AutoModelForCausalLM")
+    config = model_config(model_cfg, num_labels, tokenizer, auto_class)
     if quantization is not None and device != "meta":
         with torch.device("meta"):  # the head's names, nothing allocated
             skeleton = auto.from_config(config, trust_remote_code=model_cfg.trust_remote_code)

@@ -1,13 +1,20 @@
-"""The adapter group's checks (effitrain/config/adapter.py) beyond the table of bad inputs."""
+"""The adapter group's checks (effitrain/train/adapters/build.py, the build on meta that validation is
+handed) beyond the table of bad inputs."""
 
 from __future__ import annotations
 
 import pytest
 
-from effitrain.config import adapter as adapter_checks
 from effitrain.config.errors import ConfigError
-from effitrain.config.validate import validate
+from effitrain.config.load import apply_adapter_lr
+from effitrain.config.validate import validate as validate_config
+from effitrain.train.adapters import build as adapter_checks
 from tests.helpers.run import compose
+
+
+def validate(cfg):
+    """Validation as the front door and a run call it: with the build on meta."""
+    validate_config(cfg, builds=adapter_checks.check_builds)
 
 
 def test_qlora_is_refused_where_bitsandbytes_4bit_is_unavailable(monkeypatch):
@@ -40,7 +47,7 @@ def test_a_head_with_a_pre_classifier_trains_in_full_without_lora_on_it():
     from peft import get_peft_model
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
-    from effitrain.config.adapter import lora_config
+    from effitrain.train.adapters.configs import lora_config
     from effitrain.train.tasks import Classification
 
     config = DistilBertConfig(vocab_size=100, dim=32, hidden_dim=64, n_layers=1, n_heads=2, num_labels=3)
@@ -82,7 +89,7 @@ HEADS = {
 def test_the_whole_head_trains_in_full_and_gets_no_lora(model_type):
     from peft import get_peft_model
 
-    from effitrain.config.adapter import head_modules, lora_config
+    from effitrain.train.adapters.configs import head_modules, lora_config
     from effitrain.train.tasks import Classification
 
     model = tiny_classifier(model_type)
@@ -112,5 +119,41 @@ def test_the_whole_head_trains_in_full_and_gets_no_lora(model_type):
 )
 def test_an_adapter_trains_at_its_lr_unless_the_command_line_sets_the_optimizers(overrides, lr):
     cfg = compose(*overrides)
-    assert adapter_checks.apply_adapter_lr(cfg) == (cfg.optimizer.lr != compose(*overrides).optimizer.lr)
+    assert apply_adapter_lr(cfg) == (cfg.optimizer.lr != compose(*overrides).optimizer.lr)
     assert cfg.optimizer.lr == lr
+
+
+# docs/extending.md, "Adding an adapter kind": another peft config class is a node alone
+OTHER_KINDS = {
+    "ia3": {"_target_": "peft.IA3Config", "target_modules": ["query", "value", "intermediate.dense"],
+            "feedforward_modules": ["intermediate.dense"], "lr": 1e-3},
+    "vera": {"_target_": "peft.VeraConfig", "r": 8, "target_modules": ["query", "value"], "lr": 1e-3},
+}  # fmt: skip
+
+
+REFUSED = {  # a target the model lacks, in one line: peft's own words for VeRA's refusal
+    "ia3": "adapter.target_modules=['nope'] is invalid: matches no module of BertForSequenceClassification",
+    "vera": "adapter.target_modules=['nope'] is invalid: peft cannot wrap it: No layers types compatible with VeRA",
+}
+
+
+@pytest.mark.parametrize("kind, trainable", [("ia3", 1347), ("vera", 1315)])
+def test_another_peft_config_is_an_adapter_kind_with_no_code(kind, trainable):
+    from omegaconf import OmegaConf, open_dict
+
+    from effitrain.commands.estimate import estimate_memory
+
+    cfg = compose("adapter=lora")
+    with open_dict(cfg):
+        cfg.adapter = OmegaConf.create(OTHER_KINDS[kind])
+    validate(cfg)
+    assert cfg.adapter.lr == 1e-3
+    row = estimate_memory(cfg, step=False)["chosen"]
+    # the tiny BERT's head (pooler 32 x 32 + 32, classifier 32 x 3 + 3) trains in full beside the adapter
+    assert row["params_trainable"] == trainable and trainable - 1155 > 0
+    with open_dict(cfg):
+        cfg.adapter.target_modules = ["nope"]
+        cfg.adapter.pop("feedforward_modules", None)
+    with pytest.raises(ConfigError) as error:
+        validate(cfg)
+    assert str(error.value).startswith(REFUSED[kind])

@@ -161,7 +161,7 @@ VALUES = [
     # an explicit micro batch that the effective batch contradicts
     (["effective_batch_size=32", "micro_batch_size=4"],
      "micro_batch_size=4 is invalid: effective_batch_size=32 with gradient_accumulation_steps x processes = 1 sets it to 32"),
-    # adapters: peft's LoraConfig values, checked before a model loads (config/adapter.py)
+    # adapters: peft's LoraConfig values, checked before a model loads (train/adapters/build.py)
     (["adapter=lora", "adapter.r=0"], "adapter.r=0 is invalid: must be an integer >= 1 (the rank of each update)"),
     (["adapter=dora", "adapter.lora_alpha=0"], "adapter.lora_alpha=0 is invalid: must be a number > 0"),
     (["adapter=lora", "adapter.lora_dropout=1"], "adapter.lora_dropout=1 is invalid: must be in [0, 1)"),

@@ -353,7 +353,7 @@ def test_a_settled_folder_is_left_as_it_was_even_a_dead_holders_lock_file(tmp_pa
 
 
 def test_an_adapter_run_is_found_again_at_the_lr_it_ran_at(tmp_path):
-    from effitrain.config.adapter import apply_adapter_lr
+    from effitrain.config.load import apply_adapter_lr
 
     composed = compose("adapter=lora")
     ran = compose("adapter=lora")

@@ -383,9 +383,9 @@ def validations(monkeypatch) -> list:
 
     seen, real_validate = [], config.validate
 
-    def counted(cfg, world_size=1):
+    def counted(cfg, world_size=1, **validation):  # validation: the build check handed in (builds=)
         seen.append(copy.deepcopy(cfg))
-        return real_validate(cfg, world_size)
+        return real_validate(cfg, world_size, **validation)
 
     monkeypatch.setattr(config, "validate", counted)
     monkeypatch.setattr(recipe, "validate", counted)

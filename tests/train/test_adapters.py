@@ -10,7 +10,8 @@ import torch
 
 from effitrain import memory
 from effitrain.config.registry import group_options
-from effitrain.train.adapters import apply_adapter, parameter_counts, quantization_config
+from effitrain.train.adapters.build import apply_adapter, parameter_counts
+from effitrain.train.adapters.configs import quantization_config
 from effitrain.train.optim import build_optimizer
 from effitrain.train.tasks import build_task
 from tests.helpers.run import compose, optimizer_option, run_job
@@ -98,7 +99,7 @@ def test_qlora_leaves_the_head_in_full_precision_and_the_replay_quantizes_the_sa
     import transformers
     from bitsandbytes.nn import Linear4bit
 
-    from effitrain.memory.adapted import quantized_layers
+    from effitrain.train.adapters.replay import quantized_layers
 
     model, cfg, task = loaded("adapter=qlora", *extra)
     for name in head:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from effitrain.config.parallel import check_ddp
-from effitrain.train.adapters import load_adapter, save_adapter
+from effitrain.train.adapters.files import load_adapter, save_adapter
 from effitrain.train.distributed import rank
 
 

@@ -1,10 +1,13 @@
-"""The model a replay runs, its adapter included (``adapter=lora``, ``dora``): the step peak of an adapted
+"""What the replay needs of an adapter (``adapter=lora``, ``dora``, ``qlora``): the step peak of an adapted
 model is predicted by the same fake-tensor replay as a full fine-tuning's (:mod:`effitrain.memory.replay`).
 
 peft cannot wrap a model made of fake tensors (moving an adapter to its base layer's device swaps
 tensors, which fake ones refuse), so the model is built and wrapped on ``meta`` by transformers and
-peft themselves, then each parameter and buffer is given a fake tensor of its shape and dtype that
-keeps its ``requires_grad``: the frozen base, the trained adapters and head, tied weights still one.
+peft themselves (:func:`effitrain.train.adapters.build.model_on_meta`), then each parameter and buffer
+is given a fake tensor of its shape and dtype that keeps its ``requires_grad``: the frozen base, the
+trained adapters and head, tied weights still one. bitsandbytes' 4-bit layers need quantized values
+fake tensors lack: a 4-bit base is replayed at full precision and its packed codes counted
+(:func:`counted_4bit`).
 
     effitrain estimate adapter=lora           # trainable weights, and the step peak replayed
 """
@@ -13,28 +16,25 @@ from __future__ import annotations
 
 import torch
 
+from effitrain.train.adapters.build import model_on_meta
+from effitrain.train.adapters.configs import keeping_head, quantization_config, uses_adapter
 from effitrain.util.compat import keep_in_fp32_modules
 
 
 def replay_model(auto, config, cfg, task):
     """``cfg``'s model of ``auto`` (a transformers auto class) from ``config``, with ``cfg.adapter``'s
-    adapter as a run applies it (:func:`effitrain.train.adapters.apply_adapter`), made of fake
-    tensors: call it under a fake tensor mode. Without an adapter the model is built directly there."""
-    from effitrain.train.adapters import uses_adapter
-
-    adapter_cfg = cfg.get("adapter")
-    if not uses_adapter(adapter_cfg):
+    adapter as a run applies it, made of fake tensors: call it under a fake tensor mode. Without an
+    adapter the model is built directly there."""
+    if not uses_adapter(cfg.get("adapter")):
         with torch.device("cpu"):
             return auto.from_config(config)
     return faked(adapted_on_meta(auto, config, cfg, task))
 
 
 def adapted_on_meta(auto, config, cfg, task):
-    """``cfg``'s model with its adapter, on ``meta``: shapes and ``requires_grad``, nothing allocated."""
-    from effitrain.train.adapters import apply_adapter
-
-    with torch.device("meta"):  # peft's own layers too
-        return apply_adapter(auto.from_config(config), cfg.get("adapter"), task)
+    """``cfg``'s model with its adapter, on ``meta``, from ``config`` (``auto``: ``task``'s class):
+    :func:`effitrain.train.adapters.build.model_on_meta`, as the replay calls it."""
+    return model_on_meta(cfg, task, lambda: config)
 
 
 def faked(model):
@@ -115,17 +115,15 @@ def unpacked_4bit_bytes(config, cfg) -> int:
 
 
 def _quantization(cfg):
-    from effitrain.train.adapters import quantization_config
-
     return quantization_config(cfg.get("adapter"), cfg.precision.mixed_precision)
 
 
 def _auto(cfg):
     import transformers
 
-    from effitrain.train.tasks import build_task
+    from effitrain.config.model_spec import task_class
 
-    return getattr(transformers, build_task(cfg).auto_class)
+    return getattr(transformers, task_class(cfg).auto_class)  # a class attribute of the task
 
 
 def quantized_layers(auto, config, quantization) -> list[torch.Tensor]:
@@ -133,8 +131,6 @@ def quantized_layers(auto, config, quantization) -> list[torch.Tensor]:
     ``Linear4bit``, chosen by the quantizer itself (its skipped modules: the head, tied weights)."""
     from transformers.integrations import replace_with_bnb_linear
     from transformers.quantizers.auto import AutoHfQuantizer
-
-    from effitrain.train.adapters import keeping_head
 
     with torch.device("meta"):
         model = auto.from_config(config)
