@@ -271,9 +271,10 @@ def baseline(jobs: list[JobResult], among: list[JobResult] | None = None) -> tup
     """The job ratios are taken against, among ``among`` (default: all ``jobs``; one kind's jobs
     when the jobs are of several): the first ranked AdamW job (the usual reference) where the
     optimizer varies, else the first ranked job; a job whose eval loss or step peak is not finite
-    never. Returns its name for the header (numbered in ``jobs``) and its summary."""
+    never, unless no job is ranked (then the first that finished ok). Returns its name for the header (numbered in ``jobs``) and its summary."""
     among = jobs if among is None else among
-    finished = [job for job in among if job.ranked] or among
+    # where none is ranked (a study of memory alone, no eval loss), the first that finished ok
+    finished = [job for job in among if job.ranked] or [job for job in among if job.ok] or among
     adamw = [job for job in finished if job.summary.get("cfg/optimizer") == "adamw"]
     if adamw and len({job.summary.get("cfg/optimizer") for job in finished}) > 1:
         return "AdamW", adamw[0].summary

@@ -313,16 +313,20 @@ def test_job_shares_the_sweep_compile_cache_and_skips_only_ok_summaries(tmp_path
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     job = tmp_path / "optimizer=adamw"
     hydra_cfg = OmegaConf.create({"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(job)}})
-    cfg = OmegaConf.create({"skip_ok_jobs": True})
+    from effitrain.run.folders import CONFIG_KEY, config_record
+    from tests.helpers.run import compose
+
+    cfg = compose()
     assert start_job(cfg, hydra_cfg) is None  # nothing there yet
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path.resolve() / INDUCTOR_CACHE)
 
     write_json_atomic(job / "summary.json", {"status": "failed", "error": "x"})
     assert start_job(cfg, hydra_cfg) is None
-    write_json_atomic(job / "summary.json", {"status": "ok", "eval/loss": 0.5})
-    assert start_job(cfg, hydra_cfg) == {"status": "ok", "eval/loss": 0.5}
+    finished = {"status": "ok", "eval/loss": 0.5, CONFIG_KEY: config_record(cfg)}  # as a run writes it
+    write_json_atomic(job / "summary.json", finished)
+    assert start_job(cfg, hydra_cfg) == finished
     assert f"effitrain: skip: {job} already holds an ok summary.json" in capsys.readouterr().out
-    assert start_job(OmegaConf.create({"skip_ok_jobs": False}), hydra_cfg) is None
+    assert start_job(OmegaConf.merge(cfg, {"skip_ok_jobs": False}), hydra_cfg) is None
 
 
 @pytest.mark.slow
