@@ -8,7 +8,7 @@ from pathlib import Path
 
 from effitrain.compare.labels import identical_groups, job_labels, joined_numbers, merged_label
 from effitrain.compare.load import MIB, STEADY_SPEED, JobResult, _finite, _is_value, job_kind
-from effitrain.memory.replay import CATEGORIES
+from effitrain.memory.step_peak import CATEGORIES
 
 
 def _figure(height: float, columns: int = 1):

@@ -29,7 +29,7 @@ from effitrain.compare.load import (
     seed_groups,
     seed_stats,
 )
-from effitrain.memory.replay import CATEGORIES
+from effitrain.memory.step_peak import CATEGORIES
 from effitrain.train.tasks import reported_metrics
 
 

@@ -20,7 +20,7 @@ from effitrain.train.step import StepMeter, epoch_batches
 from effitrain.train.tasks import Task
 
 if TYPE_CHECKING:  # built by the run (effitrain.run.build), above this layer
-    from effitrain.memory.replay import StepMemory
+    from effitrain.memory.step_peak import StepMemory
     from effitrain.memory.track import TrainingMemory
 
 

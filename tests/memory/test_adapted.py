@@ -10,7 +10,7 @@ from torch.nn import Parameter
 
 from effitrain.commands.estimate import estimate_memory
 from effitrain.memory.adapted import BOUND_DEQUANTIZED, NOT_BOUND_ON_CUDA, adapted_on_meta, faked
-from effitrain.memory.replay import CATEGORIES
+from effitrain.memory.step_peak import CATEGORIES
 from effitrain.train.modeling import build_model
 from effitrain.train.tasks import build_task
 from effitrain.util.compat import fake_tensor_mode

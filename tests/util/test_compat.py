@@ -209,7 +209,7 @@ def test_a_recomputed_layer_s_own_ops_count_as_activations_with_its_hooks_outsid
     rule for recomputation), not a temporary; the peak itself does not move."""
     from torch.utils.checkpoint import checkpoint
 
-    from effitrain.memory.replay import breakdown, step_tracker
+    from effitrain.memory.step_peak import breakdown, step_tracker
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -309,7 +309,7 @@ def test_storages_counted_as_is_what_mem_tracker_counts_and_is_undone_after():
     a storage said to stay on the host at its size (40), and every storage at its size once left."""
     from torch.distributed._tools import mem_tracker
 
-    from effitrain.memory.replay import breakdown, step_tracker
+    from effitrain.memory.step_peak import breakdown, step_tracker
 
     before = dict(vars(mem_tracker._WeakRefInfo))
     counted = []
@@ -328,7 +328,7 @@ def test_counting_like_counts_a_tensor_in_the_category_of_the_one_it_is_like():
     """``count(tracker, tensor, like)`` (replay's left-out micro-batches) adds ``tensor``'s bytes to
     the category MemTracker counts ``like``'s in: an activation, made inside the tracker; nothing for
     a ``like`` made before it, which it never counted."""
-    from effitrain.memory.replay import breakdown, step_tracker
+    from effitrain.memory.step_peak import breakdown, step_tracker
 
     count = compat.counting_like()
     assert count is not None
