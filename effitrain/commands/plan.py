@@ -236,7 +236,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     # and another optimizer learns otherwise; then the order of conf/optimizer
     own = base.hydra.runtime.choices.get("optimizer")
     rows.sort(key=lambda r: (not r["fits"], adapter_rank(r.get("adapter")), r["gradient_accumulation_steps"],
-                             r["gradient_checkpointing"], half_first[r["precision"]],
+                             r[GRADIENT_CHECKPOINTING.key], half_first[r["precision"]],
                              r["optimizer"] != own, optimizers.index(r["optimizer"])))  # fmt: skip
     if rows:
         confirm(rows[0], device)
