@@ -22,7 +22,8 @@ import torch  # noqa: E402
 from effitrain.commands.estimate import estimate_memory  # noqa: E402
 from effitrain.config.compose import compose  # noqa: E402
 from effitrain.memory import MIB  # noqa: E402
-from effitrain.memory.replay import CATEGORIES, trace_step  # noqa: E402
+from effitrain.memory.replay import trace_step  # noqa: E402
+from effitrain.memory.step_peak import CATEGORIES  # noqa: E402
 from effitrain.train.modeling import build_model  # noqa: E402
 from effitrain.train.tasks import build_task  # noqa: E402
 

@@ -28,7 +28,7 @@ from effitrain.commands.estimate import estimate_memory  # noqa: E402
 from effitrain.config.compose import compose  # noqa: E402
 from effitrain.config.registry import group_options  # noqa: E402
 from effitrain.memory import MIB  # noqa: E402
-from effitrain.memory.replay import CATEGORIES  # noqa: E402
+from effitrain.memory.step_peak import CATEGORIES  # noqa: E402
 from effitrain.run.isolated import run_isolated  # noqa: E402
 
 MODEL = {"distilbert_base_cased": ["model.init=random"]}

@@ -74,7 +74,7 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     one rank's of ``world_size`` (:func:`effitrain.memory.sharded.trace_sharded`, a full replay per
     optimizer, neither shared nor cached); an optimizer FSDP refuses has ``unsupported`` instead.
     """
-    from effitrain.memory.replay import CATEGORIES
+    from effitrain.memory.step_peak import CATEGORIES
     from effitrain.memory.trace_cache import traces_of
     from effitrain.train.parallel import strategy_of
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from effitrain.commands.options import check_optimizer_options, default_device
+from effitrain.config import techniques
 from effitrain.config.compose import compose
 from effitrain.config.errors import ConfigError
 
@@ -71,7 +72,7 @@ def estimate(args) -> None:
         f"effitrain estimate: {first['params']:,} parameters{trained} (vocabulary {first['vocab_size']:,}); one step of "
         f"{cfg.gradient_accumulation_steps} x {cfg.micro_batch_size} samples x {cfg.max_length} tokens "
         f"(the worst case), precision={cfg.hydra.runtime.choices.precision}, "
-        f"gradient_checkpointing={str(bool(cfg.gradient_checkpointing)).lower()}; as {device.upper()} holds it "
+        f"{techniques.described(cfg)}; as {device.upper()} holds it "
         "(--device); MiB at the step peak"
         + (f"; one rank of {world_size} (parallel=fsdp, --world-size)" if world_size else "")
     )

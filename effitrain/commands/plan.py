@@ -25,8 +25,8 @@ import re
 
 from effitrain.config.errors import ConfigError
 from effitrain.config.load import apply_effective_batch_size
-from effitrain.config.model_spec import no_checkpointing
 from effitrain.config.registry import group_options, installed_optimizers
+from effitrain.config.techniques import GRADIENT_CHECKPOINTING
 
 # The share of the budget kept free: the allocator rounds every block up (512 bytes on CUDA) and
 # cannot always reuse a freed block for a larger one, so what it reserves exceeds what tensors hold.
@@ -101,16 +101,12 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     from effitrain.config.compose import compose
     from effitrain.config.overrides import names, parse
     from effitrain.memory.cuda import CUBLAS_WORKSPACES_BYTES
-    from effitrain.memory.shared import StepReplays
+    from effitrain.memory.shared_traces import StepReplays
 
     base = compose(overrides)
     usable = budget * (1 - margin) - (CUBLAS_WORKSPACES_BYTES if device == "cuda" else 0)
-    chosen = any(names(o, "gradient_checkpointing") for o in parse(overrides))
-    if chosen:  # the user's own setting is the only one tried
-        checkpointing = [bool(base.gradient_checkpointing)]
-    elif no_checkpointing(base):  # a model class that cannot recompute its layers
-        checkpointing = [False]
-    checkpointing = sorted(set(checkpointing))  # without first: it decides which micro batches to try with
+    chosen = any(names(o, GRADIENT_CHECKPOINTING.key) for o in parse(overrides))  # then only the user's own
+    checkpointing = GRADIENT_CHECKPOINTING.plan_values(base, chosen, checkpointing)  # its axis, off first
     effective = (
         effective
         or base.get("effective_batch_size")
@@ -150,7 +146,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                 f"gradient_accumulation_steps={accumulation(micro)}",
             ]
         if recompute and not chosen:
-            choice.append("gradient_checkpointing=true")
+            choice.append(GRADIENT_CHECKPOINTING.override(True))
         return choice
 
     def config_of(setting, optimizer, recompute=False, micro=None):
@@ -179,7 +175,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
             fits = row["run_peak_bytes"] <= usable
             rows.append({
                 **setting, "optimizer": name, "micro_batch_size": micro,
-                "gradient_accumulation_steps": accumulation(micro), "gradient_checkpointing": recompute,
+                "gradient_accumulation_steps": accumulation(micro), GRADIENT_CHECKPOINTING.key: recompute,
                 "step_peak_bytes_predicted": row["step_peak_bytes"],
                 "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
                 "fits": fits, "gpus": gpus, "trace_source": row.get("trace_source"),
@@ -240,7 +236,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     # and another optimizer learns otherwise; then the order of conf/optimizer
     own = base.hydra.runtime.choices.get("optimizer")
     rows.sort(key=lambda r: (not r["fits"], adapter_rank(r.get("adapter")), r["gradient_accumulation_steps"],
-                             r["gradient_checkpointing"], half_first[r["precision"]],
+                             r[GRADIENT_CHECKPOINTING.key], half_first[r["precision"]],
                              r["optimizer"] != own, optimizers.index(r["optimizer"])))  # fmt: skip
     if rows:
         confirm(rows[0], device)
@@ -261,7 +257,7 @@ def candidate_config(base, effective: int, accumulation: int, checkpointing: boo
     with open_dict(cfg):
         cfg.effective_batch_size, cfg.gradient_accumulation_steps = effective, accumulation
         if checkpointing:
-            cfg.gradient_checkpointing = True
+            cfg[GRADIENT_CHECKPOINTING.key] = True
     apply_effective_batch_size(cfg, gpus)
     return cfg
 

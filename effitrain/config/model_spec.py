@@ -84,15 +84,3 @@ def task_mapping(cfg: DictConfig):
     task = task_class(cfg)
     mapping = getattr(modeling_auto, getattr(task, "model_mapping", ""), None)
     return task, model_architecture(cfg.model).get("model_type"), mapping
-
-
-def no_checkpointing(cfg: DictConfig) -> str | None:
-    """The name of the model class the task builds when it does not support gradient checkpointing
-    (transformers' ``supports_gradient_checkpointing``), from the model's config alone; None when
-    it does or the class is not known before loading (remote code: the build then says so)."""
-    import transformers
-
-    _, model_type, mapping = task_mapping(cfg)
-    name = (mapping or {}).get(model_type)
-    cls = getattr(transformers, name, None) if isinstance(name, str) else None
-    return name if cls is not None and not cls.supports_gradient_checkpointing else None

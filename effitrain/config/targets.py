@@ -20,7 +20,6 @@ from effitrain.config.model_spec import (
     local_config_file,
     max_positions,
     model_architecture,
-    no_checkpointing,
     task_class,
     task_mapping,
     uses_named_config,
@@ -35,6 +34,7 @@ from effitrain.config.registry import (
     missing_module,
     target_definition,
 )
+from effitrain.config.techniques import check_techniques
 from effitrain.util.compat import config_node
 
 # Hydra's own keys of a node it instantiates: never an argument of the target.
@@ -306,7 +306,8 @@ def check_optimizer(cfg: DictConfig) -> None:
 
 def check_task_model(cfg: DictConfig) -> None:
     """The model type has the head the task builds (a decoder for causal_lm), from its config alone;
-    with ``gradient_checkpointing=true``, a model class that can recompute its layers."""
+    then each memory technique's check (``gradient_checkpointing=true``: a model class that can
+    recompute its layers)."""
     task, model_type, mapping = task_mapping(cfg)
     if model_type and mapping is not None and model_type not in mapping:
         raise invalid(
@@ -325,9 +326,7 @@ def check_task_model(cfg: DictConfig) -> None:
             config = None
         if config is not None and causal_check(config, bool(cfg.model.get("trust_remote_code"))):
             raise not_causal(cfg.model.get("name_or_path"), mapping[model_type])
-    unable = no_checkpointing(cfg) if cfg.get("gradient_checkpointing") is True else None
-    if unable:
-        raise invalid("gradient_checkpointing", True, f"{unable} cannot recompute activations: give false")
+    check_techniques(cfg)  # each memory technique's own check (gradient_checkpointing's model class)
 
 
 def not_causal(name_or_path, class_name: str) -> ConfigError:

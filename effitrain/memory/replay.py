@@ -1,15 +1,12 @@
-"""The step peak: tensor memory by category at the highest point of one optimizer step, measured on a
-real step of a run and predicted by running the same step on fake tensors.
-
-Both use PyTorch's dispatch-level ``MemTracker``, which attributes every live tensor to parameters,
-buffers, gradients, activations, temporaries or optimizer state. It counts tensors, not processes,
-so the figure is the same on CPU and CUDA and comparable across jobs even in one process. Tensors
-that exist before the step and belong to none of the model or optimizer (the micro-batches the data
-loader already made) are not counted, in the measurement and the prediction alike, until an
-operation in the step views one (a causal LM shifts its labels, GPT-2 reshapes its inputs): its
-storage then counts as an activation from that moment on, in both.
+"""The step peak predicted: a run's phases (its first optimizer step, a later one, evaluation)
+replayed on fake tensors, each under the step tracker a run measures its step with
+(:mod:`effitrain.memory.step_peak`); nothing is allocated and no weights are read.
 
     effitrain estimate model=distilbert_base_cased optimizer=adam8bit    # predicted, nothing allocated
+
+The step is the backends' own (:func:`effitrain.train.step.window_step`) over the recorded
+micro-batches as fake zeros (:mod:`effitrain.memory.fake_window`); memory techniques apply to the
+replayed model as to the trained one (:mod:`effitrain.config.techniques`).
 """
 
 from __future__ import annotations
@@ -22,265 +19,10 @@ import math
 import torch
 
 from effitrain.config.errors import ConfigError
-from effitrain.config.summary_schema import CATEGORIES
-from effitrain.util.compat import (
-    attention_implementation,
-    checkpointing_wrapped,
-    fake_tensor_mode,
-    mask_skipping_replaced,
-    step_peak_tracker_class,
-    values_assumed,
-)
-
-# MemTracker's categories -> effitrain's (the summary's keys); buffers are model state like weights.
-CATEGORY_OF = {
-    "Parameter": "weights",
-    "Buffer": "weights",
-    "Gradient": "gradients",
-    "Optstate": "optimizer_state",
-    "Activation": "activations",
-    "Temp": "temporaries",
-    "Other": "temporaries",
-}
-
-
-def step_tracker():
-    """A ``MemTracker`` that keeps only the whole step's peak. MemTracker also keeps every module's
-    own peak, at the cost of a pass over all modules on each operator; nothing here reads those,
-    and skipping them is what brings a tracked step near a plain one's time."""
-    return step_peak_tracker_class()()
-
-
-def breakdown(snapshot: dict) -> dict[str, int]:
-    """Bytes per category of a MemTracker snapshot (all devices together), and ``total``."""
-    totals = dict.fromkeys(CATEGORIES, 0)
-    for per_device in snapshot.values():
-        for kind, nbytes in per_device.items():
-            kind = getattr(kind, "value", kind)
-            if kind in CATEGORY_OF:
-                totals[CATEGORY_OF[kind]] += int(nbytes)
-    totals["total"] = sum(totals[c] for c in CATEGORIES)
-    return totals
-
-
-class StepMemory:
-    """Measures one optimizer step of a run (``step``, 1-based) and remembers its micro-batches'
-    shapes, so the prediction can replay exactly that step.
-
-    ``job.track_step(step)`` enters :meth:`track`: a context around an optimizer step that tracks
-    only the chosen one; :meth:`saw` is called before each micro-batch's forward. A backend that
-    cannot wrap its step in a ``with`` (the Trainer) calls :meth:`begin` and :meth:`end` itself.
-    """
-
-    def __init__(self, model, optimizer, step: int, meter=None):
-        self.model, self.optimizer, self.step, self.meter = model, optimizer, step, meter
-        self.peak: dict[str, int] | None = None
-        self.batches: list[dict] = []  # {key: (shape, dtype)} of each micro-batch of the tracked step
-        self._tracker = None
-
-    @contextlib.contextmanager
-    def track(self, step: int):
-        if step != self.step:
-            yield
-            return
-        self.begin(step)
-        try:
-            yield
-        finally:
-            self.end()
-
-    @property
-    def active(self) -> bool:
-        return self._tracker is not None
-
-    def begin(self, step: int) -> None:
-        if step != self.step or self.peak is not None:
-            return
-        tracker = step_tracker()
-        tracker.track_external(self.model, self.optimizer)
-        # torch.compile cannot run under the tracker's dispatch mode: the tracked step runs eagerly
-        # (a compiled model falls back to eager there anyway; torchao's optimizers compile their
-        # update with fullgraph=True, which would fail instead)
-        with contextlib.ExitStack() as entered:  # both or neither: a failed enter leaves no stance behind
-            entered.enter_context(torch.compiler.set_stance("force_eager"))
-            entered.enter_context(tracker)
-            self._entered = entered.pop_all()
-        self._tracker = tracker
-        if self.meter is not None:
-            self.meter.leave_untimed()
-
-    def saw(self, batch) -> None:
-        """A micro-batch of the step starts (called before its forward)."""
-        if not self.active:
-            return
-        if self.batches:  # the model runs again in this step: MemTracker wants fresh module stats
-            self._tracker.reset_mod_stats()
-        shapes = {k: (tuple(v.shape), v.dtype) for k, v in batch.items() if torch.is_tensor(v)}
-        mask = batch.get("attention_mask")
-        # a model skips building its attention mask when nothing is padded: the replay must too
-        shapes["padded"] = bool((mask == 0).any()) if mask is not None else False
-        self.batches.append(shapes)
-
-    def end(self) -> None:
-        """Leave the tracker (also after a failed step, so no dispatch mode outlives the run)."""
-        tracker, self._tracker = self._tracker, None
-        if tracker is None:
-            return
-        self._entered.close()  # the tracker, then the stance (also when the tracker's exit raises)
-        self.peak = breakdown(tracker.get_tracker_snapshot("peak"))
-        tracker.reset_mod_stats()
-
-    def summary(self) -> dict:
-        if self.peak is None:
-            return {}
-        return {**peak_keys(self.peak), "mem/step_peak_tracked_step": self.step}
-
-
-def peak_keys(peak: dict[str, int], suffix: str = "") -> dict:
-    """``mem/step_peak_bytes<suffix>`` and ``mem/step_peak<suffix>/<category>_bytes``: the measured
-    step peak (no suffix) or the predicted one (``_predicted``)."""
-    keys = {f"mem/step_peak_bytes{suffix}": peak["total"]}
-    keys.update({f"mem/step_peak{suffix}/{c}_bytes": peak[c] for c in CATEGORIES})
-    return keys
-
-
-def predicted_keys(peak: dict[str, int], flops: int, bound: str | None = None) -> dict:
-    """The predicted step peak's keys, with ``mem/step_peak_predicted_bound``: why the figures are an
-    upper bound of the step rather than the step itself (None where the replay is the step)."""
-    return {
-        **peak_keys(peak, "_predicted"),
-        "speed/flops_per_step": flops,
-        "mem/step_peak_predicted_bound": bound,
-    }
-
-
-def run_peak_keys(trace: Trace) -> dict:
-    """``mem/run_peak_bytes_predicted`` (the largest phase), ``mem/run_peak_predicted/<phase>_bytes``
-    and ``mem/run_peak_predicted_bound`` (as ``mem/step_peak_predicted_bound``, for the largest phase)."""
-    keys = {
-        "mem/run_peak_bytes_predicted": trace.run_peak["total"],
-        "mem/run_peak_predicted_bound": trace.bounds.get(trace.run_peak_phase),
-    }
-    keys.update(
-        {f"mem/run_peak_predicted/{phase}_bytes": peak["total"] for phase, peak in trace.phases.items()}
-    )
-    return keys
-
-
-def fake_batch(shapes: dict) -> dict:
-    """Zeros of the recorded shapes and dtypes (an attention mask of ones): made under fake mode."""
-    batch = {}
-    for key, (shape, dtype) in ((k, v) for k, v in shapes.items() if k != "padded"):
-        batch[key] = (
-            torch.ones(shape, dtype=dtype) if key == "attention_mask" else torch.zeros(shape, dtype=dtype)
-        )
-    return batch
-
-
-@dataclasses.dataclass
-class FakeWindow:
-    """A step's recorded micro-batches as fake zeros (:func:`fake_window`), made under fake mode."""
-
-    batches: list[dict]  # the micro-batches replayed
-    evaluation: dict | None  # the eval batch
-    items: int  # the items (labels) of the whole recorded window
-    unpadded: set[int]  # ids of the attention masks recorded without padding (_mask_skipping_as_recorded)
-    # per recorded micro-batch, the index in ``batches`` of the first with its shapes (its FLOPs)
-    shaped_as: list[int]
-    # id(a replayed batch) -> the left-out (batch, stand-in) pairs to count before it begins
-    left_out: dict[int, list[tuple[dict, dict]]]
-
-    def stepper(self, task, model, meter, ops):
-        """``step(optimizer, tracker=None, before_forward=None, only=None)``: :func:`window_step` over
-        ``batches`` (those of the indices ``only``). Under ``tracker``: fresh module stats per
-        micro-batch (as ``StepMemory.saw``) and, before a micro-batch that ends a run of repeats, the
-        left-out ones' tensors counted as their stand-in's were (:func:`stand_ins`)."""
-        from effitrain.train.step import window_step
-        from effitrain.util.compat import counting_like
-
-        count = counting_like()
-
-        def step(optimizer, tracker=None, before_forward=None, only=None):
-            batches = self.batches if only is None else [self.batches[index] for index in only]
-
-            def begin(batch):
-                if tracker is not None:
-                    tracker.reset_mod_stats()
-                    for left_out, stand_in in self.left_out.get(id(batch), ()):
-                        for key, tensor in left_out.items():
-                            count(tracker, tensor, stand_in[key])
-                if before_forward is not None:
-                    before_forward(batch)
-
-            return window_step(task, model, optimizer, batches, self.items, meter, ops, begin)
-
-        return step
-
-
-def fake_window(batches: list[dict], eval_shapes: dict | None, synchronized_last: bool = False,
-                every_micro_batch: bool = False) -> FakeWindow:  # fmt: skip
-    """The recorded micro-batches and eval batch as fake zeros (:func:`fake_batch`, made under fake
-    mode), the repeats left out (:func:`stand_ins`; ``synchronized_last``: a sharded step's) unless
-    ``every_micro_batch``."""
-    from effitrain.util.compat import counting_like
-
-    window = [fake_batch(shapes) for shapes in batches]
-    leave_out = not every_micro_batch and counting_like() is not None
-    stands_for = stand_ins(batches, synchronized_last) if leave_out else list(range(len(batches)))
-    kept = [index for index, stand_in in enumerate(stands_for) if stand_in == index]
-    left_out: dict[int, list[tuple[dict, dict]]] = {}
-    for index, stand_in in enumerate(stands_for):
-        if stand_in != index:  # counted before the next replayed one, the last of its run, begins
-            ends_run = next(k for k in kept if k > index)
-            left_out.setdefault(id(window[ends_run]), []).append((window[index], window[stand_in]))
-    evaluation = fake_batch(eval_shapes) if eval_shapes is not None else None
-    unpadded = {
-        id(b["attention_mask"])
-        for b, s in [*zip(window, batches), (evaluation, eval_shapes)]
-        if b is not None and "attention_mask" in b and not s.get("padded", True)
-    }
-    return FakeWindow(
-        [window[k] for k in kept], evaluation, sum(len(b["labels"]) for b in window), unpadded,
-        [next(n for n, k in enumerate(kept) if batches[k] == shapes) for shapes in batches], left_out,
-    )  # fmt: skip
-
-
-def stand_ins(batches: list[dict], synchronized_last: bool = False) -> list[int]:
-    """For each recorded micro-batch, the one replayed in its place: itself, or the first of its run
-    when it lies inside a run of micro-batches of the same shapes (neither the run's first nor last).
-
-    From the second micro-batch on, each starts with the gradients made and the meter's running sums
-    and the last loss held (0-d tensors), and leaves them as it found them, except for the tensors of
-    its own batch that MemTracker came to count (a view of the labels a causal LM shifts, of the
-    inputs GPT-2 reshapes): the run's last, replayed, holds what it would have held once the left-out
-    ones' tensors are counted as the run's first's were (:meth:`FakeWindow.stepper`), and its highest
-    point is at least any left-out one's (above it by the batch tensors counted since; else equal,
-    category by category). ``synchronized_last``: the last micro-batch synchronizes the gradients (a
-    sharded step), so the one before it ends its run. ``tests/memory/test_replay.py`` holds this to
-    full windows, byte for byte."""
-    last_inside = len(batches) - (3 if synchronized_last else 2)
-    stands_for: list[int] = []
-    for index, shapes in enumerate(batches):
-        inside = 1 <= index <= last_inside and batches[index - 1] == shapes == batches[index + 1]
-        stands_for.append(stands_for[-1] if inside else index)
-    return stands_for
-
-
-def window_flops(window: FakeWindow, step, optimizer) -> int:
-    """The FLOPs of one optimizer step over the whole recorded window: ``step`` replays one micro-batch
-    of each shape under ``FlopCounterMode``, each one's count read as the next begins, and every
-    recorded micro-batch counts as the one of its shapes (FlopCounterMode counts matrix products,
-    which the shapes decide: ``tests/memory/test_replay.py`` holds this to full windows)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    distinct = sorted(set(window.shaped_as))
-    marks: list[int] = []
-    with FlopCounterMode(display=False) as counter:
-        step(optimizer, before_forward=lambda batch: marks.append(counter.get_total_flops()), only=distinct)
-        marks.append(counter.get_total_flops())
-    own = dict(zip(distinct, (after - before for before, after in zip(marks, marks[1:]))))
-    return sum(own[index] for index in window.shaped_as)
-
+from effitrain.config.techniques import apply_techniques
+from effitrain.memory.fake_window import fake_window, mask_skipping_as_recorded, window_flops
+from effitrain.memory.step_peak import breakdown, peak_keys, step_tracker
+from effitrain.util.compat import attention_implementation, fake_tensor_mode, values_assumed
 
 # The phases of a run whose peaks are predicted: the first optimizer step (its state is created in
 # it), a later step (the state exists throughout) and evaluation (a forward of eval_batch_size rows
@@ -314,6 +56,29 @@ class Trace:
         return self.phases[self.run_peak_phase]
 
 
+def predicted_keys(peak: dict[str, int], flops: int, bound: str | None = None) -> dict:
+    """The predicted step peak's keys, with ``mem/step_peak_predicted_bound``: why the figures are an
+    upper bound of the step rather than the step itself (None where the replay is the step)."""
+    return {
+        **peak_keys(peak, "_predicted"),
+        "speed/flops_per_step": flops,
+        "mem/step_peak_predicted_bound": bound,
+    }
+
+
+def run_peak_keys(trace: Trace) -> dict:
+    """``mem/run_peak_bytes_predicted`` (the largest phase), ``mem/run_peak_predicted/<phase>_bytes``
+    and ``mem/run_peak_predicted_bound`` (as ``mem/step_peak_predicted_bound``, for the largest phase)."""
+    keys = {
+        "mem/run_peak_bytes_predicted": trace.run_peak["total"],
+        "mem/run_peak_predicted_bound": trace.bounds.get(trace.run_peak_phase),
+    }
+    keys.update(
+        {f"mem/run_peak_predicted/{phase}_bytes": peak["total"] for phase, peak in trace.phases.items()}
+    )
+    return keys
+
+
 # Why a predicted figure can exceed the real one (Trace.bounds); elsewhere the replay is the step.
 BOUND_COUNTED_STATE = (
     "the optimizer state is counted, not replayed: held from the first step's start, where the real "
@@ -343,12 +108,13 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     own (a CPU run's measurement, to the byte); ``cuda`` those a CUDA GPU runs
     (:mod:`effitrain.memory.cuda`). ``eval_shapes``: the shapes of an eval batch (the ``eval``
     phase); without it the eval phase is left out. A micro-batch inside a run of equal ones is left
-    out, the same bytes (:func:`stand_ins`), unless ``every_micro_batch``.
+    out, the same bytes (:func:`effitrain.memory.fake_window.replayed_as`), unless ``every_micro_batch``.
 
     A first, untracked step counts the FLOPs, with a stateless SGD at lr 0 and before checkpointing
     is enabled: model FLOPs (the work recomputation repeats does not count, as MFU is defined), and
     ``FlopCounterMode``'s module hooks would keep recomputed activations alive while it runs.
-    ``cfg.gradient_checkpointing``: the tracked steps recompute each layer in backward.
+    The memory techniques ``cfg`` turns on apply after it (:mod:`effitrain.config.techniques`): with
+    gradient checkpointing the tracked steps recompute each layer in backward.
     The optimizer's own step is replayed, temporaries included, eagerly (as the tracked step of a
     run runs: torchao compiles its update, and compiled code cannot run under the tracker). Where
     the update reads a tensor's value (APOLLO's norm-growth limiter compares two norms; its
@@ -425,7 +191,7 @@ def counted_state(config, optimizer_cfg, cfg, device: str = "cpu") -> int:
 @dataclasses.dataclass
 class Replay:
     """A model on fake tensors, ready to replay a run's phases (:func:`replayed`): what a full trace
-    (:func:`trace_run`) and a shared one (:mod:`effitrain.memory.shared`) both run."""
+    (:func:`trace_run`) and a shared one (:mod:`effitrain.memory.shared_traces`) both run."""
 
     model: torch.nn.Module
     step: object  # step(optimizer, tracker=None): window_step over the recorded micro-batches (FakeWindow)
@@ -470,7 +236,7 @@ class Replay:
 def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes: dict | None = None,
              every_micro_batch: bool = False):  # fmt: skip
     """A :class:`Replay` of ``cfg``'s model under fake tensors and ``device``'s kernels, its FLOPs
-    counted and checkpointing enabled as ``cfg`` says (see :func:`trace_run`)."""
+    counted, then the memory techniques ``cfg`` turns on applied (see :func:`trace_run`)."""
     import warnings
 
     import transformers
@@ -478,7 +244,6 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
     from effitrain.config.schema import DEVICES
     from effitrain.memory.cuda import autocast_like, cuda_kernels
     from effitrain.train.adapters.replay import replay_model
-    from effitrain.train.modeling import enable_activation_checkpointing
     from effitrain.train.step import StepMeter, StepOps
     from effitrain.train.tasks import build_task
 
@@ -528,48 +293,12 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             model.train()
 
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
-        with _mask_skipping_as_recorded(model, window.unpadded), kernels:
+        with mask_skipping_as_recorded(model, window.unpadded), kernels:
             flops = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
-            if cfg.get("gradient_checkpointing"):
-                enable_activation_checkpointing(model)
-                # checkpointing recomputes a layer under the autocast its forward ran in (it saves and
-                # restores autocast state); the emulated CUDA autocast is a mode, not that state, so it
-                # is opened around the checkpointed function itself, in forward and recomputation alike
-                if (
-                    cuda
-                    and dtype is not None
-                    and not checkpointing_wrapped(model, autocast_like(device, dtype))
-                ):
-                    raise ConfigError(
-                        "the CUDA replay cannot recompute this model's layers under CUDA's autocast "
-                        "(no transformers _gradient_checkpointing_func): gradient checkpointing with "
-                        f"precision={cfg.precision.mixed_precision} is not modeled"
-                    )
+            # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
+            emulated = autocast_like(device, dtype) if cuda and dtype is not None else None
+            apply_techniques(model, cfg, autocast=emulated)
             yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay)
-
-
-@contextlib.contextmanager
-def _mask_skipping_as_recorded(model, unpadded: set[int]):
-    """transformers skips building an attention mask for a batch without padding, a decision it
-    cannot take on fake tensors (it assumes padding). Take it as the recorded micro-batch did: a
-    hook on the model's forward notes which micro-batch is running."""
-    current = {"unpadded": False}
-
-    def note(module, args, kwargs):
-        current["unpadded"] = id(kwargs.get("attention_mask")) in unpadded
-
-    def follow(original):
-        def decide(*args, **kwargs):
-            return True if current["unpadded"] else original(*args, **kwargs)
-
-        return decide
-
-    hook = model.register_forward_pre_hook(note, with_kwargs=True)
-    try:
-        with mask_skipping_replaced(follow):
-            yield
-    finally:
-        hook.remove()
 
 
 def _assumed_value(tensor):

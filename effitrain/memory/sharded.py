@@ -45,16 +45,10 @@ import math
 import torch
 
 from effitrain.config.errors import ConfigError
-from effitrain.memory.replay import (
-    BOUND_ASSUMED_BRANCH,
-    CATEGORIES,
-    Trace,
-    _caches_filled_for_real,
-    _mask_skipping_as_recorded,
-    _with_values_assumed,
-    fake_window,
-    window_flops,
-)
+from effitrain.config.summary_schema import CATEGORIES
+from effitrain.config.techniques import apply_techniques
+from effitrain.memory.fake_window import fake_window, mask_skipping_as_recorded, window_flops
+from effitrain.memory.replay import BOUND_ASSUMED_BRANCH, Trace, _caches_filled_for_real, _with_values_assumed
 from effitrain.train.parallel import strategy_of
 from effitrain.util.compat import fake_process_group, fake_tensor_mode, fsdp_mem_tracker_class
 
@@ -180,7 +174,6 @@ def _trace(
 
     from effitrain.config.schema import DEVICES
     from effitrain.memory.cuda import cuda_kernels, foreach_by_default
-    from effitrain.train.modeling import enable_activation_checkpointing
     from effitrain.train.optim import build_optimizer
     from effitrain.train.step import StepMeter, StepOps
     from effitrain.train.tasks import build_task
@@ -239,12 +232,11 @@ def _trace(
             model.train()
 
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
-        with _mask_skipping_as_recorded(model, window.unpadded), kernels:
+        with mask_skipping_as_recorded(model, window.unpadded), kernels:
             # one rank's FLOPs: the whole model on its batch
             flops = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
             _sharding_rules_cached(model, make_optimizer())
-            if cfg.get("gradient_checkpointing"):
-                enable_activation_checkpointing(model)
+            apply_techniques(model, cfg)
             for phase in ("first_step", "later_step"):
                 tracked(phase, lambda tracker: step(optimizer, tracker))
             if evaluation is not None:

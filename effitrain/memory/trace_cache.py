@@ -29,7 +29,7 @@ LIBRARIES = ("torch", "transformers", "accelerate", "bitsandbytes", "peft", "tor
 
 # how a trace was had, per optimizer (estimate's rows, plan's --json): a full replay of its own; the
 # forward and backward shared with other optimizers, its step replayed; the same with its step's
-# figures reused from an earlier candidate's identical step (effitrain.memory.shared.StepReplays);
+# figures reused from an earlier candidate's identical step (effitrain.memory.shared_traces.StepReplays);
 # read from the disk cache
 TRACED_ALONE, TRACED_SHARED, STEP_REUSED, CACHED = "traced", "shared", "shared, step reused", "cached"
 
@@ -66,6 +66,7 @@ def trace_key(config, optimizer_cfg, cfg, batches: list[dict], eval_shapes: dict
     """Everything a trace of ``optimizer_cfg`` depends on, as JSON-ready values."""
     from omegaconf import OmegaConf
 
+    from effitrain.config.techniques import replay_keys
     from effitrain.util.compat import attention_implementation
 
     def node(value):
@@ -81,7 +82,7 @@ def trace_key(config, optimizer_cfg, cfg, batches: list[dict], eval_shapes: dict
         "task": node(cfg.get("task")),
         "adapter": node(cfg.get("adapter")),
         "precision": node(cfg.precision),
-        "gradient_checkpointing": bool(cfg.get("gradient_checkpointing")),
+        **replay_keys(cfg),  # each memory technique's entries: gradient_checkpointing's setting
         "max_grad_norm": cfg.max_grad_norm,
         "weight_decay": cfg.weight_decay,
         "batches": [shapes(b) for b in batches],
@@ -139,11 +140,11 @@ def traces_of(config, optimizer_cfgs: dict, cfg, batches: list[dict], eval_shape
               device: str = "cpu", cache: bool = True, share: bool = True, steps=None) -> tuple[dict, dict]:  # fmt: skip
     """A :class:`Trace` per optimizer name, and how each was had (:data:`CACHED`, :data:`TRACED_SHARED`
     or :data:`TRACED_ALONE`). ``cache``: read and write the disk cache; ``share``: one replay of the
-    forward and backward for every optimizer not cached (:func:`effitrain.memory.shared.trace_runs`),
+    forward and backward for every optimizer not cached (:func:`effitrain.memory.shared_traces.trace_runs`),
     else a full :func:`effitrain.memory.replay.trace_run` each, every micro-batch replayed, as effitrain
     did before."""
     from effitrain.memory import replay
-    from effitrain.memory.shared import trace_runs
+    from effitrain.memory.shared_traces import trace_runs
 
     keys = {
         name: trace_key(config, node, cfg, batches, eval_shapes, device)

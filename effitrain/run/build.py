@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from effitrain.memory.replay import StepMemory
+from effitrain.config.techniques import apply_techniques
+from effitrain.memory.step_peak import StepMemory
 from effitrain.memory.track import TrainingMemory
 from effitrain.train import checkpoint, resume_point
 from effitrain.train.adapters.build import apply_adapter
@@ -16,7 +17,7 @@ from effitrain.train.adapters.configs import quantization_config
 from effitrain.train.data import build_dataloaders, tokenize_cached
 from effitrain.train.distributed import world_size
 from effitrain.train.job import Job
-from effitrain.train.modeling import build_tokenizer, enable_activation_checkpointing
+from effitrain.train.modeling import build_tokenizer
 from effitrain.train.optim import build_optimizer, build_scheduler, num_optimizer_steps
 from effitrain.train.parallel import strategy_of
 from effitrain.train.step import StepMeter
@@ -48,8 +49,7 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     say(f"building the model ({_choice(cfg, 'model')})")
     quantization = quantization_config(cfg.get("adapter"), cfg.precision.mixed_precision)
     model = task.build_model(cfg.model, raw, tokenizer, quantization=quantization)
-    if cfg.get("gradient_checkpointing"):
-        enable_activation_checkpointing(model)
+    apply_techniques(model, cfg)  # effitrain.config.techniques: what gradient_checkpointing=true does
     model = apply_adapter(model, cfg.get("adapter"), task)
     strategy = strategy_of(cfg)
     model = strategy.apply(model, cfg, device, say)  # before the optimizer: it holds what this makes

@@ -12,7 +12,6 @@ from effitrain.config.errors import invalid
 from effitrain.train.adapters.build import keep_cpu_layout
 from effitrain.train.adapters.configs import keeping_head
 from effitrain.util.assets import hub_unreachable
-from effitrain.util.compat import checkpointing_wrapped, recomputation_tracked
 
 log = logging.getLogger(__name__)
 
@@ -184,20 +183,3 @@ def quantized(model, auto, quantization, trust_remote_code: bool):
     # records the name, and looks for a config there)
     loaded.name_or_path = loaded.config.name_or_path = model.name_or_path
     return loaded
-
-
-def enable_activation_checkpointing(model) -> None:
-    """Recompute each layer's activations in backward (``gradient_checkpointing=true``), in the
-    non-reentrant form: exact gradients, and it works with torch.compile and DDP. A decoder's
-    key/value cache is switched off first, as transformers would do with a warning on each run."""
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        raise invalid(
-            "gradient_checkpointing", True, f"{type(model).__name__} cannot recompute activations: give false"
-        )
-    if getattr(model.config, "use_cache", False):
-        model.config.use_cache = False
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 renamed it
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    checkpointing_wrapped(model, recomputation_tracked)  # a step tracker sees the whole recomputed layer

@@ -12,7 +12,7 @@ from tests.helpers.run import compose
 def test_estimate_traces_the_worst_case_step_and_an_evaluation_of_eval_batch_size(monkeypatch):
     """Every micro-batch max_length tokens, gradient_accumulation_steps of them, and the eval phase
     at eval_batch_size x max_length rows (12 x 40 here, not the micro batch's 4)."""
-    import effitrain.memory.shared
+    import effitrain.memory.shared_traces
     from effitrain.memory.replay import Trace
 
     asked = []
@@ -25,7 +25,7 @@ def test_estimate_traces_the_worst_case_step_and_an_evaluation_of_eval_batch_siz
             name: Trace({"first_step": peak, "later_step": peak, "eval": peak}, 1) for name in optimizer_cfgs
         }
 
-    monkeypatch.setattr(effitrain.memory.shared, "trace_runs", replay)
+    monkeypatch.setattr(effitrain.memory.shared_traces, "trace_runs", replay)
     cfg = compose(
         "max_length=40", "micro_batch_size=4", "eval_batch_size=12", "gradient_accumulation_steps=3"
     )

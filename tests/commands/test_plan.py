@@ -422,9 +422,9 @@ def test_the_best_candidate_is_confirmed_by_a_full_replay_and_a_shared_fault_is_
         ("adamw", 2, "shared"), ("lion", 2, "shared")
     ]  # fmt: skip
     assert rows[0]["confirmed_by_full_replay"] and "confirmed_by_full_replay" not in rows[1]
-    import effitrain.memory.shared
+    import effitrain.memory.shared_traces
 
-    shared = effitrain.memory.shared.trace_runs
+    shared = effitrain.memory.shared_traces.trace_runs
 
     def one_byte_less(*args):
         traces = shared(*args)
@@ -433,7 +433,7 @@ def test_the_best_candidate_is_confirmed_by_a_full_replay_and_a_shared_fault_is_
             trace.phases["later_step"]["total"] -= 1
         return traces
 
-    monkeypatch.setattr(effitrain.memory.shared, "trace_runs", one_byte_less)
+    monkeypatch.setattr(effitrain.memory.shared_traces, "trace_runs", one_byte_less)
     with pytest.raises(RuntimeError, match="the full replay of the plan's best"):
         plan(base, 2**40, effective=2, optimizers=["adamw"], precisions=["fp32"], checkpointing=[False])
 

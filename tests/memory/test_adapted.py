@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn import Parameter
 
 from effitrain.commands.estimate import estimate_memory
-from effitrain.memory.replay import CATEGORIES
+from effitrain.config.summary_schema import CATEGORIES
 from effitrain.train.adapters.replay import BOUND_DEQUANTIZED, NOT_BOUND_ON_CUDA, adapted_on_meta, faked
 from effitrain.train.modeling import build_model
 from effitrain.train.tasks import build_task

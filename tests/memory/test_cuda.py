@@ -273,7 +273,8 @@ def test_the_eval_phase_predicted_on_cpu_equals_a_real_evaluation_under_the_trac
     the worst case), after a real training step, so weights and optimizer state are held."""
     import transformers
 
-    from effitrain.memory.replay import breakdown, step_tracker, trace_run
+    from effitrain.memory.replay import trace_run
+    from effitrain.memory.step_peak import breakdown, step_tracker
     from effitrain.train.modeling import build_model
     from effitrain.train.optim import build_optimizer
     from effitrain.train.tasks import build_task
@@ -328,7 +329,7 @@ def test_the_cuda_profile_sizes_the_update_as_torch_s_foreach_adamw():
     foreach_by_default) holds at its peak what a real foreach=True step holds, and more than the
     CPU's per-tensor loop."""
     from effitrain.memory.cuda import foreach_by_default
-    from effitrain.memory.replay import breakdown, step_tracker
+    from effitrain.memory.step_peak import breakdown, step_tracker
 
     def later_step_peak(fake: bool, foreach) -> dict:
         context = FakeTensorMode() if fake else contextlib.nullcontext()
@@ -357,7 +358,7 @@ def test_the_cuda_profile_counts_storages_as_the_caching_allocator_holds_them():
     storage, except a torch optimizer's step counts, which a CUDA run keeps on the CPU (4 bytes
     each): a Linear(3, 5) holds a 60-byte weight and a 20-byte bias, one block each."""
     from effitrain.memory.cuda import allocator_blocks
-    from effitrain.memory.replay import breakdown, step_tracker
+    from effitrain.memory.step_peak import breakdown, step_tracker
 
     with FakeTensorMode():
         layer = torch.nn.Linear(3, 5)

@@ -292,7 +292,7 @@ def test_the_step_tracker_finds_memtrackers_peak():
     """effitrain's tracker skips MemTracker's per-module peaks: the step's peak is the same."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from effitrain.memory.replay import breakdown, step_tracker
+    from effitrain.memory.step_peak import breakdown, step_tracker
 
     peaks = []
     for tracker in (step_tracker(), MemTracker()):

@@ -8,9 +8,11 @@ import torch
 from transformers import GPT2Config
 
 from effitrain.commands.estimate import meta_model, replay_shapes
-from effitrain.memory import replay
-from effitrain.memory.replay import CATEGORIES, stand_ins, trace_run
+from effitrain.memory import fake_window
+from effitrain.memory.fake_window import replayed_as
+from effitrain.memory.replay import trace_run
 from effitrain.memory.sharded import trace_sharded
+from effitrain.memory.step_peak import CATEGORIES
 from effitrain.util import compat
 from effitrain.util.compat import counting_like
 from tests.helpers.run import CAUSAL_BF16_CHECKPOINTING, compose, run_job
@@ -18,19 +20,19 @@ from tests.helpers.run import CAUSAL_BF16_CHECKPOINTING, compose, run_job
 
 def test_only_the_inside_of_a_run_of_equal_micro_batches_is_left_out():
     a, b = {"input_ids": ((2, 8), torch.int64)}, {"input_ids": ((2, 5), torch.int64)}
-    assert stand_ins([a] * 5) == [0, 0, 0, 0, 4]
-    assert stand_ins([a] * 16) == [0] * 15 + [15]
-    assert stand_ins([a] * 2) == [0, 1]  # a run's first and last stay
-    assert stand_ins([a, a, a, b, b, b, a, a]) == [0, 0, 2, 3, 3, 5, 6, 7]
+    assert replayed_as([a] * 5) == [0, 0, 0, 0, 4]
+    assert replayed_as([a] * 16) == [0] * 15 + [15]
+    assert replayed_as([a] * 2) == [0, 1]  # a run's first and last stay
+    assert replayed_as([a, a, a, b, b, b, a, a]) == [0, 0, 2, 3, 3, 5, 6, 7]
     # padding decides the attention mask's path: the same shapes with another flag are no repeat
-    assert stand_ins([a, a, a, {**a, "padded": True}, a, a, a]) == [0, 0, 2, 3, 4, 4, 6]
+    assert replayed_as([a, a, a, {**a, "padded": True}, a, a, a]) == [0, 0, 2, 3, 4, 4, 6]
     # a sharded step synchronizes in the last: the one before it ends the run
-    assert stand_ins([a] * 5, synchronized_last=True) == [0, 0, 0, 3, 4]
-    assert stand_ins([a] * 3, synchronized_last=True) == [0, 1, 2]
+    assert replayed_as([a] * 5, synchronized_last=True) == [0, 0, 0, 3, 4]
+    assert replayed_as([a] * 3, synchronized_last=True) == [0, 1, 2]
 
 
 def every_micro_batch(monkeypatch):
-    monkeypatch.setattr(replay, "stand_ins", lambda batches, *sharded: list(range(len(batches))))
+    monkeypatch.setattr(fake_window, "replayed_as", lambda batches, *sharded: list(range(len(batches))))
 
 
 CASES = {  # (device profile, overrides), each with an accumulation window of 6: four left out
@@ -46,7 +48,7 @@ def test_leaving_out_the_repeats_changes_no_byte_bound_or_flop(case, monkeypatch
     cfg = compose(*overrides, "gradient_accumulation_steps=6")
     model = meta_model(cfg)
     batches, evaluation = replay_shapes(cfg, model)
-    assert counting_like() is not None and stand_ins(batches) == [0, 0, 0, 0, 0, 5]
+    assert counting_like() is not None and replayed_as(batches) == [0, 0, 0, 0, 0, 5]
     left_out = trace_run(model.config, cfg.optimizer, cfg, batches, device, evaluation)
     every_micro_batch(monkeypatch)
     full = trace_run(model.config, cfg.optimizer, cfg, batches, device, evaluation)
@@ -87,7 +89,7 @@ def test_a_window_of_changing_shapes_and_padding_is_replayed_as_in_full(monkeypa
 
     long, short = batch(2, 48, True), batch(2, 16, False)
     batches = [long] * 4 + [short] * 4 + [long, batch(1, 16, True)]
-    assert stand_ins(batches) == [0, 0, 0, 3, 4, 4, 4, 7, 8, 9]
+    assert replayed_as(batches) == [0, 0, 0, 3, 4, 4, 4, 7, 8, 9]
     left_out = trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", short)
     every_micro_batch(monkeypatch)
     full = trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", short)

@@ -39,9 +39,9 @@ def test_a_second_call_reads_what_the_first_traced_without_tracing(cache, monkey
     def no_trace(*args):
         raise AssertionError("traced although cached")
 
-    import effitrain.memory.shared
+    import effitrain.memory.shared_traces
 
-    monkeypatch.setattr(effitrain.memory.shared, "trace_runs", no_trace)
+    monkeypatch.setattr(effitrain.memory.shared_traces, "trace_runs", no_trace)
     again, how = traced()
     assert how == {"adamw": CACHED, "lion": CACHED}
     assert again == first

@@ -17,7 +17,7 @@ so a phase's peak is either
   the state, and the last micro-batch's loss and the gradient norm the step still holds),
 
 whichever total is higher, the first on a tie. The two parts' tensors are disjoint (the forward's
-residue is not the optimizer's), so the sums are exact; ``tests/memory/test_shared.py`` holds every
+residue is not the optimizer's), so the sums are exact; ``tests/memory/test_shared_traces.py`` holds every
 optimizer of conf/optimizer to a full trace, to the byte.
 """
 
@@ -29,17 +29,8 @@ import json
 
 import torch
 
-from effitrain.memory.replay import (
-    BOUND_ASSUMED_BRANCH,
-    CATEGORIES,
-    Trace,
-    breakdown,
-    completed,
-    counted_state,
-    replayed,
-    step_tracker,
-    trace_run,
-)
+from effitrain.memory.replay import BOUND_ASSUMED_BRANCH, Trace, completed, counted_state, replayed, trace_run
+from effitrain.memory.step_peak import CATEGORIES, breakdown, step_tracker
 
 
 @dataclasses.dataclass
@@ -107,7 +98,7 @@ def _forward_backward(replay) -> _Backward:
     ``optimizer.step()``. A later step's forward and backward are the first's: each starts with the
     gradients freed and the meter's running sums held (the replay's FLOP step made them), and the
     optimizer state it also holds is added per optimizer, as this tracker never sees it
-    (``tests/memory/test_shared.py`` holds both steps to full traces, byte for byte)."""
+    (``tests/memory/test_shared_traces.py`` holds both steps to full traces, byte for byte)."""
     found = {}
     with contextlib.ExitStack() as forward_backward:
         tracker = step_tracker()

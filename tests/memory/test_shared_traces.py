@@ -1,4 +1,4 @@
-"""The shared replay (effitrain.memory.shared): every optimizer's trace from one forward and
+"""The shared replay (effitrain.memory.shared_traces): every optimizer's trace from one forward and
 backward equals a full trace of that optimizer alone, phase by phase and category by category."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from effitrain.commands.estimate import meta_model, replay_shapes
 from effitrain.config.registry import group_options, installed_optimizers
 from effitrain.memory.replay import trace_run
-from effitrain.memory.shared import StepReplays, trace_runs
+from effitrain.memory.shared_traces import StepReplays, trace_runs
 from tests.helpers.run import CAUSAL_BF16_CHECKPOINTING, compose
 
 OPTIMIZERS = installed_optimizers(group_options("optimizer"))

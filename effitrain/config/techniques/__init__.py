@@ -1,0 +1,95 @@
+"""Memory techniques: root config keys that trade compute (or host memory) for device memory, each
+one module here, the one place to read and change it, as torchtune keeps activation offloading in
+``training/_activation_offloading.py``.
+
+    python train.py gradient_checkpointing=true                        # recompute blocks in backward
+    effitrain plan --memory-budget 8GiB model=distilbert_base_cased    # tries it off, then on
+
+A technique is an object with the four parts of :class:`Technique`: its check (run by
+:func:`effitrain.config.validate.validate`, before anything heavy is loaded), what it applies to the
+built model (in training, :mod:`effitrain.run.build`, and in the replay on fake tensors,
+:mod:`effitrain.memory.replay` and :mod:`effitrain.memory.sharded`: one code path, so what is
+predicted is what runs), the entries its replay is cached under (:mod:`effitrain.memory.trace_cache`)
+and its values as an axis of ``plan`` (:mod:`effitrain.commands.plan`). Every caller asks
+:data:`TECHNIQUES` (or a member by name); none reads a technique's key itself.
+
+This package sits in the config layer because the check must: it imports no torch at module level
+(the config layer's checks are torch-free); what it applies imports torch and transformers inside
+the function that applies it. docs/extending.md lists the files a new technique touches.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from omegaconf import DictConfig
+
+from effitrain.config.techniques.checkpointing import GRADIENT_CHECKPOINTING
+
+
+class Technique(Protocol):
+    """One memory technique, named by its root config key."""
+
+    key: str  # its root key in conf/config.yaml, typed in effitrain.config.schema.RunConfig
+
+    def check(self, cfg: DictConfig) -> None:
+        """Raises ConfigError, one line naming the key, the value and what is allowed, for a value
+        this run cannot take."""
+
+    def apply(self, model, cfg: DictConfig, autocast=None) -> None:
+        """What it does to the built model (before an adapter wraps it or FSDP shards it), in a run
+        and in the replay alike; ``autocast``: the replay's emulated CUDA autocast, a mode rather
+        than torch's autocast state, for a technique that reruns a forward in backward to reopen."""
+
+    def replay_key(self, cfg: DictConfig) -> dict:
+        """What a trace of ``cfg`` depends on from this technique: entries of the trace cache's key."""
+
+    def plan_values(self, cfg: DictConfig, given: bool, asked) -> list:
+        """Its values as an axis of ``plan``, in the order tried: ``asked`` unless the user ``given``
+        the key on the command line (their value alone) or the model cannot take them."""
+
+    def override(self, value) -> str:
+        """``key=value`` as a command line gives it (plan's commands)."""
+
+    def described(self, cfg: DictConfig) -> str:
+        """Its setting in ``cfg``, as estimate's line says it."""
+
+
+TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING,)
+
+
+def check_techniques(cfg: DictConfig) -> None:
+    """Every technique's check of ``cfg``.
+
+    Raises:
+        ConfigError: the first technique's value this run cannot take, in one line.
+    """
+    for technique in TECHNIQUES:
+        technique.check(cfg)
+
+
+def apply_techniques(model, cfg: DictConfig, autocast=None) -> None:
+    """Every technique ``cfg`` turns on, applied to ``model`` (see :meth:`Technique.apply`)."""
+    for technique in TECHNIQUES:
+        technique.apply(model, cfg, autocast)
+
+
+def replay_keys(cfg: DictConfig) -> dict:
+    """The entries of every technique in the key a trace of ``cfg`` is cached under."""
+    return {entry: value for technique in TECHNIQUES for entry, value in technique.replay_key(cfg).items()}
+
+
+def described(cfg: DictConfig) -> str:
+    """Every technique's setting in ``cfg``: ``gradient_checkpointing=false``."""
+    return ", ".join(technique.described(cfg) for technique in TECHNIQUES)
+
+
+__all__ = [
+    "GRADIENT_CHECKPOINTING",
+    "TECHNIQUES",
+    "Technique",
+    "apply_techniques",
+    "check_techniques",
+    "described",
+    "replay_keys",
+]

@@ -1,0 +1,60 @@
+"""The memory techniques' home (effitrain.config.techniques): gradient checkpointing's check, what it
+applies to a model, its replay key and its plan axis, each asked of the technique."""
+
+from __future__ import annotations
+
+import pytest
+
+from effitrain.config.errors import ConfigError
+from effitrain.config.techniques import (
+    GRADIENT_CHECKPOINTING,
+    TECHNIQUES,
+    apply_techniques,
+    check_techniques,
+    described,
+    replay_keys,
+)
+from tests.helpers.run import compose
+
+MPNET = ["model.architecture.model_type=mpnet"]  # a model class without gradient checkpointing
+
+
+def test_gradient_checkpointing_is_the_first_technique_and_says_its_key_values_and_override():
+    assert [t.key for t in TECHNIQUES] == ["gradient_checkpointing"]
+    on, off = compose("gradient_checkpointing=true"), compose()
+    assert replay_keys(on) == {"gradient_checkpointing": True}
+    assert replay_keys(off) == {"gradient_checkpointing": False}
+    assert (described(on), described(off)) == ("gradient_checkpointing=true", "gradient_checkpointing=false")
+    assert GRADIENT_CHECKPOINTING.override(True) == "gradient_checkpointing=true"
+
+
+def test_its_plan_axis_is_off_then_on_the_users_own_alone_or_off_alone_where_the_model_cannot():
+    assert GRADIENT_CHECKPOINTING.plan_values(compose(), False, (True, False)) == [False, True]
+    assert GRADIENT_CHECKPOINTING.plan_values(compose("gradient_checkpointing=true"), True) == [True]
+    assert GRADIENT_CHECKPOINTING.plan_values(compose(), True) == [False]
+    assert GRADIENT_CHECKPOINTING.plan_values(compose(*MPNET), False) == [False]
+
+
+def test_its_check_names_the_key_the_value_and_the_model_class_that_cannot_recompute():
+    check_techniques(compose("gradient_checkpointing=true"))  # BERT can
+    check_techniques(compose(*MPNET))  # off: nothing to check
+    with pytest.raises(ConfigError) as refused:
+        check_techniques(compose(*MPNET, "gradient_checkpointing=true"))
+    assert str(refused.value) == (
+        "gradient_checkpointing=true is invalid: MPNetForSequenceClassification cannot recompute "
+        "activations: give false"
+    )
+
+
+def test_applied_to_a_model_it_checkpoints_every_layer_and_switches_the_cache_off():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=2, use_cache=True)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    apply_techniques(model, compose())  # off: the model is left as it was
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [False] * 3
+    assert model.config.use_cache
+    apply_techniques(model, compose("gradient_checkpointing=true"))
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [True] * 3
+    assert not model.config.use_cache
