@@ -170,7 +170,13 @@ def main(argv: list[str] | None = None) -> None:
     _trace_flags(planning)
     planning.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     planning.set_defaults(handler=plan_command)
-    args = parser.parse_args(argv)
+    # options and overrides mix in any order (argparse alone stops taking a positional list at the
+    # first option: `estimate parallel=fsdp --world-size 2 model=tiny` left model=tiny unrecognized)
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        if any(a.startswith("-") for a in rest) or not hasattr(args, "overrides"):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.overrides = [*args.overrides, *rest]
     try:
         args.handler(args)
     except ConfigError as error:

@@ -309,3 +309,18 @@ def test_a_4bit_base_s_estimate_says_its_quantization_state_is_outside_the_figur
         ["estimate", "model=tiny", "data=synthetic", "max_length=16", "adapter=lora", "--optimizers", "adamw"]
     )
     assert "quantization state" not in capsys.readouterr().out
+
+
+def test_options_and_overrides_mix_in_any_order(monkeypatch):
+    """``estimate parallel=fsdp --world-size 2 model=tiny`` took model=tiny for an unknown argument:
+    every override reaches the command, in the order typed; a stray option is still refused."""
+    from effitrain import cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "estimate", lambda args: seen.update(vars(args)))
+    cli.main(["estimate", "parallel=fsdp", "--world-size", "2", "model=tiny", "--json", "data=synthetic"])
+    assert seen["overrides"] == ["parallel=fsdp", "model=tiny", "data=synthetic"]
+    assert (seen["world_size"], seen["json"]) == (2, True)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["estimate", "model=tiny", "--no-such-flag"])
+    assert done.value.code == 2
