@@ -46,14 +46,22 @@ def offload_policy(offload: bool):
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's transformer blocks: the modules of the classes transformers' ``_no_split_modules``
-    names (the units it never splits across devices), outermost only, in model order.
+    names (the units it never splits across devices), outermost only, in model order. A model that
+    names none (DistilBERT) has its blocks found as the repeated layers: the children of its longest
+    ``ModuleList`` whose children are all of one class (:func:`repeated_layers`).
 
     Raises:
-        ValueError: the model names no such classes, or none of them is in the model.
+        ValueError: the model names no such classes and repeats no layer, or holds none of them.
     """
     names = set(no_split_modules(model))
     if not names:
-        raise ValueError(f"{type(model).__name__} names no transformer blocks (_no_split_modules is empty)")
+        blocks = repeated_layers(model)
+        if not blocks:
+            raise ValueError(
+                f"{type(model).__name__} names no transformer blocks (_no_split_modules is empty) and "
+                "repeats no layer (no ModuleList of one class)"
+            )
+        return blocks
     blocks, inside = [], set()
     for name, module in model.named_modules():
         if type(module).__name__ in names and not any(name.startswith(f"{outer}.") for outer in inside):
@@ -62,6 +70,17 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     if not blocks:
         raise ValueError(f"{type(model).__name__} holds none of its _no_split_modules {sorted(names)}")
     return blocks
+
+
+def repeated_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The children of the model's longest ``ModuleList`` (two or more) whose children are all of one
+    class: a transformer's stack of layers, found without its name; [] where there is none."""
+    stacks = [
+        list(module)
+        for module in model.modules()
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1
+    ]
+    return max(stacks, key=len, default=[])
 
 
 def shard(model: torch.nn.Module, parallel_cfg, precision: str, mesh) -> torch.nn.Module:

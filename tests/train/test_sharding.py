@@ -255,3 +255,16 @@ def test_a_killed_fsdp_run_resumes_bit_identical_and_not_with_one_process(tmp_pa
     assert [line["train/loss"] for line in read_metrics(killed)] == [
         line["train/loss"] for line in read_metrics(tmp_path / "reference")
     ]
+
+
+def test_a_model_naming_no_blocks_is_sharded_by_its_repeated_layers():
+    """DistilBERT's ``_no_split_modules`` is empty: its blocks are the layers of its one stack (a
+    27-line traceback of estimate parallel=fsdp before)."""
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    config = DistilBertConfig(vocab_size=101, dim=32, n_layers=3, n_heads=2, hidden_dim=64,
+                              max_position_embeddings=64, num_labels=3)  # fmt: skip
+    model = DistilBertForSequenceClassification(config)
+    model._no_split_modules = []  # as the installed transformers may or may not name them
+    assert transformer_blocks(model) == list(model.distilbert.transformer.layer)
+    assert len(transformer_blocks(model)) == 3
