@@ -72,7 +72,8 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     and ``trace_source``: how its trace was had (:func:`effitrain.memory.trace_cache.traces_of`, whose
     ``cache``, ``share`` and ``steps`` these are). With ``parallel=fsdp`` the step and run peaks are
     one rank's of ``world_size`` (:func:`effitrain.memory.sharded.trace_sharded`, a full replay per
-    optimizer, neither shared nor cached); an optimizer FSDP refuses has ``unsupported`` instead.
+    optimizer, neither shared nor cached), and the counted totals are named ``whole_model_<key>``
+    (:data:`WHOLE_MODEL_KEYS`); an optimizer FSDP refuses has ``unsupported`` instead.
     """
     from effitrain.memory.step_peak import CATEGORIES
     from effitrain.memory.trace_cache import traces_of
@@ -92,6 +93,9 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
                 model.config, optimizers, cfg, batches, evaluation, device, cache, share, steps
             )
     for name in optimizers:
+        if strategy_of(cfg).shards:  # beside one rank's peaks, the shapes' totals are named as the whole model's
+            for key in WHOLE_MODEL_KEYS:
+                rows[name][f"whole_model_{key}"] = rows[name].pop(key)
         if step:
             trace = traces[name]
             if isinstance(trace, str):  # the reason FSDP refuses this optimizer: no figures
@@ -108,6 +112,11 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             rows[name]["run_peak_bound"] = trace.bounds.get(trace.run_peak_phase)
             rows[name]["flops_per_step"] = trace.flops
     return rows
+
+
+# Counted from the model's shapes: under FSDP what the whole model holds, not one rank
+# (``estimate --json`` gives them as ``whole_model_<key>`` there, beside the rank's step peak).
+WHOLE_MODEL_KEYS = ("weights_bytes", "grads_bytes", "optimizer_state_bytes", "total_bytes")
 
 
 def counted_rows(model, optimizers: dict, cfg, batches: list[dict], evaluation: dict, device: str,

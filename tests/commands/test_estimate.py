@@ -70,6 +70,10 @@ def test_with_fsdp_each_row_is_one_rank_of_the_world_size_and_a_refused_optimize
         "optimizer._target_='transformers.optimization.Adafactor' is invalid with parallel=fsdp"
     )
     assert "step_peak_bytes" not in rows["adafactor"]
+    # the counted totals are the whole model's, named so beside one rank's peak (not weights_bytes)
+    params = rows["adamw"]["params"]
+    assert "weights_bytes" not in rows["adamw"] and rows["adamw"]["whole_model_weights_bytes"] == 4 * params
+    assert rows["adamw"]["whole_model_optimizer_state_bytes"] >= 8 * params
 
 
 # tiny's Linear layers (in, out): per BERT layer query, key, value, attention output, intermediate,
