@@ -58,3 +58,34 @@ def test_applied_to_a_model_it_checkpoints_every_layer_and_switches_the_cache_of
     apply_techniques(model, compose("gradient_checkpointing=true"))
     assert [layer.gradient_checkpointing for layer in model.model.layers] == [True] * 3
     assert not model.config.use_cache
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            "0",
+            "gradient_checkpointing=0 is invalid: must be true, false or N >= 1 (recompute every N-th block)",
+        ),
+        (
+            "-2",
+            "gradient_checkpointing=-2 is invalid: must be true, false or N >= 1 (recompute every N-th block)",
+        ),
+    ],
+)
+def test_a_selective_interval_below_one_is_one_line(value, message):
+    from effitrain.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        check_techniques(compose(f"gradient_checkpointing={value}"))
+    assert str(raised.value) == message
+
+
+def test_selective_checkpointing_has_its_own_replay_key_and_override():
+    every_second = compose("gradient_checkpointing=2")
+    assert replay_keys(every_second) == {"gradient_checkpointing": 2}
+    assert replay_keys(compose("gradient_checkpointing=1")) == replay_keys(
+        compose("gradient_checkpointing=true")
+    )
+    assert described(every_second) == "gradient_checkpointing=2"
+    assert GRADIENT_CHECKPOINTING.override(3) == "gradient_checkpointing=3"

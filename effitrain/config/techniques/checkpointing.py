@@ -1,9 +1,12 @@
 """Gradient checkpointing (``gradient_checkpointing=true``): each block's activations are dropped after
 its forward and recomputed in backward, in transformers' non-reentrant form (exact gradients, and it
 works with torch.compile and DDP). Less activation memory for about a third more FLOPs; ``plan``
-turns it on only where it saves accumulation steps.
+turns it on only where it saves accumulation steps. Selective (``gradient_checkpointing=N``): every
+N-th block only (the first, the N+1-th, ...), as torchtitan's and torchtune's selective checkpointing
+do, the others keeping their activations: memory and compute between none and all.
 
     python train.py gradient_checkpointing=true
+    python train.py gradient_checkpointing=2        # every second block
 """
 
 from __future__ import annotations
@@ -22,14 +25,23 @@ class GradientCheckpointing:
     key: str = "gradient_checkpointing"
 
     def check(self, cfg: DictConfig) -> None:
-        """``true`` with a model class that can recompute its layers, known from the config alone.
+        """``true``, ``false`` or a block interval N >= 1; on, with a model class that can recompute
+        its layers, known from the config alone.
 
         Raises:
-            ConfigError: a model class without transformers' gradient checkpointing.
+            ConfigError: N below 1; a model class without transformers' gradient checkpointing.
         """
-        unable = self.unable(cfg) if cfg.get(self.key) is True else None
+        value = cfg.get(self.key)
+        if not isinstance(value, bool) and (not isinstance(value, int) or value < 1):
+            raise invalid(self.key, value, "must be true, false or N >= 1 (recompute every N-th block)")
+        unable = self.unable(cfg) if value else None
         if unable:
-            raise invalid(self.key, True, f"{unable} cannot recompute activations: give false")
+            raise invalid(self.key, value, f"{unable} cannot recompute activations: give false")
+
+    def every(self, cfg: DictConfig) -> int | None:
+        """Every how many blocks one is recomputed: 1 for ``true``, N for N, None when off."""
+        value = cfg.get(self.key)
+        return None if value is False or value is None else (1 if value is True else int(value))
 
     def unable(self, cfg: DictConfig) -> str | None:
         """The name of the model class the task builds when it does not support gradient checkpointing
@@ -56,16 +68,21 @@ class GradientCheckpointing:
             ConfigError: a model that cannot recompute its layers; under ``autocast``, one whose
                 checkpointed function transformers does not expose.
         """
-        if not cfg.get(self.key):
+        every = self.every(cfg)
+        if every is None:
             return
         from effitrain.util.compat import checkpointing_wrapped, recomputation_tracked
 
         if not getattr(model, "supports_gradient_checkpointing", False):
-            raise invalid(self.key, True, f"{type(model).__name__} cannot recompute activations: give false")
+            raise invalid(self.key, cfg.get(self.key), f"{type(model).__name__} cannot recompute activations: give false")
         if getattr(model.config, "use_cache", False):
             model.config.use_cache = False
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 renamed it
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 renamed it; every N-th block
+            model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every
+            )
+        elif every > 1:
+            raise invalid(self.key, every, "recomputing every N-th block needs transformers >= 5: give true or false")
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         checkpointing_wrapped(model, recomputation_tracked)  # a step tracker sees the whole recomputed layer
@@ -77,7 +94,8 @@ class GradientCheckpointing:
             )
 
     def replay_key(self, cfg: DictConfig) -> dict:
-        return {self.key: bool(cfg.get(self.key))}
+        every = self.every(cfg)
+        return {self.key: every is not None if every in (None, 1) else every}
 
     def plan_values(self, cfg: DictConfig, given: bool, asked=(False, True)) -> list:
         """Off, then on (without first: it decides which micro batches are tried with it); the
@@ -89,7 +107,9 @@ class GradientCheckpointing:
         return sorted(set(asked))
 
     def override(self, value) -> str:
-        return f"{self.key}={str(bool(value)).lower()}"
+        if isinstance(value, bool) or value is None or value == 1:
+            return f"{self.key}={str(bool(value)).lower()}"
+        return f"{self.key}={int(value)}"
 
     def described(self, cfg: DictConfig) -> str:
         return self.override(cfg.get(self.key))
