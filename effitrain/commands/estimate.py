@@ -93,7 +93,9 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
                 model.config, optimizers, cfg, batches, evaluation, device, cache, share, steps
             )
     for name in optimizers:
-        if strategy_of(cfg).shards:  # beside one rank's peaks, the shapes' totals are named as the whole model's
+        if strategy_of(
+            cfg
+        ).shards:  # beside one rank's peaks, the shapes' totals are named as the whole model's
             for key in WHOLE_MODEL_KEYS:
                 rows[name][f"whole_model_{key}"] = rows[name].pop(key)
         if step:

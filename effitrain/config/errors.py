@@ -52,3 +52,16 @@ def instantiate_node(node):
         if isinstance(error.__cause__, ConfigError):
             raise error.__cause__ from None
         raise
+
+
+def chosen(cfg, group: str) -> tuple[str, str]:
+    """``(key, value)`` naming ``group``'s option as a user chose it, for a message: ``("adapter",
+    "lora")``; ``("optimizer._target_", <target>)`` where the command line gave the target itself, or
+    the config keeps no record of the choice (composed without Hydra)."""
+    from omegaconf import OmegaConf
+
+    choice = OmegaConf.select(cfg, f"hydra.runtime.choices.{group}", default=None, throw_on_missing=False)
+    given = OmegaConf.select(cfg, "hydra.overrides.task", default=None, throw_on_missing=False) or []
+    if choice and not any(str(o).lstrip("+~").startswith(f"{group}._target_=") for o in given):
+        return group, str(choice)
+    return f"{group}._target_", str(OmegaConf.select(cfg, f"{group}._target_", default=""))

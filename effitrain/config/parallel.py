@@ -11,7 +11,7 @@ import os
 
 from omegaconf import DictConfig
 
-from effitrain.config.errors import invalid
+from effitrain.config.errors import chosen, invalid
 from effitrain.config.optimizers import optimizer_family
 
 
@@ -45,7 +45,7 @@ def check_fsdp(cfg: DictConfig, device: str | None = None) -> None:
     adapter = cfg.get("adapter")
     if adapter is not None and adapter.get("_target_"):
         raise invalid(
-            "adapter", adapter._target_, "with parallel=fsdp an adapted model is not sharded (peft's layers under "
+            *chosen(cfg, "adapter"), "with parallel=fsdp an adapted model is not sharded (peft's layers under "
             "fully_shard are not built or tested): use adapter=none, or parallel=ddp"
         )  # fmt: skip
     if cfg.compile.enabled:
@@ -56,7 +56,7 @@ def check_fsdp(cfg: DictConfig, device: str | None = None) -> None:
     target = str(cfg.optimizer.get("_target_", ""))
     if not optimizer_family(target).on_dtensor:
         raise invalid(
-            "optimizer", target, "with parallel=fsdp: its update mixes plain tensors with the sharded "
+            *chosen(cfg, "optimizer"), "with parallel=fsdp: its update mixes plain tensors with the sharded "
             "(DTensor) parameters; use adamw, adamw_fused or lion"
         )  # fmt: skip
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

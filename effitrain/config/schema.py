@@ -119,7 +119,9 @@ class RunConfig:
     warmup_ratio: finite("must be in [0, 1)", ge=0, lt=1) = 0.1
     weight_decay: finite("must be >= 0", ge=0) = 0.01
     max_grad_norm: finite("must be >= 0 (0 disables clipping)", ge=0) = 1.0
-    gradient_checkpointing: Union[bool, int] = False  # true, false or N: every N-th block (checked by its technique)
+    gradient_checkpointing: Union[bool, int] = (
+        False  # true, false or N: every N-th block (checked by its technique)
+    )
     max_length: at_least(2) = 96
     eval_batch_size: at_least(1) = 64
     eval_every: at_least(1, null=True) = None

@@ -18,7 +18,7 @@ from typing import Callable
 from omegaconf import DictConfig
 
 from effitrain.config.compose import command_line_overrides
-from effitrain.config.errors import ConfigError, ConfigErrors, invalid, raise_problems
+from effitrain.config.errors import ConfigError, ConfigErrors, chosen, invalid, raise_problems
 from effitrain.config.parallel import check_parallel
 from effitrain.config.schema import SyntheticData, group_settings, range_problems
 from effitrain.config.targets import (
@@ -253,7 +253,7 @@ def _precision(cfg: DictConfig, device: str | None) -> None:
     target = str(cfg.optimizer.get("_target_", ""))
     if "Paged" in target and not cuda:
         raise invalid(
-            "optimizer", target, "paged optimizers need a CUDA device: use adamw, adafactor or adam8bit"
+            *chosen(cfg, "optimizer"), "paged optimizers need a CUDA device: use adamw, adafactor or adam8bit"
         )
 
 

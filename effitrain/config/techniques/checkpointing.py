@@ -74,7 +74,11 @@ class GradientCheckpointing:
         from effitrain.util.compat import checkpointing_wrapped, recomputation_tracked
 
         if not getattr(model, "supports_gradient_checkpointing", False):
-            raise invalid(self.key, cfg.get(self.key), f"{type(model).__name__} cannot recompute activations: give false")
+            raise invalid(
+                self.key,
+                cfg.get(self.key),
+                f"{type(model).__name__} cannot recompute activations: give false",
+            )
         if getattr(model.config, "use_cache", False):
             model.config.use_cache = False
         if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 renamed it; every N-th block
@@ -82,7 +86,9 @@ class GradientCheckpointing:
                 activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every
             )
         elif every > 1:
-            raise invalid(self.key, every, "recomputing every N-th block needs transformers >= 5: give true or false")
+            raise invalid(
+                self.key, every, "recomputing every N-th block needs transformers >= 5: give true or false"
+            )
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         checkpointing_wrapped(model, recomputation_tracked)  # a step tracker sees the whole recomputed layer
