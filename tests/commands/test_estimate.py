@@ -125,3 +125,20 @@ def test_a_cached_estimate_builds_no_optimizer_and_gives_the_rows_counted_withou
     monkeypatch.setattr(effitrain.train.optim, "build_optimizer", no_build)
     assert estimate_memory(cfg, optimizers, step=False, cache=True) == counted
     assert counted["adamw"]["optimizer_state_bytes"] != counted["adafactor"]["optimizer_state_bytes"]
+
+
+def test_the_fsdp_prediction_follows_reshard_after_forward():
+    """ZeRO-2 (reshard_after_forward=false) keeps each block's gathered weights from its forward to its
+    backward; ZeRO-3 frees them after the forward and gathers again: one rank's predicted weights at the
+    step peak are larger without resharding, by at most the unsharded blocks' weights (a prediction that
+    ignored the key gave equal figures). The peak falls at another moment of the step with each, so it
+    is compared whole, not category by category."""
+    figures = {}
+    for reshard in ("true", "false"):
+        cfg = compose("parallel=fsdp", f"parallel.reshard_after_forward={reshard}")
+        [row] = estimate_memory(cfg, world_size=2).values()
+        figures[reshard] = row
+    zero3, zero2 = figures["true"], figures["false"]
+    whole = zero3["whole_model_weights_bytes"]
+    assert 0 < zero2["step_peak_bytes"] - zero3["step_peak_bytes"] <= whole
+    assert zero2["run_peak"]["later_step_bytes"] > zero3["run_peak"]["later_step_bytes"]
