@@ -17,6 +17,7 @@ root key added to ``conf/config.yaml`` needs its field here.
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -311,3 +312,15 @@ def _allowed_words(schema, name: str) -> str:
     """The ``allowed`` words :func:`ranged` declared for field ``name`` of ``schema``."""
     hint = typing.get_type_hints(schema, include_extras=True)[name]
     return next(m.description for m in getattr(hint, "__metadata__", ()) if getattr(m, "description", None))
+
+
+def switch_keys() -> set[str]:
+    """The keys typed ``bool`` in the schema (``progress_bar``, ``parallel.offload``, ...): OmegaConf
+    takes 2, ``yes`` or ``on`` for true there, which a command line must say as true or false."""
+    keys = set()
+    for name, kind in typing.get_type_hints(RunConfig).items():
+        if kind is bool:
+            keys.add(name)
+        elif dataclasses.is_dataclass(kind):
+            keys |= {f"{name}.{inner}" for inner, t in typing.get_type_hints(kind).items() if t is bool}
+    return keys

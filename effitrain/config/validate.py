@@ -129,6 +129,7 @@ def validate(cfg: DictConfig, world_size: int = 1, device: str | None = None, lo
     problems = _collect(
         [
             lambda: _missing_values(cfg),
+            lambda: _switches(cfg),
             lambda: raise_problems(range_problems(cfg)),  # each key's type and range, from the schema
             lambda: _synthetic_words(cfg),
             lambda: _effective_batch(cfg, world_size),
@@ -237,6 +238,24 @@ def _resume(cfg: DictConfig) -> None:
     resume = cfg.get("resume")
     if resume is not None and resume != "auto" and not os.path.exists(os.path.expanduser(str(resume))):
         raise invalid("resume", resume, "no such checkpoint folder: give null, auto or an existing path")
+
+
+def _switches(cfg: DictConfig) -> None:
+    """A switch given on the command line says true or false: OmegaConf reads 2, ``yes`` or ``on`` as
+    true, and the job's folder name would keep ``=2``.
+
+    Raises:
+        ConfigError: the first switch given another word, naming it.
+    """
+    from effitrain.config.schema import switch_keys
+
+    switches = switch_keys()
+    for override in command_line_overrides(cfg):
+        if override.key_or_group not in switches or override.is_delete() or override.is_sweep_override():
+            continue  # a sweep's values are checked job by job, each as its own override
+        given = override.value()
+        if not isinstance(given, bool):
+            raise invalid(override.key_or_group, given, "must be true or false")
 
 
 def _precision(cfg: DictConfig, device: str | None) -> None:

@@ -109,6 +109,11 @@ VALUES = [
     (["effective_batch_size=30", "gradient_accumulation_steps=4"],
      "effective_batch_size=30 is invalid: must be a multiple of gradient_accumulation_steps x processes = 4"),
     (["checkpoint_every=0"], "checkpoint_every=0 is invalid: must be an integer >= 1 (or null)"),
+    # a switch takes true or false: OmegaConf would read 2, yes or on as true (and name the job's folder =2)
+    (["parallel=fsdp", "parallel.reshard_after_forward=2"], "parallel.reshard_after_forward=2 is invalid: must be true or false"),
+    (["parallel=fsdp", "parallel.offload=yes"], "parallel.offload='yes' is invalid: must be true or false"),
+    (["progress_bar=on"], "progress_bar='on' is invalid: must be true or false"),
+    (["gradient_checkpointing=0"], "gradient_checkpointing=0 is invalid: must be true, false or N >= 1 (recompute every N-th block)"),
     (["checkpoint_keep=0"], "checkpoint_keep=0 is invalid: must be an integer >= 1"),
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint' is invalid: no such checkpoint folder"),
     (["data=hub"], "data.load_args.path='???' is invalid: a value is required"),
