@@ -48,7 +48,7 @@ def _trace_flags(parser) -> None:
     parser.add_argument(
         "--no-share",
         action="store_true",
-        help="a full replay per optimizer, nothing shared and every micro-batch replayed (as before: slower, same bytes)",
+        help="a full replay per optimizer, nothing shared and every micro-batch replayed (slower, the same bytes: what sharing is checked against)",
     )
 
 
