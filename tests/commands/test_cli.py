@@ -324,3 +324,14 @@ def test_options_and_overrides_mix_in_any_order(monkeypatch):
     with pytest.raises(SystemExit) as done:
         cli.main(["estimate", "model=tiny", "--no-such-flag"])
     assert done.value.code == 2
+
+
+def test_check_builds_a_causal_lm_as_the_run_does_without_transformers_advice(capfd):
+    """The check's build on meta leaves out is_decoder no more: transformers' "add is_decoder=True"
+    advice was printed for task=causal_lm model=tiny, though the trained model is a decoder."""
+    from effitrain.cli import main
+
+    main(["check", "task=causal_lm", "model=tiny", "data=synthetic"])
+    out, err = capfd.readouterr()
+    assert out.strip().splitlines()[-1] == "effitrain: the configuration is valid"
+    assert "is_decoder" not in out + err

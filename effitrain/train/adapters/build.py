@@ -96,7 +96,14 @@ def check_builds(cfg: DictConfig) -> None:
         check_4bit(cfg.get("adapter"))
         return
     values = {k: v for k, v in model_architecture(cfg.model).items() if k != "model_type"}
-    model_on_meta(cfg, task, lambda: AutoConfig.for_model(model_type, **values))
+
+    def architecture():
+        config = AutoConfig.for_model(model_type, **values)
+        if not task.uses_labels:  # a causal LM is built as a decoder, as the run builds it (build_config)
+            config.is_decoder = True
+        return config
+
+    model_on_meta(cfg, task, architecture)
 
 
 def bitsandbytes_4bit_available() -> bool:
