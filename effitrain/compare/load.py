@@ -269,16 +269,54 @@ def kinds(jobs: list[JobResult]) -> dict[str, list[JobResult]]:
 
 def baseline(jobs: list[JobResult], among: list[JobResult] | None = None) -> tuple[str, dict]:
     """The job ratios are taken against, among ``among`` (default: all ``jobs``; one kind's jobs
-    when the jobs are of several): the first ranked AdamW job (the usual reference) where the
-    optimizer varies, else the first ranked job; a job whose eval loss or step peak is not finite
-    never, unless no job is ranked (then the first that finished ok). Returns its name for the header (numbered in ``jobs``) and its summary."""
+    when the jobs are of several): the first ranked job of the default combination (each varying
+    config group at conf/config.yaml's default: AdamW, full fine-tuning, ...) where the sweep holds
+    it, named whole (``adamw | none``; ``AdamW`` where the optimizer alone varies); else the first
+    ranked job. A job whose eval loss or step peak is not finite never, unless no job is ranked (then
+    the first that finished ok). Returns its name for the header (numbered in ``jobs``) and its summary."""
     among = jobs if among is None else among
     # where none is ranked (a study of memory alone, no eval loss), the first that finished ok
     finished = [job for job in among if job.ranked] or [job for job in among if job.ok] or among
-    adamw = [job for job in finished if job.summary.get("cfg/optimizer") == "adamw"]
-    if adamw and len({job.summary.get("cfg/optimizer") for job in finished}) > 1:
-        return "AdamW", adamw[0].summary
+    defaults = default_choices()
+    varying = [
+        key for key in dict.fromkeys(k for job in finished for k in job.choices)
+        if key in defaults and len({_option(job, key) for job in finished}) > 1
+    ]  # fmt: skip
+    if varying:
+        default = [job for job in finished if all(_option(job, key) == defaults[key] for key in varying)]
+        if default:
+            name = (
+                "AdamW"
+                if varying == ["optimizer"]
+                else choices_label({k: default[0].choices[k] for k in varying})
+            )
+            return name, default[0].summary
     return f"job {jobs.index(finished[0]) + 1}", finished[0].summary
+
+
+def _option(job: JobResult, group: str) -> str | None:
+    """The job's option of ``group``: its choice where one was set, else what its summary records."""
+    return job.choices.get(group) or job.summary.get(f"cfg/{group}")
+
+
+@functools.cache
+def default_choices() -> dict[str, str]:
+    """conf/config.yaml's default option of each config group (``optimizer: adamw``, ``adapter: none``)."""
+    from omegaconf import OmegaConf
+
+    from effitrain.config.registry import CONF_DIR
+
+    found = {}
+    for entry in OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml")).get("defaults", []):
+        if isinstance(entry, dict):
+            found.update(
+                {
+                    str(k): str(v)
+                    for k, v in entry.items()
+                    if v is not None and not str(k).startswith("override")
+                }
+            )
+    return found
 
 
 def failures(jobs: list[JobResult]) -> list[str]:

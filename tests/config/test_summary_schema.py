@@ -49,27 +49,3 @@ def test_compare_takes_the_input_blind_loss_the_run_wrote_without_reading_its_da
     assert reference_loss(job) == (PRIOR, 0.837)  # no job/config: the data could not have been read
     job.summary = {"cfg/task": "causal_lm", "eval/input_blind_loss": 5.0, "train/unigram_perplexity": 99.0}
     assert reference_loss(job) == (UNIGRAM, 5.0)
-
-
-@pytest.mark.parametrize(
-    ("summary", "why"),
-    [
-        ({"status": "ok"}, "eval/loss and mem/step_peak_bytes not a finite number: not ranked"),  # forged
-        (
-            {"status": "ok", "eval/loss": 0.1, "mem/step_peak_bytes": 9},
-            "no config record (job/config): not ranked",
-        ),
-        (
-            {"status": "ok", "eval/loss": float("nan"), "mem/step_peak_bytes": 9, "cfg/seed": 1},
-            "eval/loss not a finite number: not ranked",
-        ),  # fmt: skip
-        ({"status": "ok", "eval/loss": 0.1, "mem/step_peak_bytes": 9, "job/config": {"seed": 1}}, None),
-        ({"status": "failed"}, None),  # not ok: not ranked for that reason, none else said
-    ],
-)
-def test_compare_ranks_only_a_job_with_its_figures_and_its_record(summary, why):
-    from effitrain.compare.load import JobResult
-
-    job = JobResult(Path("s"), Path("s/j"), summary, {})
-    assert job.unranked == why
-    assert job.ranked == (summary["status"] == "ok" and why is None)
