@@ -30,7 +30,7 @@ from effitrain.run.summary import Summary
 from effitrain.run.summary_keys import summary_config_keys
 from effitrain.train import resume_point
 from effitrain.train.adapters.build import check_builds, parameter_counts
-from effitrain.train.distributed import process_state, world_size
+from effitrain.train.distributed import process_state, rank, world_size
 from effitrain.train.job import Evaluation, Job, evaluate_job
 from effitrain.train.loggers import MetricsFile, build_tracker
 from effitrain.train.parallel import strategy_of
@@ -96,8 +96,11 @@ def run(cfg: DictConfig, output_dir: str | Path, *, validated: bool = False) -> 
             if job is not None:  # also for a failed run: how far it got, an OOM's peak
                 figures = closing_figures(job, summary.status)
                 summary.update(figures)
-                if trained:  # every rank got here: the gather is a collective
-                    write_rank_figures(output_dir, figures, state.process_index)
+                if trained:  # every rank got here: the gather is a collective; its prediction beside
+                    predicted = {
+                        k: v for k, v in summary.figures.items() if k.startswith("mem/") and "predicted" in k
+                    }
+                    write_rank_figures(output_dir, {**figures, **predicted}, state.process_index)
             if trained:
                 summary.finished()  # ok, unless a figure it is judged by is not a number
             if kept is None:
@@ -187,13 +190,12 @@ def derived_speed(job: Job, figures: dict) -> dict:
 def predict_step_peak(job: Job) -> dict:
     """The tracked step replayed on fake tensors, with the CUDA kernels where the run trains on
     CUDA: ``mem/step_peak_bytes_predicted`` and FLOPs; and the run's peak per phase (the first
-    step, a later step, evaluation at ``eval_batch_size`` x ``max_length``, the worst case)."""
+    step, a later step, evaluation at ``eval_batch_size`` x ``max_length``, the worst case). A
+    sharded run of several processes: each rank's own (:func:`effitrain.memory.sharded.trace_sharded`
+    with its rank), beside its measurement in ``summary_ranks.json``."""
     memory = job.step_memory
     if memory is None or not memory.batches:
         return {}
-    if strategy_of(job.cfg).shards and world_size() > 1:
-        return {}  # the replay below is of an unsharded model: the sharded replay is issue 31's
-
     device = "cuda" if next(job.model.parameters()).device.type == "cuda" else "cpu"
     shapes = {key: value for key, value in memory.batches[0].items() if key != "padded"}
     evaluation = {
@@ -201,7 +203,17 @@ def predict_step_peak(job: Job) -> dict:
         for key, (shape, dtype) in shapes.items()
     }
     try:
-        trace = trace_run(job.model.config, job.cfg.optimizer, job.cfg, memory.batches, device, evaluation)
+        if (
+            strategy_of(job.cfg).shards and world_size() > 1
+        ):  # this rank's, as estimate --world-size replays it
+            from effitrain.memory.sharded import trace_sharded
+
+            trace = trace_sharded(job.model.config, job.cfg.optimizer, job.cfg, memory.batches, device, evaluation,
+                                  world_size=world_size(), rank=rank())  # fmt: skip
+        else:
+            trace = trace_run(
+                job.model.config, job.cfg.optimizer, job.cfg, memory.batches, device, evaluation
+            )
     except Exception as error:  # a model fake tensors cannot run: the run's own figures stand
         log.warning("the step peak could not be predicted (%s: %s)", type(error).__name__, error)
         return {"mem/step_peak_predicted_error": one_line(error)}

@@ -188,6 +188,11 @@ def test_each_rank_measures_its_shards(two_runs):
         state = 2 * local + 4 * len(shapes)
         assert (figures["mem/params_bytes"], figures["mem/grads_bytes"]) == (padded, padded)
         assert figures["mem/optimizer_state_bytes"] == state
+        # each rank's own prediction beside its measurement (left empty before). Measured here: rank 1
+        # equal to the byte; rank 0 18,056 B (0.1%) above it, what gloo's reduce-scatter holds on the
+        # reducing rank and the fake group does not (docs/memory.md; issue 43's item 6 is open)
+        measured, predicted = figures["mem/step_peak_bytes"], figures["mem/step_peak_bytes_predicted"]
+        assert abs(measured - predicted) <= 0.002 * measured
         # the step tracker (MemTracker) counts the same DTensor shards; the estimate, the shards' shapes
         assert figures["mem/step_peak/optimizer_state_bytes"] == state
         assert figures["mem/optimizer_state_bytes_estimated"] == state
