@@ -84,3 +84,14 @@ def test_an_installed_wheel_trains_estimates_and_sweeps_outside_the_checkout(ins
     assert statuses == ["ok", "ok"]
     named = effitrain(installed, "check", "sweep=optimizers", *tiny, cwd=tmp_path)  # multirun_sweeps/ shipped
     assert named.returncode == 0 and "the configuration is valid" in named.stdout, named.stderr[-2000:]
+
+
+def test_every_package_of_effitrain_is_in_the_wheel_s_list():
+    """pyproject.toml lists the wheel's packages by hand (conf/ is mapped in as effitrain.conf): a new
+    package left out of it installs without its modules (config.techniques did: a ModuleNotFoundError
+    in the installed command only)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "effitrain").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
