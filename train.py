@@ -11,7 +11,7 @@ line and exit code 2, before Hydra writes anything; the job returns ``optimized_
 
 import sys
 
-from effitrain.commands.front_door import train
+from effitrain.commands.train_command import train
 
 if __name__ == "__main__":
     train(sys.argv[1:])

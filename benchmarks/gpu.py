@@ -98,7 +98,7 @@ def fsdp_cases() -> list[dict]:
 
 def dry_run(cases: list[dict]) -> None:
     """Compose and validate every case as ``effitrain check`` does; nothing is built or run."""
-    from effitrain.commands.front_door import preflight
+    from effitrain.commands.train_command import preflight
     from effitrain.config.errors import ConfigError
 
     bad = 0

@@ -8,7 +8,7 @@
 
 'effitrain <command> --help' tells more about one command.
 """
-# This docstring is the --help text, so it is plain text; the Hydra side is effitrain/commands/front_door.py.
+# This docstring is the --help text, so it is plain text; the Hydra side is effitrain/commands/train_command.py.
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from effitrain.commands.check import check
 from effitrain.commands.estimate_command import estimate
-from effitrain.commands.front_door import train
 from effitrain.commands.plan import DEFAULT_MARGIN
 from effitrain.commands.plan_command import plan_command
+from effitrain.commands.train_command import train
 from effitrain.config.errors import ConfigError, fail
 from effitrain.config.schema import DEVICES
 

@@ -3,7 +3,7 @@ run nothing."""
 
 from __future__ import annotations
 
-from effitrain.commands.front_door import MULTIRUN_FLAGS, preflight
+from effitrain.commands.train_command import MULTIRUN_FLAGS, preflight
 from effitrain.config.errors import ConfigError
 
 

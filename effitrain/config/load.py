@@ -3,7 +3,7 @@ validates (``effitrain.config.validate``) and derives (``micro_batch_size`` from
 once, before anything heavy is loaded. The Hydra task's config, which Hydra composed, is derived
 by its run (first) and validated by the run's ``prepare`` (:mod:`effitrain.run.recipe`).
 
-``train.py`` validates the command line before Hydra starts (``effitrain.commands.front_door.preflight``)
+``train.py`` validates the command line before Hydra starts (``effitrain.commands.train_command.preflight``)
 and hands the :func:`identity` of what it validated to the Hydra task: the run Hydra then starts
 with that very config does not validate it again.
 

@@ -1,7 +1,7 @@
 """A run's config record: what a checkpoint and ``summary.json`` keep of the config to compare a later
 run against (the keys that change the training trajectory, flattened), with a secret never in it.
 
-Torch-free: the folder policy (:mod:`effitrain.run.folders`) compares records before anything heavy
+Torch-free: the folder policy (:mod:`effitrain.run.folder_policy`) compares records before anything heavy
 loads; a checkpoint (:mod:`effitrain.train.checkpoint`) writes the same record. Nothing here imports
 beyond omegaconf and the override parser: W&B's logger and compare read it too.
 """

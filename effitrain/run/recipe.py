@@ -22,10 +22,10 @@ from effitrain.config.load import derive
 from effitrain.config.validate import validate
 from effitrain.memory.flops import mfu_keys
 from effitrain.memory.replay import predicted_keys, run_peak_keys, trace_run
-from effitrain.run import folders, results
+from effitrain.run import folder_policy, results
 from effitrain.run.build import build_job
-from effitrain.run.folders import check_output_dir
-from effitrain.run.ranks import write_rank_figures
+from effitrain.run.folder_policy import check_output_dir
+from effitrain.run.rank_figures import write_rank_figures
 from effitrain.run.summary import Summary
 from effitrain.run.summary_keys import summary_config_keys
 from effitrain.train import resume_point
@@ -52,7 +52,7 @@ def run(cfg: DictConfig, output_dir: str | Path, *, validated: bool = False) -> 
     (two sweeps started into one ``hydra.sweep.dir``) is refused and writes nothing there.
     """
     output_dir = Path(output_dir)
-    with interrupts_raise(), folders.folder_lock(output_dir) as owner:
+    with interrupts_raise(), folder_policy.folder_lock(output_dir) as owner:
         if owner is not None:
             error = f"hydra.run.dir={str(output_dir)!r} is invalid: in use by another run (pid {owner})"
             return {"status": "failed", "error": error, "error_type": "config"}
@@ -76,7 +76,7 @@ def run(cfg: DictConfig, output_dir: str | Path, *, validated: bool = False) -> 
                     summary.update(tracker.identity_keys() if tracker is not None else {})
                 resume = prepare(cfg, output_dir, state.num_processes, validated)
                 # what a rerun is compared with
-                summary.update({folders.CONFIG_KEY: folders.config_record(cfg)})
+                summary.update({folder_policy.CONFIG_KEY: folder_policy.config_record(cfg)})
                 metrics = MetricsFile(output_dir / results.METRICS, resume.step if resume else 0)
                 loggers = [metrics, tracker] if tracker is not None else [metrics]
                 with metrics, build_job(
@@ -115,7 +115,7 @@ def finished_and_kept(cfg: DictConfig, output_dir: Path) -> str | None:
     is (None: there is a run to do). A changed config is still refused, naming the key."""
     if cfg.get("resume") != "auto":
         return None
-    return folders.finished_run(cfg, output_dir)  # checks the checkpoints' config too
+    return folder_policy.finished_run(cfg, output_dir)  # checks the checkpoints' config too
 
 
 def prepare(
@@ -131,7 +131,7 @@ def prepare(
     if not validated:
         validate(cfg, num_processes, builds=check_builds)
     if cfg.get("resume") != "auto":  # resume=auto asked the folder policy already (finished_and_kept)
-        folders.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
+        folder_policy.finished_run(cfg, output_dir)  # a new run never overwrites an ok one
     return resume_point.find_resume(cfg, output_dir)
 
 

@@ -1,6 +1,6 @@
 """effitrain's launcher (``hydra/launcher=effitrain``, the default): each job in a process of its own
 (:mod:`effitrain.sweep.worker`, its output in ``<job>/job.log``), watched by one loop in the sweep's
-process. effitrain adds the folder policy before a process starts (:func:`effitrain.run.folders.claimed`),
+process. effitrain adds the folder policy before a process starts (:func:`effitrain.run.folder_policy.claimed`),
 one slot per running job (its GPUs, its CPU cores), timeouts, signals forwarded, and how each job ended.
 """
 
@@ -27,7 +27,7 @@ from omegaconf import DictConfig, open_dict
 
 from effitrain.config.errors import ConfigError, fail
 from effitrain.config.schema import launcher_settings
-from effitrain.run import folders, results
+from effitrain.run import folder_policy, results
 from effitrain.run.summary_keys import summary_config_keys
 from effitrain.sweep.report import RECORD, JobOutcome, signal_name
 from effitrain.sweep.slots import job_slots
@@ -119,7 +119,7 @@ class LocalSweep:
             job.outcome = JobOutcome(job.folder, "failed", False, error)
             return True
         with contextlib.ExitStack() as lock:
-            decision = lock.enter_context(folders.claimed(job.folder, job.config, job_of_sweep=True))
+            decision = lock.enter_context(folder_policy.claimed(job.folder, job.config, job_of_sweep=True))
             if decision.action == "run":
                 job.lock = lock.pop_all()
                 return False
@@ -145,7 +145,7 @@ class LocalSweep:
         state = {"task_function": self.launcher.task_function, "hydra_context": self.launcher.hydra_context}
         cloudpickle.dump({**state, "config": job.config, "singletons": Singleton.get_state()}, spec)
         spec.seek(0)
-        env = dict(os.environ, **{folders.LOCKED_ENV: str(job.folder.resolve())})
+        env = dict(os.environ, **{folder_policy.LOCKED_ENV: str(job.folder.resolve())})
         if job.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = job.gpus
         if job.cpus is not None:

@@ -16,7 +16,7 @@ INDUCTOR_CACHE = ".cache/inductor"  # Inductor's compile cache, shared by a swee
 
 def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
     """Prepare one job of a multirun; return its earlier ok summary when it is to be skipped."""
-    from effitrain.run import folders
+    from effitrain.run import folder_policy
 
     if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "RANK" not in os.environ:
         # submitit runs the job in each of its SLURM tasks (hydra.launcher.tasks_per_node): they
@@ -27,7 +27,7 @@ def start_job(cfg: DictConfig, hydra_cfg: DictConfig) -> dict | None:
     # under the sweep folder, not each machine's /tmp: later compile=on jobs start faster, across nodes too
     cache = Path(hydra_cfg.sweep.dir).resolve() / INDUCTOR_CACHE
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
-    decision = folders.decide(Path(hydra_cfg.runtime.output_dir), cfg, job_of_sweep=True)
+    decision = folder_policy.decide(Path(hydra_cfg.runtime.output_dir), cfg, job_of_sweep=True)
     if decision.action != "skip":  # a refused one runs: the run itself refuses the folder, in its summary
         return None
     print(decision.reason)

@@ -86,7 +86,9 @@ def read_meta(folder: Path) -> dict | None:
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """``(step, folder)`` of every finished checkpoint folder name under ``run_dir/checkpoints``, oldest first."""
     root = Path(run_dir) / FOLDER
-    if root.is_symlink() or not root.is_dir():  # a link is nothing this run made (run/folders refuses it)
+    if (
+        root.is_symlink() or not root.is_dir()
+    ):  # a link is nothing this run made (run/folder_policy refuses it)
         return []
     found = [
         (int(m.group(1)), p)

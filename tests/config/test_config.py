@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from effitrain.commands.front_door import preflight
+from effitrain.commands.train_command import preflight
 from effitrain.config.errors import ConfigError, ConfigErrors
 from effitrain.config.load import load
 from effitrain.config.registry import CONF_DIR, group_options

@@ -220,7 +220,7 @@ def test_resume_auto_with_a_changed_key_into_a_finished_run_is_refused(ok_run):
 
 @pytest.mark.slow
 def test_a_folder_in_use_is_refused_before_hydra_writes_there(ok_run):
-    from effitrain.run.folders import folder_lock
+    from effitrain.run.folder_policy import folder_lock
 
     before = snapshot(ok_run)
     with folder_lock(ok_run) as owner:  # held as a running run holds it

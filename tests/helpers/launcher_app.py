@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 
 from effitrain.config.registry import CONF_DIR
 from effitrain.run import results
-from effitrain.run.folders import CONFIG_KEY, config_record
+from effitrain.run.folder_policy import CONFIG_KEY, config_record
 from effitrain.sweep.launcher import expose_launcher_plugin
 
 
@@ -46,7 +46,7 @@ def task(cfg) -> float:
         "ended": time.time(),
     }
     (folder / "record.json").write_text(json.dumps(record))
-    # as a run writes it: a finished ok summary holds its config record (run/folders.finished_ok)
+    # as a run writes it: a finished ok summary holds its config record (run/folder_policy.finished_ok)
     summary = {"status": "ok", "eval/loss": float(cfg.seed), CONFIG_KEY: config_record(cfg)}
     results.write_json_atomic(folder / results.SUMMARY, summary)
     return float(cfg.seed)

@@ -218,7 +218,7 @@ def read_lines(folder):
 def test_a_folder_in_use_by_another_run_is_refused_and_left_alone(tmp_path):
     import fcntl
 
-    from effitrain.run.folders import LOCK
+    from effitrain.run.folder_policy import LOCK
 
     tmp_path.mkdir(exist_ok=True)
     with open(tmp_path / LOCK, "a+") as held:  # another process's run, as the lock sees it
@@ -398,7 +398,7 @@ def test_train_py_validates_a_run_once_and_derives_its_micro_batch(tmp_path, val
     that config is not validated again (a config the front door did not see, as ``run_job``'s, is
     validated by its run: the bad-value table's rows through a run say so). The micro batch is
     derived from the effective batch: 16 in the config file, 8 trained."""
-    from effitrain.commands.front_door import train
+    from effitrain.commands.train_command import train
 
     overrides = [o for o in TINY if not o.startswith("micro_batch_size=")]
     assert compose(*overrides, tiny=False).micro_batch_size == 16  # the file's value
@@ -418,7 +418,7 @@ def test_a_sweep_job_is_validated_again_when_it_starts(tmp_path, validations):
     """A sweep's jobs are all validated by the preflight before the first starts, and each again
     when it starts (Hydra's basic launcher runs them in the preflight's process, possibly hours
     later: the files, weights and resume paths validation checks may have changed)."""
-    from effitrain.commands.front_door import train
+    from effitrain.commands.train_command import train
 
     train(["-m", *TINY, "max_steps=1", "seed=3,4", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}"])
     seeds = sorted(json.loads(path.read_text())["cfg/seed"] for path in tmp_path.glob("*/summary.json"))

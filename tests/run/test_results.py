@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from effitrain.run.folders import LOCK, folder_in_use, folder_lock
+from effitrain.run.folder_policy import LOCK, folder_in_use, folder_lock
 from tests.helpers.run import REPO
 
 # One process of the race below: takes the folder's lock ROUNDS times (retrying while another
@@ -22,7 +22,7 @@ LOCKER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from effitrain.run.folders import folder_lock
+    from effitrain.run.folder_policy import folder_lock
 
     folder, rounds = Path(sys.argv[1]), int(sys.argv[2])
     held = busy = 0
@@ -51,7 +51,7 @@ def clean_env() -> dict:
 
 def other_process_owner(folder) -> str:
     """What folder_lock says in another process: ``None`` (it got the lock) or the holder's pid."""
-    code = f"from pathlib import Path\nfrom effitrain.run.folders import folder_lock\nwith folder_lock(Path({str(folder)!r})) as o: print(o)"
+    code = f"from pathlib import Path\nfrom effitrain.run.folder_policy import folder_lock\nwith folder_lock(Path({str(folder)!r})) as o: print(o)"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120
     )
@@ -79,7 +79,9 @@ def test_the_in_use_probe_names_the_holder_to_rank_0_only(tmp_path, monkeypatch)
     assert folder_in_use(tmp_path) is None
     with folder_lock(tmp_path) as owner:
         assert owner is None
-        code = f"from effitrain.run.folders import folder_in_use; print(folder_in_use({str(tmp_path)!r}))"
+        code = (
+            f"from effitrain.run.folder_policy import folder_in_use; print(folder_in_use({str(tmp_path)!r}))"
+        )
         for rank, said in (("0", str(os.getpid())), ("1", "None")):
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                   env=dict(clean_env(), RANK=rank), timeout=120)  # fmt: skip

@@ -194,7 +194,7 @@ def test_the_printed_rerun_command_resumes_a_job_that_left_checkpoints(tmp_path,
 
 @pytest.mark.slow
 def test_a_rerun_skips_only_the_ok_jobs(tmp_path):
-    """The skip decision, through the launcher (in process: tests/run/test_folders.py): of a finished sweep, a job whose summary says failed, oom or is
+    """The skip decision, through the launcher (in process: tests/run/test_folder_policy.py): of a finished sweep, a job whose summary says failed, oom or is
     missing runs again; only an ok one is settled without a process."""
     args = ["seed=1,2,3,4"]
     first = run_app(tmp_path, *args)
@@ -225,7 +225,7 @@ def test_a_job_started_by_another_launcher_skips_only_an_ok_summary(tmp_path, mo
     job = tmp_path / "j"
     hydra_cfg = OmegaConf.create({"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(job)}})
     job.mkdir()
-    from effitrain.run.folders import CONFIG_KEY, config_record
+    from effitrain.run.folder_policy import CONFIG_KEY, config_record
     from tests.helpers.run import compose
 
     cfg = compose()
@@ -410,7 +410,7 @@ def test_launcher_settings_are_typed_when_composed():
     while the sweep's config is composed, in one line (the sweep's, not each job's)."""
     from omegaconf import OmegaConf
 
-    from effitrain.commands.front_door import preflight
+    from effitrain.commands.train_command import preflight
     from effitrain.config.compose import compose
     from effitrain.config.schema import LauncherConfig
 

@@ -313,7 +313,7 @@ def test_job_shares_the_sweep_compile_cache_and_skips_only_ok_summaries(tmp_path
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     job = tmp_path / "optimizer=adamw"
     hydra_cfg = OmegaConf.create({"sweep": {"dir": str(tmp_path)}, "runtime": {"output_dir": str(job)}})
-    from effitrain.run.folders import CONFIG_KEY, config_record
+    from effitrain.run.folder_policy import CONFIG_KEY, config_record
     from tests.helpers.run import compose
 
     cfg = compose()
@@ -370,7 +370,7 @@ def test_a_job_whose_folder_holds_another_config_s_ok_run_is_failed_never_report
     flags = ["--config-dir", str(alt), "--config-name", "alt"]
     refused = train_py(*common, *flags)
     assert refused.returncode == 2 and _summaries(sweep) == {name: before}, refused.stderr[-2000:]
-    code = "import sys, effitrain.commands.front_door as c\nc.MAX_JOBS_CHECKED = 0\nc.train(sys.argv[1:])"
+    code = "import sys, effitrain.commands.train_command as c\nc.MAX_JOBS_CHECKED = 0\nc.train(sys.argv[1:])"
     command = [sys.executable, "-c", code, *common, *flags]
     changed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert changed.returncode == 1, changed.stdout[-2000:] + changed.stderr[-2000:]

@@ -29,13 +29,13 @@ def check_overrides_or_exit(argv: list[str]) -> tuple[contextlib.ExitStack, list
     single run is composed and validated here, and so is every job of a sweep (up to
     ``MAX_JOBS_CHECKED``).
 
-    A single run's folder is locked and decided on in one step (:func:`effitrain.run.folders.claimed`)
+    A single run's folder is locked and decided on in one step (:func:`effitrain.run.folder_policy.claimed`)
     and stays locked for the returned stack's life, Hydra's run included: a second run started at
     the same moment is refused here, before it could rewrite the winner's ``.hydra/``. Returns the
     stack, the command line to hand Hydra (with the folder the lock was taken on) and the single
     run's validated config (None: a sweep, or flags left to Hydra)."""
 
-    from effitrain.run import folders
+    from effitrain.run import folder_policy
 
     held = contextlib.ExitStack()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -46,11 +46,15 @@ def check_overrides_or_exit(argv: list[str]) -> tuple[contextlib.ExitStack, list
         folder = str(cfg.hydra.run.dir)
         # several ranks agree on their folder after this (share_run_dir_across_ranks): the run locks it
         if world > 1:
-            owner = folders.folder_in_use(Path(folder))
-            decision = folders.Decision("busy", owner=owner) if owner else folders.decide(Path(folder), cfg)
+            owner = folder_policy.folder_in_use(Path(folder))
+            decision = (
+                folder_policy.Decision("busy", owner=owner)
+                if owner
+                else folder_policy.decide(Path(folder), cfg)
+            )
         else:
-            decision = held.enter_context(folders.claimed(Path(folder), cfg))
-            held.enter_context(folders.held_here(Path(folder)))
+            decision = held.enter_context(folder_policy.claimed(Path(folder), cfg))
+            held.enter_context(folder_policy.held_here(Path(folder)))
             # a folder named by the clock: given to Hydra, so that its run goes where the lock is
             if not _given(argv, "hydra.run.dir") and "'" not in folder and "\\" not in folder:
                 argv = [*argv, f"hydra.run.dir='{folder}'"]
@@ -133,7 +137,7 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
     from effitrain.config.compose import compose_checked
     from effitrain.config.load import checked, load
     from effitrain.config.overrides import parse
-    from effitrain.run import folders
+    from effitrain.run import folder_policy
 
     split = _split_flags(argv)
     if split is None:
@@ -185,7 +189,7 @@ def preflight(argv: list[str], world_size: int = 1, jobs_checked: list | None = 
                 folder = Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
             except OmegaConfBaseException:  # named by what Hydra decides at launch (${hydra.job.num})
                 continue  # not known yet: the job decides when it starts
-            decision = folders.decide(folder, job_cfg, job_of_sweep=True)  # and again when it starts
+            decision = folder_policy.decide(folder, job_cfg, job_of_sweep=True)  # and again when it starts
             if decision.action == "refuse":
                 raise ConfigError(decision.reason)
         except ConfigError as error:

@@ -11,7 +11,7 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from effitrain.run import folders as results
+from effitrain.run import folder_policy as results
 from effitrain.sweep.launcher import LAUNCHER_DIR, LAUNCHES, LaunchedJob, LocalSweep
 from tests.helpers.run import compose
 
@@ -170,7 +170,7 @@ def test_start_job_runs_an_ok_folder_of_another_config_again(tmp_path, cfg, caps
     assert capsys.readouterr().out == ""
 
 
-# -- the one folder policy (folders.decide), as each caller asks it ---------------------------------
+# -- the one folder policy (folder_policy.decide), as each caller asks it ---------------------------------
 
 
 def test_decide_answers_the_run_and_the_sweep_for_each_folder(tmp_path, cfg):
@@ -244,7 +244,7 @@ def _planted_ok_run(folder):
     """An ok run's folder as train.py leaves it, with a Hydra record that must stay as it is."""
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "config.yaml").write_text("optimizer: planted\n")
-    # what a finished run writes beside its status: its figure and config keys (run/folders.finished_ok)
+    # what a finished run writes beside its status: its figure and config keys (run/folder_policy.finished_ok)
     (folder / "summary.json").write_text(json.dumps({"status": "ok", "eval/loss": 0.5, "cfg/seed": 7}))
 
 
@@ -252,7 +252,7 @@ def _planted_ok_run(folder):
 def test_a_run_locked_by_a_preflight_refuses_the_second_before_hydra_writes(tmp_path):
     """Two runs started at the same moment into one folder: the first's preflight holds the folder
     (as it does across its Hydra run), so the second is refused before its Hydra writes .hydra/."""
-    from effitrain.commands.front_door import check_overrides_or_exit
+    from effitrain.commands.train_command import check_overrides_or_exit
     from tests.helpers.run import TINY, train_py
 
     folder = tmp_path / "run"
