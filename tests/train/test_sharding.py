@@ -193,6 +193,9 @@ def test_each_rank_measures_its_shards(two_runs):
         # reducing rank and the fake group does not (docs/memory.md; issue 43's item 6 is open)
         measured, predicted = figures["mem/step_peak_bytes"], figures["mem/step_peak_bytes_predicted"]
         assert abs(measured - predicted) <= 0.002 * measured
+        from effitrain.run.recipe import SHARDED_LEAVES_OUT
+
+        assert figures["mem/step_peak_predicted_leaves_out"] == SHARDED_LEAVES_OUT  # said, not silent
         # the step tracker (MemTracker) counts the same DTensor shards; the estimate, the shards' shapes
         assert figures["mem/step_peak/optimizer_state_bytes"] == state
         assert figures["mem/optimizer_state_bytes_estimated"] == state
