@@ -113,6 +113,8 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             rows[name]["step_peak_bound"] = trace.step_peak_bound(warm_up=True)
             rows[name]["run_peak_bound"] = trace.bounds.get(trace.run_peak_phase)
             rows[name]["flops_per_step"] = trace.flops
+            # what the memory techniques repeat in backward, beside the model FLOPs (plan's lever cost)
+            rows[name]["recomputed_flops_per_step"] = trace.recomputed_flops
     return rows
 
 
