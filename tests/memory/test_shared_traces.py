@@ -110,7 +110,9 @@ def test_a_record_whose_later_step_saw_other_gradients_is_never_reused_for_it():
     state, delta, bounded = record["later_step"]
     record["later_step"] = ({k: v + 10**9 for k, v in state.items()}, delta, bounded)
     record["later_step_signature"] = ("other gradients",)
-    [again] = trace_runs(model.config, {"adamw": cfg.optimizer}, cfg, batches, "cpu", evaluation, steps).values()
+    [again] = trace_runs(
+        model.config, {"adamw": cfg.optimizer}, cfg, batches, "cpu", evaluation, steps
+    ).values()
     full = trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", evaluation)
     assert again == full and again.phases["later_step"]["total"] < 10**9
     assert steps.reused == set()  # replayed, not reused
