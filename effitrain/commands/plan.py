@@ -295,7 +295,7 @@ def lever_cost(row: dict, accumulation: int, device: str) -> dict:
     saved tensors, the replay's host figure), and the seconds both take at :data:`LEVER_RATES`."""
     rates = LEVER_RATES[device]
     recomputed = row.get("recomputed_flops_per_step") or 0
-    offloaded = 2 * accumulation * (row.get("step_peak", {}).get("host_offloaded_bytes") or 0)
+    offloaded = 2 * accumulation * (row.get("step_peak_host_offloaded_bytes") or 0)
     return {
         "recomputed_flops": recomputed,
         "offloaded_bytes": offloaded,
