@@ -5,6 +5,7 @@ compile time, the normalization base class.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -138,3 +139,28 @@ def batch_norm_classes() -> tuple[type, ...]:
     if base is not None:
         return (base,)
     return (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+@contextlib.contextmanager
+def dynamo_left_unimported():
+    """Optimizers built inside without importing ``torch._dynamo`` (2 to 3 s of a check's 5):
+    torch's ``_disable_dynamo`` decorator imports dynamo at the first call of
+    ``Optimizer.add_param_group`` to wrap it, which an optimizer built on a dummy parameter to check
+    its arguments, then dropped, never needs. The decorator's cache (``__dynamo_disable`` on the
+    function) holds the function itself meanwhile and is removed after, so a later call wraps it as
+    torch does. Where dynamo is imported already, or the decorator is laid out otherwise (no
+    ``__wrapped__``), nothing changes."""
+    import sys
+
+    import torch
+
+    function = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
+    if "torch._dynamo" in sys.modules or function is None or hasattr(function, "__dynamo_disable"):
+        yield
+        return
+    setattr(function, "__dynamo_disable", function)
+    try:
+        yield
+    finally:
+        if getattr(function, "__dynamo_disable", None) is function:
+            delattr(function, "__dynamo_disable")
