@@ -20,19 +20,13 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100  # effitrain.train.tasks' (the train layer is above this one)
-# The attribute of a model that holds the autocast its chunks are recomputed under in backward:
-# the CUDA replay's emulated autocast (a mode, not torch's autocast state that checkpoint restores).
-RECOMPUTE_AUTOCAST = "_effitrain_loss_chunks_autocast"
 
 
 def chunked_loss_sum(model, inputs: dict, labels: torch.Tensor, chunks: int) -> torch.Tensor:
     """The summed next-token cross-entropy of a micro-batch over its real target tokens, as
     ``effitrain.train.tasks.shifted_cross_entropy(..., "sum")`` gives it, over ``chunks`` chunks of
     positions: the sum of the chunks' fp32 sums (the one difference: that summation order)."""
-    recompute = getattr(_unwrapped(model), RECOMPUTE_AUTOCAST, None)
-    with _head_replaced(
-        model, functools.partial(_summed, labels=labels, chunks=chunks, recompute=recompute)
-    ) as out:
+    with _head_replaced(model, functools.partial(_summed, labels=labels, chunks=chunks)) as out:
         model(**inputs)
     return out.value
 
@@ -61,18 +55,20 @@ def _chunk_sum(head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     )
 
 
-def _summed(head, hidden, labels, chunks, recompute):
+def _summed(head, hidden, labels, chunks):
     from torch.utils.checkpoint import checkpoint
 
     from effitrain.util.compat import recomputation_tracked
+    from effitrain.util.compat.pytorch import counting_flops, function_modes
 
     pairs = target_chunks(hidden, labels.to(hidden.device), chunks)
-    if not torch.is_grad_enabled():  # nothing is saved: no recomputation to arrange
+    # nothing is saved without gradients; a FLOPs count counts model FLOPs, without recomputation
+    if not torch.is_grad_enabled() or counting_flops():
         parts = [_chunk_sum(head, h, t) for h, t in pairs]
     else:
         # a step tracker counts what the recomputation allocates as recomputed activations
         run = recomputation_tracked(functools.partial(_chunk_sum, head))
-        contexts = functools.partial(_contexts, recompute)
+        contexts = functools.partial(_contexts, function_modes())
         parts = [checkpoint(run, h, t, use_reentrant=False, context_fn=contexts) for h, t in pairs]
     if not parts:  # one position per row: no target, a zero that still reaches the graph
         return hidden[:, :0].float().sum()
@@ -92,10 +88,20 @@ def _row_sums(head, hidden, labels, chunks):
     return rows
 
 
-def _contexts(recompute):
-    """Checkpoint's (forward, recomputation) contexts: the forward runs under whatever autocast the
-    model's forward opened; the recomputation under ``recompute`` where the replay emulates one."""
-    return contextlib.nullcontext(), (recompute if recompute is not None else contextlib.nullcontext())
+def _contexts(modes: list):
+    """Checkpoint's (forward, recomputation) contexts: the forward runs where it is called (inside
+    the model's forward, under its autocast); the recomputation in backward re-enters the
+    torch-function modes the forward ran under (the CUDA replay's emulated autocast: a mode, not
+    torch's autocast state, which checkpoint restores itself)."""
+    return contextlib.nullcontext(), _entered(modes)
+
+
+@contextlib.contextmanager
+def _entered(modes: list):
+    with contextlib.ExitStack() as stack:
+        for mode in modes:
+            stack.enter_context(mode)
+        yield
 
 
 class _Out:

@@ -84,22 +84,22 @@ class ChunkedLoss:
         return _other_logits(config, bool(cfg.model.get("trust_remote_code")))
 
     def apply(self, model, cfg: DictConfig, autocast=None) -> None:
-        """Nothing to a model whose type was checked up front; the built model's config is checked
-        where it was not (a hub id without a local config). ``autocast``: the CUDA replay's emulated
-        autocast, which each chunk's recomputation in backward opens (torch's own autocast state is
-        restored by checkpoint itself)."""
+        """Nothing to a model whose type was checked up front (the loss replaces its head per call,
+        :mod:`.chunked_head`); the built model's config is checked where it was not (a hub id
+        without a local config). ``autocast`` needs nothing: each chunk's recomputation re-enters
+        the modes its forward ran under."""
         value = self.chunks(cfg)
         if value == 1:
             return
         from effitrain.config.model_spec import model_architecture
-        from effitrain.config.techniques.chunked_head import RECOMPUTE_AUTOCAST
+        from effitrain.util.compat.pytorch import on_fake_or_meta
 
-        if not model_architecture(cfg.model).get("model_type") and not _on_fake_or_meta(model):
-            refusal = _other_logits(model.config, bool(cfg.model.get("trust_remote_code")))
-            if refusal:
-                raise invalid(self.key, value, refusal)
-        if autocast is not None:
-            setattr(model, RECOMPUTE_AUTOCAST, autocast)
+        parameter = next(model.parameters(), None)
+        if model_architecture(cfg.model).get("model_type") or parameter is None or on_fake_or_meta(parameter):
+            return
+        refusal = _other_logits(model.config, bool(cfg.model.get("trust_remote_code")))
+        if refusal:
+            raise invalid(self.key, value, refusal)
 
     def replay_key(self, cfg: DictConfig) -> dict:
         return {self.key: self.chunks(cfg)}
@@ -122,21 +122,27 @@ class ChunkedLoss:
         return self.override(self.chunks(cfg))
 
 
+# Settings by which a causal LM's forward changes its head's output (their neutral value): Gemma 2's
+# soft cap, Cohere's and Granite's scales. Named where the miniature cannot be built.
+LOGIT_CHANGERS = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0}
+
+
 def _other_logits(config, trust_remote_code: bool) -> str | None:
+    """Why the chunked head cannot stand in for ``config``'s LM head, or None: a setting of
+    :data:`LOGIT_CHANGERS` away from its neutral value, or a miniature whose logits are not its
+    head's output (:func:`.chunked_head.logits_are_the_heads`)."""
     from effitrain.config.techniques.chunked_head import logits_are_the_heads
 
+    kind = type(config).__name__.removesuffix("Config")
+    for name, neutral in LOGIT_CHANGERS.items():
+        value = getattr(config, name, neutral)
+        if value is not None and value != neutral:
+            return (f"{kind}'s forward changes its LM head's output before returning logits ({name}={value}), "
+                    "which chunks would skip: give 1")  # fmt: skip
     if logits_are_the_heads(config, trust_remote_code) is False:
-        kind = type(config).__name__.removesuffix("Config")
-        return (f"{kind}'s forward changes its LM head's output before returning logits (a soft cap or "
-                "a scale), which chunks would skip: give 1")  # fmt: skip
+        return (f"{kind}'s forward changes its LM head's output before returning logits, which chunks "
+                "would skip: give 1")  # fmt: skip
     return None
-
-
-def _on_fake_or_meta(model) -> bool:
-    from torch._subclasses.fake_tensor import is_fake
-
-    parameter = next(model.parameters(), None)
-    return parameter is None or parameter.device.type == "meta" or is_fake(parameter)
 
 
 LOSS_CHUNKS = ChunkedLoss()

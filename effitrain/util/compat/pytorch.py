@@ -138,3 +138,34 @@ def batch_norm_classes() -> tuple[type, ...]:
     if base is not None:
         return (base,)
     return (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+def function_modes() -> list:
+    """The torch-function modes active now, outermost first
+    (``torch.overrides._get_current_function_mode_stack``): what a recomputation in backward
+    re-enters, as checkpoint restores autocast (the CUDA replay's emulated autocast is such a mode).
+    Fallback: none (the recomputation then runs outside them)."""
+    import torch
+
+    stack = private("torch", torch.overrides, "_get_current_function_mode_stack")
+    return list(stack()) if stack is not None else []
+
+
+def counting_flops() -> bool:
+    """Whether a ``FlopCounterMode`` is on the dispatch mode stack
+    (``torch.utils._python_dispatch._get_current_dispatch_mode_stack``): a FLOPs count of model
+    FLOPs, which leaves recomputation out. Fallback: False (the recomputation then counts too)."""
+    from torch.utils import _python_dispatch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    stack = private("torch", _python_dispatch, "_get_current_dispatch_mode_stack")
+    return stack is not None and any(isinstance(mode, FlopCounterMode) for mode in stack())
+
+
+def on_fake_or_meta(tensor) -> bool:
+    """Whether ``tensor`` holds no data: on ``meta``, or a fake tensor (``torch._subclasses.fake_tensor.is_fake``).
+    Fallback: only ``meta`` is known."""
+    from torch._subclasses import fake_tensor
+
+    is_fake = private("torch", fake_tensor, "is_fake")
+    return tensor.device.type == "meta" or (is_fake is not None and is_fake(tensor))
