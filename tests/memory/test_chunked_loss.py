@@ -82,7 +82,10 @@ def test_chunks_sum_the_same_tokens_within_the_reordering_bound_and_never_hold_t
             loss.backward()
         grads = {name: p.grad.clone() for name, p in model.named_parameters()}
         results[n] = loss.detach(), grads, seen.largest, task.row_sums(model, batch)
-    (plain, plain_grads, plain_largest, plain_rows), (chunked, grads, largest, rows_) = results[1], results[chunks]
+    (plain, plain_grads, plain_largest, plain_rows), (chunked, grads, largest, rows_) = (
+        results[1],
+        results[chunks],
+    )
 
     # the whole logits (rows x length x vocab) made by the plain path; one chunk's at most by the chunked
     assert plain_largest == rows * length * vocab
@@ -110,7 +113,9 @@ def test_chunks_sum_the_same_tokens_within_the_reordering_bound_and_never_hold_t
         bound = 2 * gamma(n) * (d_logits.abs().flatten(0, 1).T @ hidden[:, :-1].double().abs().flatten(0, 1))
     assert ((grads[head].double() - plain_grads[head].double()).abs() <= bound).all()
     # evaluation's per-row sums, chunked too: each row a sum of at most length - 1 terms
-    assert torch.all((rows_.double() - plain_rows.double()).abs() <= 2 * gamma(length - 1) * plain_rows.double())
+    assert torch.all(
+        (rows_.double() - plain_rows.double()).abs() <= 2 * gamma(length - 1) * plain_rows.double()
+    )
 
 
 @pytest.mark.parametrize(
@@ -184,7 +189,9 @@ def test_four_chunks_train_as_one_within_the_bound_predicted_to_the_byte_saving_
         ulp = torch.finfo(torch.float32).eps * a[name].abs().max().item()
         assert (a[name] - b[name]).abs().max().item() <= steps * (2 * 2 * gamma(tokens) * lr + ulp), name
     eval_tokens = runs[1]["eval/tokens"]
-    assert abs(runs[1]["eval/loss"] - runs[chunks]["eval/loss"]) <= 2 * gamma(eval_tokens) * runs[1]["eval/loss"]
+    assert (
+        abs(runs[1]["eval/loss"] - runs[chunks]["eval/loss"]) <= 2 * gamma(eval_tokens) * runs[1]["eval/loss"]
+    )
 
     def held(summary):
         return summary["mem/step_peak/activations_bytes"] + summary["mem/step_peak/temporaries_bytes"]
