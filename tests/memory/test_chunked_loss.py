@@ -188,6 +188,8 @@ def test_four_chunks_train_as_one_within_the_bound_predicted_to_the_byte_saving_
     for name in a:
         ulp = torch.finfo(torch.float32).eps * a[name].abs().max().item()
         assert (a[name] - b[name]).abs().max().item() <= steps * (2 * 2 * gamma(tokens) * lr + ulp), name
+    print("largest loss difference", max(abs(x["train/loss"] - y["train/loss"]) for x, y in zip(plain, chunked)),
+          "largest weight difference", max((a[k] - b[k]).abs().max().item() for k in a))  # fmt: skip
     eval_tokens = runs[1]["eval/tokens"]
     assert (
         abs(runs[1]["eval/loss"] - runs[chunks]["eval/loss"]) <= 2 * gamma(eval_tokens) * runs[1]["eval/loss"]
@@ -215,3 +217,19 @@ def test_the_cuda_profile_replays_chunks_recomputed_under_its_autocast():
         peaks[n] = row["step_peak"]["activations_bytes"] + row["step_peak"]["temporaries_bytes"]
     # bf16 logits of 4 x 64 x 30522 and their fp32 copy: far more than a chunk's
     assert peaks[4] < peaks[1] - 4 * 63 * 30522 * (2 + 4)
+
+
+@pytest.mark.slow
+def test_model_flops_leave_the_recomputation_out():
+    """Model FLOPs (recomputation not counted, as MFU is defined): the chunks' matmuls are the plain
+    head's but for the last position, which has no target: its forward (2 x rows x hidden x vocab)
+    and backward (twice that) are all the difference."""
+    from effitrain.commands.estimate import estimate_memory
+
+    rows, hidden, vocab = 8, 32, 30522
+    flops = {}
+    for n in (1, 4):
+        cfg = compose(*CAUSAL, "data.packing=true", f"micro_batch_size={rows}", f"loss_chunks={n}")
+        [row] = estimate_memory(cfg, cache=False).values()
+        flops[n] = row["flops_per_step"]
+    assert flops[1] - flops[4] == 6 * rows * hidden * vocab

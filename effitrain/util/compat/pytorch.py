@@ -152,14 +152,19 @@ def function_modes() -> list:
 
 
 def counting_flops() -> bool:
-    """Whether a ``FlopCounterMode`` is on the dispatch mode stack
-    (``torch.utils._python_dispatch._get_current_dispatch_mode_stack``): a FLOPs count of model
-    FLOPs, which leaves recomputation out. Fallback: False (the recomputation then counts too)."""
+    """Whether a ``FlopCounterMode`` counts now: its dispatch mode (``_FlopCounterMode``, whose
+    ``counter`` it is) is on the mode stack (``torch.utils._python_dispatch._get_current_dispatch_mode_stack``):
+    a count of model FLOPs, which leaves recomputation out. Fallback: False (the recomputation then
+    counts too)."""
     from torch.utils import _python_dispatch
     from torch.utils.flop_counter import FlopCounterMode
 
     stack = private("torch", _python_dispatch, "_get_current_dispatch_mode_stack")
-    return stack is not None and any(isinstance(mode, FlopCounterMode) for mode in stack())
+    modes = stack() if stack is not None else []
+    return any(
+        isinstance(m, FlopCounterMode) or isinstance(getattr(m, "counter", None), FlopCounterMode)
+        for m in modes
+    )
 
 
 def on_fake_or_meta(tensor) -> bool:
