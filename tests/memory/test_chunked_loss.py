@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from effitrain.config.errors import ConfigError
 from effitrain.config.summary_schema import CATEGORIES
 from effitrain.config.techniques import LOSS_CHUNKS, check_techniques, described, replay_keys
-from tests.helpers.run import compose, final_weights, read_metrics, run_job
+from tests.helpers.run import compose, final_weights, read_metrics, run_job, train_py
 
 U = 2.0**-24  # fp32's unit roundoff
 CAUSAL = ["task=causal_lm", "model=llama_tiny", "max_length=64"]
@@ -233,3 +233,29 @@ def test_model_flops_leave_the_recomputation_out():
         [row] = estimate_memory(cfg, cache=False).values()
         flops[n] = row["flops_per_step"]
     assert flops[1] - flops[4] == 6 * rows * hidden * vocab
+
+
+@pytest.mark.slow
+def test_two_processes_with_chunks_train_as_one_process_with_twice_the_accumulation(tmp_path):
+    """DDP runs the model's own forward (its hooks see each chunk's use of the head weight as one
+    gradient): two processes with loss_chunks=4 equal one with k=2 and the plain loss, within the
+    data-parallel test's 1e-5 (tests/train/test_distributed.py) plus the reordering bound above."""
+    import json
+
+    from tests.train.test_distributed import torchrun
+
+    common = [*CAUSAL, "max_length=32", "data=synthetic", "data.num_train=32", "micro_batch_size=4", "max_steps=3",
+              "logger=none", "progress_bar=false"]  # fmt: skip
+    parallel = torchrun(*common, "loss_chunks=4", f"hydra.run.dir={tmp_path / 'two'}", cwd=tmp_path)
+    assert parallel.returncode == 0, parallel.stderr[-3000:]
+    single = train_py(*common, "gradient_accumulation_steps=2", f"hydra.run.dir={tmp_path / 'one'}")
+    assert single.returncode == 0, single.stderr[-3000:]
+    two, one = read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one")
+    assert len(two) == len(one) == 3
+    for k, (a, b) in enumerate(zip(two, one), start=1):
+        tokens = int(b["train/tokens"] - (one[k - 2]["train/tokens"] if k > 1 else 0))
+        assert abs(a["train/loss"] - b["train/loss"]) <= (1e-5 + k * 2 * gamma(tokens)) * b["train/loss"]
+    eval_two, eval_one = (
+        json.loads((tmp_path / d / "summary.json").read_text())["eval/loss"] for d in ("two", "one")
+    )
+    assert eval_two == pytest.approx(eval_one, rel=1e-5)
