@@ -68,6 +68,7 @@ def test_chunks_sum_the_same_tokens_within_the_reordering_bound_and_never_hold_t
 
     vocab, rows, length, chunks = 1000, 4, 17, 4
     model = tiny_llama(vocab)
+    LOSS_CHUNKS.apply(model, compose(*CAUSAL, f"loss_chunks={chunks}"))  # chunks recomputed in backward
     ids = torch.randint(vocab, (rows, length), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, 10:] = 0  # a padded row: its positions from 10 on are no target
@@ -155,6 +156,8 @@ def test_its_key_plan_axis_and_words():
     assert replay_keys(on)["loss_chunks"] == 8 and replay_keys(off)["loss_chunks"] == 1
     assert "loss_chunks=8" in described(on).split(", ") and "loss_chunks=1" in described(off).split(", ")
     assert LOSS_CHUNKS.plan_values(off, False, (1, 4, 8, 100)) == [1, 4, 8]  # 100 > the 63 positions
+    assert LOSS_CHUNKS.plan_values(off, False) == [1, 8]  # its own: torchtune's 8
+    assert (LOSS_CHUNKS.recomputes(on), LOSS_CHUNKS.recomputes(off)) == (True, False)
     assert LOSS_CHUNKS.plan_values(on, True) == [8]
     assert LOSS_CHUNKS.plan_values(compose(), False, (1, 8)) == [1]  # a classifier
     assert LOSS_CHUNKS.override(4) == "loss_chunks=4"
@@ -220,19 +223,21 @@ def test_the_cuda_profile_replays_chunks_recomputed_under_its_autocast():
 
 
 @pytest.mark.slow
-def test_model_flops_leave_the_recomputation_out():
+def test_model_flops_leave_the_recomputation_out_and_the_recomputed_flops_are_the_heads_forward():
     """Model FLOPs (recomputation not counted, as MFU is defined): the chunks' matmuls are the plain
     head's but for the last position, which has no target: its forward (2 x rows x hidden x vocab)
-    and backward (twice that) are all the difference."""
+    and backward (twice that) are all the difference. What the chunks recompute (plan's cost of the
+    lever): the head's forward over the 63 target positions of each row."""
     from effitrain.commands.estimate import estimate_memory
 
     rows, hidden, vocab = 8, 32, 30522
-    flops = {}
+    flops, recomputed = {}, {}
     for n in (1, 4):
         cfg = compose(*CAUSAL, "data.packing=true", f"micro_batch_size={rows}", f"loss_chunks={n}")
         [row] = estimate_memory(cfg, cache=False).values()
-        flops[n] = row["flops_per_step"]
+        flops[n], recomputed[n] = row["flops_per_step"], row.get("recomputed_flops_per_step") or 0
     assert flops[1] - flops[4] == 6 * rows * hidden * vocab
+    assert recomputed == {1: 0, 4: 2 * rows * 63 * hidden * vocab}
 
 
 @pytest.mark.slow

@@ -20,13 +20,18 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100  # effitrain.train.tasks' (the train layer is above this one)
+# Set on a model by the technique's apply (.chunked_loss): its chunks are recomputed in backward.
+# Before it (the replay's count of model FLOPs) each chunk keeps what its backward needs instead.
+RECOMPUTED = "_effitrain_loss_chunks_recomputed"
 
 
 def chunked_loss_sum(model, inputs: dict, labels: torch.Tensor, chunks: int) -> torch.Tensor:
     """The summed next-token cross-entropy of a micro-batch over its real target tokens, as
     ``effitrain.train.tasks.shifted_cross_entropy(..., "sum")`` gives it, over ``chunks`` chunks of
     positions: the sum of the chunks' fp32 sums (the one difference: that summation order)."""
-    with _head_replaced(model, functools.partial(_summed, labels=labels, chunks=chunks)) as out:
+    recompute = bool(getattr(_unwrapped(model), RECOMPUTED, False))
+    summed = functools.partial(_summed, labels=labels, chunks=chunks, recompute=recompute)
+    with _head_replaced(model, summed) as out:
         model(**inputs)
     return out.value
 
@@ -55,15 +60,15 @@ def _chunk_sum(head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     )
 
 
-def _summed(head, hidden, labels, chunks):
+def _summed(head, hidden, labels, chunks, recompute):
     from torch.utils.checkpoint import checkpoint
 
     from effitrain.util.compat import recomputation_tracked
-    from effitrain.util.compat.pytorch import counting_flops, function_modes
+    from effitrain.util.compat.pytorch import function_modes
 
     pairs = target_chunks(hidden, labels.to(hidden.device), chunks)
-    # nothing is saved without gradients; a FLOPs count counts model FLOPs, without recomputation
-    if not torch.is_grad_enabled() or counting_flops():
+    # nothing is saved without gradients; before apply (a count of model FLOPs) nothing recomputes
+    if not torch.is_grad_enabled() or not recompute:
         parts = [_chunk_sum(head, h, t) for h, t in pairs]
     else:
         # a step tracker counts what the recomputation allocates as recomputed activations

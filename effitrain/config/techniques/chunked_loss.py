@@ -84,36 +84,47 @@ class ChunkedLoss:
         return _other_logits(config, bool(cfg.model.get("trust_remote_code")))
 
     def apply(self, model, cfg: DictConfig, autocast=None) -> None:
-        """Nothing to a model whose type was checked up front (the loss replaces its head per call,
-        :mod:`.chunked_head`); the built model's config is checked where it was not (a hub id
-        without a local config). ``autocast`` needs nothing: each chunk's recomputation re-enters
-        the modes its forward ran under."""
+        """From now on the model's loss chunks are recomputed in backward (the loss replaces its head
+        per call, :mod:`.chunked_head`; before this, as in the replay's count of model FLOPs, each
+        chunk keeps what its backward needs). The built model's config is checked where it was not
+        up front (a hub id without a local config). ``autocast`` needs nothing: each chunk's
+        recomputation re-enters the modes its forward ran under.
+
+        Raises:
+            ConfigError: a built model whose forward changes its head's output.
+        """
         value = self.chunks(cfg)
         if value == 1:
             return
         from effitrain.config.model_spec import model_architecture
+        from effitrain.config.techniques.chunked_head import RECOMPUTED
         from effitrain.util.compat.pytorch import on_fake_or_meta
 
         parameter = next(model.parameters(), None)
-        if model_architecture(cfg.model).get("model_type") or parameter is None or on_fake_or_meta(parameter):
-            return
-        refusal = _other_logits(model.config, bool(cfg.model.get("trust_remote_code")))
-        if refusal:
-            raise invalid(self.key, value, refusal)
+        known = model_architecture(cfg.model).get("model_type")
+        if not known and parameter is not None and not on_fake_or_meta(parameter):
+            refusal = _other_logits(model.config, bool(cfg.model.get("trust_remote_code")))
+            if refusal:
+                raise invalid(self.key, value, refusal)
+        setattr(model, RECOMPUTED, True)
 
     def replay_key(self, cfg: DictConfig) -> dict:
         return {self.key: self.chunks(cfg)}
 
-    def plan_values(self, cfg: DictConfig, given: bool, asked=(1, 8)) -> list:
-        """1 (off) first, then the asked chunk counts this run can take (at most a row's target
-        positions); the user's own alone when given; [1] for a task other than causal_lm, or a
-        model or setting the chunked head is not built for."""
+    def plan_values(self, cfg: DictConfig, given: bool, asked=None, device: str = "cpu") -> list:
+        """1 (off) first, then the asked chunk counts (8 unless asked: torchtune's default) this run
+        can take (at most a row's target positions); the user's own alone when given; [1] for a task
+        other than causal_lm, or a model or setting the chunked head is not built for."""
         if given:
             return [self.chunks(cfg)]
-        values = sorted({int(v) for v in asked if int(v) > 1})
+        values = sorted({int(v) for v in (asked if asked is not None else (1, 8)) if int(v) > 1})
         if not values or self.refusal(cfg, values[0]):
             return [1]
         return [1, *(v for v in values if not self.refusal(cfg, v))]
+
+    def recomputes(self, cfg: DictConfig) -> bool:
+        """Each chunk's head runs again in backward."""
+        return self.chunks(cfg) > 1
 
     def override(self, value) -> str:
         return f"{self.key}={int(value)}"

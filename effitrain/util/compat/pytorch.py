@@ -151,22 +151,6 @@ def function_modes() -> list:
     return list(stack()) if stack is not None else []
 
 
-def counting_flops() -> bool:
-    """Whether a ``FlopCounterMode`` counts now: its dispatch mode (``_FlopCounterMode``, whose
-    ``counter`` it is) is on the mode stack (``torch.utils._python_dispatch._get_current_dispatch_mode_stack``):
-    a count of model FLOPs, which leaves recomputation out. Fallback: False (the recomputation then
-    counts too)."""
-    from torch.utils import _python_dispatch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    stack = private("torch", _python_dispatch, "_get_current_dispatch_mode_stack")
-    modes = stack() if stack is not None else []
-    return any(
-        isinstance(m, FlopCounterMode) or isinstance(getattr(m, "counter", None), FlopCounterMode)
-        for m in modes
-    )
-
-
 def on_fake_or_meta(tensor) -> bool:
     """Whether ``tensor`` holds no data: on ``meta``, or a fake tensor (``torch._subclasses.fake_tensor.is_fake``).
     Fallback: only ``meta`` is known."""
