@@ -264,3 +264,27 @@ def test_two_processes_with_chunks_train_as_one_process_with_twice_the_accumulat
         json.loads((tmp_path / d / "summary.json").read_text())["eval/loss"] for d in ("two", "one")
     )
     assert eval_two == pytest.approx(eval_one, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_plan_proposes_chunks_where_they_make_the_budget_fit_without_accumulation():
+    """A budget between the chunked and the plain peak of micro batch 8 (the logits set the step's
+    peak): plan's best candidate trains at micro batch 8 without accumulation, with loss_chunks=8."""
+    from effitrain.commands.estimate import estimate_memory
+    from effitrain.commands.plan import plan
+
+    base = [*CAUSAL, "data=synthetic", "eval_batch_size=4"]
+
+    def peak(chunks: int) -> int:
+        cfg = compose(*base, "optimizer=adafactor", "micro_batch_size=8", f"loss_chunks={chunks}", tiny=False)
+        [row] = estimate_memory(cfg, {"adafactor": cfg.optimizer}).values()
+        return row["run_peak_bytes"]
+
+    chunked, plain = peak(8), peak(1)
+    assert chunked < plain
+    rows = plan(base, (chunked + plain) // 2, effective=8, optimizers=["adafactor"], precisions=["fp32"],
+                checkpointing=[False], margin=0.0)  # fmt: skip
+    best = rows[0]
+    assert (best["micro_batch_size"], best["gradient_accumulation_steps"], best["fits"]) == (8, 1, True)
+    assert best["run_peak_bytes_predicted"] == chunked
+    assert best["command"].endswith("gradient_accumulation_steps=1 loss_chunks=8")
