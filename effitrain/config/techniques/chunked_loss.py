@@ -3,7 +3,7 @@ batch's target positions, each chunk's logits made, upcast to fp32 and reduced o
 recomputed in backward, so the rows x positions x vocabulary logits (and their fp32 copy and
 gradient) never exist at once, as torchtune's ``CEWithChunkedOutputLoss`` and Liger's fused linear
 cross-entropy save them. For a large vocabulary and a small model they are the step's largest
-tensors; the price is the head's matmul run twice. The loss is the same sum over the same real
+tensors; the price is the head's forward matmul run twice. The loss is the same sum over the same real
 target tokens, normalized as before; only the order its fp32 per-chunk sums are added in differs.
 
     python train.py task=causal_lm loss_chunks=8
