@@ -25,6 +25,7 @@ from typing import Protocol
 from omegaconf import DictConfig
 
 from effitrain.config.techniques.checkpointing import GRADIENT_CHECKPOINTING
+from effitrain.config.techniques.chunked_loss import LOSS_CHUNKS
 
 
 class Technique(Protocol):
@@ -60,7 +61,7 @@ class Technique(Protocol):
         """Its setting in ``cfg``, as estimate's line says it."""
 
 
-TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING,)
+TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING, LOSS_CHUNKS)
 
 
 def check_techniques(cfg: DictConfig) -> None:
@@ -96,6 +97,7 @@ def described(cfg: DictConfig) -> str:
 
 __all__ = [
     "GRADIENT_CHECKPOINTING",
+    "LOSS_CHUNKS",
     "TECHNIQUES",
     "Technique",
     "apply_techniques",

@@ -164,3 +164,23 @@ def dynamo_left_unimported():
     finally:
         if getattr(function, "__dynamo_disable", None) is function:
             delattr(function, "__dynamo_disable")
+
+
+def function_modes() -> list:
+    """The torch-function modes active now, outermost first
+    (``torch.overrides._get_current_function_mode_stack``): what a recomputation in backward
+    re-enters, as checkpoint restores autocast (the CUDA replay's emulated autocast is such a mode).
+    Fallback: none (the recomputation then runs outside them)."""
+    import torch
+
+    stack = private("torch", torch.overrides, "_get_current_function_mode_stack")
+    return list(stack()) if stack is not None else []
+
+
+def on_fake_or_meta(tensor) -> bool:
+    """Whether ``tensor`` holds no data: on ``meta``, or a fake tensor (``torch._subclasses.fake_tensor.is_fake``).
+    Fallback: only ``meta`` is known."""
+    from torch._subclasses import fake_tensor
+
+    is_fake = private("torch", fake_tensor, "is_fake")
+    return tensor.device.type == "meta" or (is_fake is not None and is_fake(tensor))
