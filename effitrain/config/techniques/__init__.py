@@ -25,6 +25,7 @@ from typing import Protocol
 from omegaconf import DictConfig
 
 from effitrain.config.techniques.checkpointing import GRADIENT_CHECKPOINTING
+from effitrain.config.techniques.offloading import ACTIVATION_OFFLOADING
 
 
 class Technique(Protocol):
@@ -55,7 +56,7 @@ class Technique(Protocol):
         """Its setting in ``cfg``, as estimate's line says it."""
 
 
-TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING,)
+TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING, ACTIVATION_OFFLOADING)
 
 
 def check_techniques(cfg: DictConfig) -> None:
@@ -85,6 +86,7 @@ def described(cfg: DictConfig) -> str:
 
 
 __all__ = [
+    "ACTIVATION_OFFLOADING",
     "GRADIENT_CHECKPOINTING",
     "TECHNIQUES",
     "Technique",
