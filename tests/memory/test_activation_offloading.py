@@ -6,6 +6,8 @@ figure equal to the saved tensors' own bytes counted by a plain hook."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -21,22 +23,34 @@ COMMON = ["micro_batch_size=16", "data.num_train=64", "max_steps=3", "checkpoint
 HOST = "host_offloaded"
 
 
+def _trained_weights(run_dir: Path) -> dict:
+    """The last checkpoint's trained weights: an adapter's own file, else the whole model's."""
+    from safetensors.torch import load_file
+
+    adapter = sorted(Path(run_dir).glob("checkpoints/step-*"))[-1] / "adapter_model.safetensors"
+    return load_file(adapter) if adapter.exists() else final_weights(run_dir)
+
+
 def _figures(summary: dict, kind: str = "") -> dict:
     """The step peak's categories and host figure, measured (``kind=""``) or predicted."""
     return {c: summary[f"mem/step_peak{kind}/{c}_bytes"] for c in (*CATEGORIES, HOST)}
 
 
 @pytest.mark.parametrize(
-    ("kind", "checkpointing"),
+    ("kind", "checkpointing", "more"),
     [
-        ("classifier", "false"),
-        pytest.param("causal", "false", marks=pytest.mark.slow),
-        pytest.param("classifier", "true", marks=pytest.mark.slow),
-        pytest.param("causal", "true", marks=pytest.mark.slow),
+        ("classifier", "false", []),
+        pytest.param("causal", "false", [], marks=pytest.mark.slow),
+        pytest.param("classifier", "true", [], marks=pytest.mark.slow),
+        pytest.param("causal", "true", [], marks=pytest.mark.slow),
+        # peft wraps the model after the hooks are set, accelerate or the Trainer prepares it after that
+        pytest.param("causal", "false", ["adapter=lora"], marks=pytest.mark.slow),
+        pytest.param("classifier", "false", ["backend=trainer"], marks=pytest.mark.slow),
     ],
 )
-def test_forced_copies_change_no_bit_and_the_host_copies_are_predicted_to_the_byte(tmp_path, kind, checkpointing):
-    args = [*COMMON, *MODELS[kind], f"gradient_checkpointing={checkpointing}"]
+def test_forced_copies_change_no_bit_and_the_host_copies_are_predicted_to_the_byte(tmp_path, kind, checkpointing,
+                                                                                   more):  # fmt: skip
+    args = [*COMMON, *MODELS[kind], f"gradient_checkpointing={checkpointing}", *more]
     off = run_job(tmp_path / "off", *args)
     with copies_forced():  # the CPU's saved tensors copied to the host and back, as a GPU's are
         on = run_job(tmp_path / "on", *args, "activation_offloading=true")
@@ -44,12 +58,15 @@ def test_forced_copies_change_no_bit_and_the_host_copies_are_predicted_to_the_by
     losses = [line["train/loss"] for line in read_metrics(tmp_path / "off")]
     assert len(losses) == 3 and [line["train/loss"] for line in read_metrics(tmp_path / "on")] == losses
     assert on["eval/loss"] == off["eval/loss"]
-    a, b = final_weights(tmp_path / "off"), final_weights(tmp_path / "on")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    a, b = _trained_weights(tmp_path / "off"), _trained_weights(tmp_path / "on")
+    assert a and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the copies were made (the host holds them), and measured == predicted, host included
     assert on[f"mem/step_peak/{HOST}_bytes"] > 0 and off[f"mem/step_peak/{HOST}_bytes"] == 0
-    assert _figures(on) == _figures(on, "_predicted")
-    assert _figures(off) == _figures(off, "_predicted")
+    assert on[f"mem/step_peak/{HOST}_bytes"] == on[f"mem/step_peak_predicted/{HOST}_bytes"]
+    gap = {c: on[f"mem/step_peak/{c}_bytes"] - on[f"mem/step_peak_predicted/{c}_bytes"] for c in CATEGORIES}
+    assert gap == {c: off[f"mem/step_peak/{c}_bytes"] - off[f"mem/step_peak_predicted/{c}_bytes"] for c in CATEGORIES}
+    if "backend=trainer" not in more:  # the Trainer's step holds a 4-byte scalar the replay lacks, lever or not
+        assert not any(gap.values())
 
 
 @pytest.mark.parametrize("kind", ["classifier", pytest.param("causal", marks=pytest.mark.slow)])

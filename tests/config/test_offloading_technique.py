@@ -1,0 +1,104 @@
+"""The activation_offloading technique: its key, values, override, replay key and plan axis, and
+what its hooks copy (a saved activation of the minimum size and more; never a parameter, a view
+of one, a buffer or a smaller tensor), exactly and only where asked."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from effitrain.config.errors import ConfigError
+from effitrain.config.techniques import ACTIVATION_OFFLOADING, TECHNIQUES, replay_keys
+from effitrain.config.techniques.offload_hooks import Offloader, copies_forced, offloaded_forward
+from tests.helpers.run import compose
+
+
+def test_it_is_a_technique_with_its_key_default_off_and_its_override():
+    assert ACTIVATION_OFFLOADING in TECHNIQUES and ACTIVATION_OFFLOADING.key == "activation_offloading"
+    cfg = compose()
+    assert cfg.activation_offloading is False and ACTIVATION_OFFLOADING.minimum(cfg) is None
+    assert ACTIVATION_OFFLOADING.described(cfg) == "activation_offloading=false"
+    assert ACTIVATION_OFFLOADING.minimum(compose("activation_offloading=true")) == 1024  # torchtune's default
+    assert ACTIVATION_OFFLOADING.minimum(compose("activation_offloading=1")) == 1
+    assert [ACTIVATION_OFFLOADING.override(v) for v in (False, True, 4096)] == [
+        "activation_offloading=false",
+        "activation_offloading=true",
+        "activation_offloading=4096",
+    ]
+
+
+def test_its_replay_key_names_the_minimum_and_leaves_the_key_of_the_lever_off_as_it_was():
+    assert "activation_offloading" not in replay_keys(compose())
+    assert replay_keys(compose("activation_offloading=true"))["activation_offloading"] == 1024
+    assert replay_keys(compose("activation_offloading=64"))["activation_offloading"] == 64
+
+
+def test_its_plan_axis_is_off_first_the_users_own_alone_and_off_alone_on_a_cpu():
+    cfg = compose()
+    assert ACTIVATION_OFFLOADING.plan_values(cfg, False) == [False, True]
+    assert ACTIVATION_OFFLOADING.plan_values(cfg, False, (True, 4096, False)) == [False, True, 4096]
+    assert ACTIVATION_OFFLOADING.plan_values(cfg, False, device="cuda") == [False, True]
+    assert ACTIVATION_OFFLOADING.plan_values(cfg, False, device="cpu") == [False]
+    assert ACTIVATION_OFFLOADING.plan_values(compose("activation_offloading=2048"), True) == [2048]
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, "yes"])
+def test_its_check_is_one_line_naming_the_value(value):
+    from omegaconf import OmegaConf
+
+    # untyped, past the schema (whose own words for a wrong type are the technique's: bad_inputs.py)
+    cfg = OmegaConf.create({"activation_offloading": value, "compile": {"enabled": False}})
+    with pytest.raises(ConfigError) as error:
+        ACTIVATION_OFFLOADING.check(cfg)
+    shown = repr(value)
+    assert str(error.value) == (
+        f"activation_offloading={shown} is invalid: must be true, false or a minimum tensor size in bytes N >= 1"
+    )
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+        self.register_buffer("scale", torch.full((16, 16), 0.5))
+
+    def forward(self, x):
+        return (torch.tanh(self.linear(x)) * self.scale).sum()
+
+
+def _saved_sizes(minimum: int, forced: bool) -> tuple[list[int], torch.Tensor]:
+    """The byte sizes the hooks copied in one forward of a 16-row batch, and the weight's gradient."""
+    torch.manual_seed(0)
+    model, copied = _Tiny(), []
+    offloaded_forward(model, minimum)
+    pack = Offloader.pack
+
+    def counting(self, tensor):
+        packed = pack(self, tensor)
+        if packed is not tensor:
+            copied.append(packed[0].nbytes)
+            assert packed[0].untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr()
+        return packed
+
+    Offloader.pack = counting
+    try:
+        with copies_forced() if forced else contextlib.nullcontext():
+            model(torch.ones(16, 16)).backward()
+    finally:
+        Offloader.pack = pack
+    return copied, model.linear.weight.grad
+
+
+def test_the_hooks_copy_saved_activations_of_the_minimum_and_more_and_change_no_gradient():
+    # saved for backward: the linear's input x (1,024 B: its weight's gradient needs it), tanh's output
+    # (1,024 B) and the buffer the product scales by (1,024 B, a buffer: not copied); the weight's view
+    # W.t() is not saved (x needs no gradient), the product's other factor neither (the buffer needs none)
+    torch.manual_seed(0)
+    plain = _Tiny()
+    plain(torch.ones(16, 16)).backward()
+    copied, grad = _saved_sizes(1024, forced=True)
+    assert sorted(copied) == [1024, 1024] and torch.equal(grad, plain.linear.weight.grad)
+    assert _saved_sizes(1025, forced=True)[0] == []  # below the minimum: kept
+    assert _saved_sizes(1, forced=False)[0] == []  # the CPU's own tensors: the host is the device
