@@ -98,7 +98,8 @@ def estimate(args) -> None:
         print(
             f"host memory: {first['step_peak_host_offloaded_bytes'] / MIB:.1f} MiB of offloaded activations "
             f"(host_offloaded, at the host's peak; {techniques.ACTIVATION_OFFLOADING.described(cfg)}), "
-            "outside the step peak above" + (": none on a CPU, whose host is its device" if device == "cpu" else "")
+            "outside the step peak above"
+            + (": none on a CPU, whose host is its device" if device == "cpu" else "")
         )
     for name, row in rows.items():
         if row["step_peak_bound"]:

@@ -59,7 +59,7 @@ def _compose(overrides: list[str]) -> DictConfig:
     except ConfigCompositionException as error:
         from omegaconf.errors import ValidationError
 
-        from effitrain.config.schema import allowed, field_type
+        from effitrain.config.schema import field_type
 
         cause = error.__cause__
         if isinstance(cause, ValidationError) and cause.full_key:  # a value the schema's type rejects
@@ -130,7 +130,7 @@ def wrong_types(parsed) -> list[tuple[str, str]]:
     from omegaconf import OmegaConf
     from omegaconf.errors import ValidationError
 
-    from effitrain.config.schema import RunConfig, allowed, field_type
+    from effitrain.config.schema import RunConfig, field_type
 
     typed = OmegaConf.structured(RunConfig)
     found = []

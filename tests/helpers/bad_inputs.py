@@ -47,10 +47,14 @@ PARSE = [
     (["~optimizer"], "~optimizer is invalid: every run reads optimizer: give it a value instead"),
     (["seed=x"], "seed='x' is invalid: must be an integer"),
     (["max_steps=1.5"], "max_steps=1.5 is invalid: must be an integer"),
-    (["activation_offloading=1kb"],
-     "activation_offloading='1kb' is invalid: must be true, false or a minimum tensor size in bytes N >= 1"),
-    (["activation_offloading=1.5"],
-     "activation_offloading=1.5 is invalid: must be true, false or a minimum tensor size in bytes N >= 1"),
+    (
+        ["activation_offloading=1kb"],
+        "activation_offloading='1kb' is invalid: must be true, false or a minimum tensor size in bytes N >= 1",
+    ),
+    (
+        ["activation_offloading=1.5"],
+        "activation_offloading=1.5 is invalid: must be true, false or a minimum tensor size in bytes N >= 1",
+    ),
     (["compile.mode=fast"], "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
     (["model.init=randm"], "model.init='randm' is invalid: choose one of pretrained, random"),
     (["model.trust_remote_code=maybe"], "model.trust_remote_code='maybe' is invalid: must be true or false"),

@@ -64,8 +64,12 @@ def test_forced_copies_change_no_bit_and_the_host_copies_are_predicted_to_the_by
     assert on[f"mem/step_peak/{HOST}_bytes"] > 0 and off[f"mem/step_peak/{HOST}_bytes"] == 0
     assert on[f"mem/step_peak/{HOST}_bytes"] == on[f"mem/step_peak_predicted/{HOST}_bytes"]
     gap = {c: on[f"mem/step_peak/{c}_bytes"] - on[f"mem/step_peak_predicted/{c}_bytes"] for c in CATEGORIES}
-    assert gap == {c: off[f"mem/step_peak/{c}_bytes"] - off[f"mem/step_peak_predicted/{c}_bytes"] for c in CATEGORIES}
-    if "backend=trainer" not in more:  # the Trainer's step holds a 4-byte scalar the replay lacks, lever or not
+    assert gap == {
+        c: off[f"mem/step_peak/{c}_bytes"] - off[f"mem/step_peak_predicted/{c}_bytes"] for c in CATEGORIES
+    }
+    if (
+        "backend=trainer" not in more
+    ):  # the Trainer's step holds a 4-byte scalar the replay lacks, lever or not
         assert not any(gap.values())
 
 

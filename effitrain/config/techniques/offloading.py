@@ -30,7 +30,9 @@ class ActivationOffloading:
     """The technique (:class:`effitrain.config.techniques.Technique`) of ``activation_offloading``."""
 
     key: str = "activation_offloading"
-    allowed: str = "must be true, false or a minimum tensor size in bytes N >= 1"  # also a value of the wrong type
+    allowed: str = (
+        "must be true, false or a minimum tensor size in bytes N >= 1"  # also a value of the wrong type
+    )
 
     def check(self, cfg: DictConfig) -> None:
         """``true``, ``false`` or a minimum tensor size in bytes N >= 1; on, without torch.compile
@@ -46,10 +48,14 @@ class ActivationOffloading:
         if value is False:
             return
         if cfg.compile.enabled:
-            raise invalid(self.key, value, "torch.compile is not run under its hooks: give false or compile=off")
+            raise invalid(
+                self.key, value, "torch.compile is not run under its hooks: give false or compile=off"
+            )
         if str(cfg.parallel.strategy) == "fsdp":
             raise invalid(
-                self.key, value, "parallel=fsdp's per-rank prediction does not count the host copies: give false"
+                self.key,
+                value,
+                "parallel=fsdp's per-rank prediction does not count the host copies: give false",
             )
 
     def minimum(self, cfg: DictConfig) -> int | None:
@@ -82,7 +88,9 @@ class ActivationOffloading:
         minimum = self.minimum(cfg)
         return {} if minimum is None else {self.key: minimum}
 
-    def plan_values(self, cfg: DictConfig, given: bool, asked=(False, True), device: str | None = None) -> list:
+    def plan_values(
+        self, cfg: DictConfig, given: bool, asked=(False, True), device: str | None = None
+    ) -> list:
         """Off, then on; the user's own setting alone when given; off alone for the CPU's profile
         (``device``), where it saves nothing."""
         if given:
