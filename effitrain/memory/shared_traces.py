@@ -149,7 +149,7 @@ def _each_step(replay, optimizers: dict, phase: str, backward: _Backward, traces
         forward = _plus(backward.before, state)
         traces[name].phases[phase] = stepped if stepped["total"] > forward["total"] else forward
         # the host's offloaded copies peak in the forward, which every optimizer shares
-        traces[name].phases[phase][HOST_OFFLOADED] = backward.before[HOST_OFFLOADED]
+        traces[name].phases[phase][HOST_OFFLOADED] = backward.before.get(HOST_OFFLOADED, 0)
         if bounded:
             traces[name].bounds[phase] = BOUND_ASSUMED_BRANCH
 
@@ -215,8 +215,12 @@ def _held(model, *external) -> dict[str, int]:
 
 def _plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     total = {c: a[c] + b[c] for c in CATEGORIES}
-    return {**total, "total": sum(total.values())}
+    return {
+        **total,
+        "total": sum(total.values()),
+        HOST_OFFLOADED: a.get(HOST_OFFLOADED, 0) + b.get(HOST_OFFLOADED, 0),
+    }
 
 
 def _minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
-    return _plus(a, {c: -b[c] for c in CATEGORIES})
+    return _plus(a, {**{c: -b[c] for c in CATEGORIES}, HOST_OFFLOADED: -b.get(HOST_OFFLOADED, 0)})

@@ -102,3 +102,56 @@ def test_the_hooks_copy_saved_activations_of_the_minimum_and_more_and_change_no_
     assert sorted(copied) == [1024, 1024] and torch.equal(grad, plain.linear.weight.grad)
     assert _saved_sizes(1025, forced=True)[0] == []  # below the minimum: kept
     assert _saved_sizes(1, forced=False)[0] == []  # the CPU's own tensors: the host is the device
+
+
+def _copied_in_a_llama_step(checkpointing: str) -> tuple[list, list, list[bool]]:
+    """What the hooks copied in one forward and backward of a 2-layer Llama (copies forced), each
+    decoder layer's input, and for each copy whether it was made inside a layer's forward."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from effitrain.config.techniques import apply_techniques
+
+    cfg = compose("task=causal_lm", "model=llama_tiny", f"gradient_checkpointing={checkpointing}",
+                  "activation_offloading=true")  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2))  # fmt: skip
+    model.train()
+    inputs, copied, within, inside, pack = [], [], [], [False], Offloader.pack
+
+    def entered(module, args):
+        inside[0] = True
+        inputs.append(args[0])
+
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(entered)
+        layer.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+
+    def recording(self, tensor):
+        packed = pack(self, tensor)
+        if packed is not tensor:
+            copied.append(tensor)
+            within.append(inside[0])
+        return packed
+
+    Offloader.pack = recording
+    try:
+        with copies_forced():
+            apply_techniques(model, cfg)
+            ids = torch.randint(0, 64, (2, 32))
+            model(input_ids=ids, labels=ids).loss.backward()
+    finally:
+        Offloader.pack = pack
+    return copied, inputs[: len(model.model.layers)], within  # a recomputed layer runs its pre-hook again
+
+
+def test_with_checkpointing_the_blocks_inputs_are_what_is_copied_of_them():
+    def of_a_block(copied, inputs, within):  # copied in a block's call, and not its input
+        return [t for t, flag in zip(copied, within) if flag and not any(t is x for x in inputs)]
+
+    assert of_a_block(*_copied_in_a_llama_step("false"))  # without checkpointing the blocks' own are copied
+    copied, inputs, within = _copied_in_a_llama_step("true")
+    # with it, each block's input is (torch's checkpoint saves it outside the block's own hooks),
+    # and nothing the blocks compute inside: all of that is recomputed in backward
+    assert len(inputs) == 2 and all(any(t is x for t in copied) for x in inputs)
+    assert of_a_block(copied, inputs, within) == []
