@@ -122,10 +122,13 @@ def _saved_bytes_counted_by_a_plain_hook(cfg, minimum: int) -> int:
     return sum(seen)
 
 
-def test_the_cuda_profile_moves_the_saved_activations_from_the_device_to_the_host_figure():
+@pytest.mark.parametrize("checkpointing", ["false", pytest.param("true", marks=pytest.mark.slow)])
+def test_the_cuda_profile_moves_the_saved_activations_from_the_device_to_the_host_figure(checkpointing):
+    """With checkpointing the blocks' inputs are what the plain hook sees of them (torch's checkpoint
+    saves them outside the blocks' own hooks), and what is offloaded."""
     from effitrain.commands.estimate import estimate_memory
 
-    causal = [*MODELS["causal"], "micro_batch_size=4"]
+    causal = [*MODELS["causal"], "micro_batch_size=4", f"gradient_checkpointing={checkpointing}"]
     rows = {}
     for value in ("false", "true"):
         cfg = compose(*causal, f"activation_offloading={value}")
