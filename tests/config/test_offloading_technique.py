@@ -37,10 +37,11 @@ def test_its_replay_key_names_the_minimum_and_leaves_the_key_of_the_lever_off_as
 
 def test_its_plan_axis_is_off_first_the_users_own_alone_and_off_alone_on_a_cpu():
     cfg = compose()
-    assert ACTIVATION_OFFLOADING.plan_values(cfg, False) == [False, True]
-    assert ACTIVATION_OFFLOADING.plan_values(cfg, False, (True, 4096, False)) == [False, True, 4096]
-    assert ACTIVATION_OFFLOADING.plan_values(cfg, False, device="cuda") == [False, True]
-    assert ACTIVATION_OFFLOADING.plan_values(cfg, False, device="cpu") == [False]
+    assert ACTIVATION_OFFLOADING.plan_values(cfg, False, None, "cuda") == [False, True]
+    assert ACTIVATION_OFFLOADING.plan_values(cfg, False, (True, 4096), "cuda") == [False, True, 4096]
+    assert ACTIVATION_OFFLOADING.plan_values(cfg, False, None, "cpu") == [False]  # saves nothing there
+    assert ACTIVATION_OFFLOADING.plan_values(cfg, False) == [False]  # the protocol's default: cpu
+    assert not ACTIVATION_OFFLOADING.recomputes(compose("activation_offloading=true"))
     assert ACTIVATION_OFFLOADING.plan_values(compose("activation_offloading=2048"), True) == [2048]
 
 

@@ -88,16 +88,18 @@ class ActivationOffloading:
         minimum = self.minimum(cfg)
         return {} if minimum is None else {self.key: minimum}
 
-    def plan_values(
-        self, cfg: DictConfig, given: bool, asked=(False, True), device: str | None = None
-    ) -> list:
-        """Off, then on; the user's own setting alone when given; off alone for the CPU's profile
-        (``device``), where it saves nothing."""
+    def plan_values(self, cfg: DictConfig, given: bool, asked=None, device: str = "cpu") -> list:
+        """Off, then on (``asked``: the values to try, off among them); the user's own setting alone
+        when given; off alone for the CPU's profile (``device``), where it saves nothing."""
         if given:
             return [cfg.get(self.key)]
         if device == "cpu":
             return [False]
-        return sorted(set(asked), key=lambda value: (value is not False, value))
+        asked = (False, True) if asked is None else asked
+        return sorted({False, *asked}, key=lambda value: (value is not False, value))
+
+    def recomputes(self, cfg: DictConfig) -> bool:
+        return False  # it copies what the forward saved; nothing is computed again
 
     def override(self, value) -> str:
         if isinstance(value, bool) or value is None:
