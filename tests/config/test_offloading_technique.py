@@ -156,3 +156,35 @@ def test_with_checkpointing_the_blocks_inputs_are_what_is_copied_of_them():
     # and nothing the blocks compute inside: all of that is recomputed in backward
     assert len(inputs) == 2 and all(any(t is x for t in copied) for x in inputs)
     assert of_a_block(copied, inputs, within) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned copies on a side stream need a CUDA device")
+def test_on_cuda_the_host_copies_are_pinned_and_the_gradients_unchanged():
+    def gradients(offloading: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)
+        ).cuda()
+        if offloading:
+            offloaded_forward(model, 1024)
+        x = torch.randn(64, 256, device="cuda")
+        for _ in range(3):  # the side stream's copies and the allocator's reuse across steps
+            model(x).square().mean().backward()
+        torch.cuda.synchronize()
+        return [p.grad.clone() for p in model.parameters()]
+
+    hosts, pack = [], Offloader.pack
+
+    def recording(self, tensor):
+        packed = pack(self, tensor)
+        if packed is not tensor:
+            hosts.append(packed[0])
+        return packed
+
+    Offloader.pack = recording
+    try:
+        offloaded = gradients(True)
+    finally:
+        Offloader.pack = pack
+    assert hosts and all(h.device.type == "cpu" and h.is_pinned() for h in hosts)
+    assert all(torch.equal(a, b) for a, b in zip(offloaded, gradients(False)))
