@@ -1,5 +1,6 @@
 """Everything only a GPU shows, in one command: the CUDA memory prediction against the GPU's own
-figures, 8-bit Adam's saving, compile's speed-up on both backends, and MFU.
+figures, 8-bit Adam's saving, compile's speed-up on both backends, MFU, and activation offloading's
+device bytes, host copies and step time.
 
     python benchmarks/gpu.py --out gpu-results              # on a CUDA machine (301 s on one H200, --jobs 8)
     python benchmarks/gpu.py --out gpu-results --dry-run    # anywhere: every case composes and is valid
@@ -94,6 +95,29 @@ def fsdp_cases() -> list[dict]:
                        f"parallel.offload={str(offload).lower()}", "max_steps=4"]}
         for offload in (False, True)
     ]  # fmt: skip
+
+
+def offloading_cases() -> list[dict]:
+    """Activation offloading (pinned host memory, copied on a side stream) off and on, with and without
+    checkpointing: the device's bytes, the host's copies and the step time, one case at a time."""
+    return [
+        {"offloading": offloading, "checkpointing": checkpointing,
+         "overrides": [*MODELS[TIMING_MODEL], *COMMON, "optimizer=adamw", "precision=bf16",
+                       f"gradient_checkpointing={str(checkpointing).lower()}",
+                       f"activation_offloading={str(offloading).lower()}", f"max_steps={TIMING_STEPS}"]}
+        for checkpointing in (False, True) for offloading in (False, True)
+    ]  # fmt: skip
+
+
+OFFLOADING_KEYS = {  # row key -> summary key
+    "step_peak_measured_bytes": "mem/step_peak_bytes",
+    "step_peak_predicted_bytes": "mem/step_peak_bytes_predicted",
+    "activations_measured_bytes": "mem/step_peak/activations_bytes",
+    "activations_predicted_bytes": "mem/step_peak_predicted/activations_bytes",
+    "host_offloaded_measured_bytes": "mem/step_peak/host_offloaded_bytes",
+    "host_offloaded_predicted_bytes": "mem/step_peak_predicted/host_offloaded_bytes",
+    "cuda_max_allocated_bytes": "mem/cuda_max_allocated_bytes",
+}
 
 
 def dry_run(cases: list[dict]) -> None:
@@ -221,6 +245,17 @@ def markdown(result: dict) -> str:
         )
     lines.append("\nThe split over ranks needs several GPUs: `torchrun --nproc_per_node N train.py parallel=fsdp`, "
                  "every rank's figures in summary_ranks.json.")  # fmt: skip
+    if result.get("offloading"):  # results written before the lever have none
+        lines += ["", f"## Activation offloading: {TIMING_MODEL}, bf16, AdamW, {TIMING_STEPS} steps, one case at a time "
+                  "(MiB; predicted / measured)", "",
+                  "| recompute | offloading | status | step peak | activations | host (offloaded) | max allocated | step s |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for o in result.get("offloading", []):
+            pairs = [f"{fmt(o.get(f'{k}_predicted_bytes'), MIB)} / {fmt(o.get(f'{k}_measured_bytes'), MIB)}"
+                     for k in ("step_peak", "activations", "host_offloaded")]  # fmt: skip
+            lines.append(f"| {str(o['checkpointing']).lower()} | {str(o['offloading']).lower()} | {o['status']} | "
+                         f"{' | '.join(pairs)} | {fmt(o.get('cuda_max_allocated_bytes'), MIB)} | "
+                         f"{fmt(o.get('step_s'), digits=4)} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -231,16 +266,19 @@ def main() -> None:
     parser.add_argument("--optimizers", nargs="+", default=OPTIMIZERS, help="options of conf/optimizer")
     parser.add_argument("--jobs", type=int, default=4, help="memory cases run at once (one process each)")
     parser.add_argument("--timeout", type=float, default=420, help="seconds one case may take")
-    parser.add_argument("--phases", default="memory,fsdp,timing", help="which of memory,fsdp,timing to run")
+    parser.add_argument("--phases", default="memory,fsdp,timing,offloading",
+                        help="which of memory,fsdp,timing,offloading to run")  # fmt: skip
     args = parser.parse_args()
     memory, timing, fsdp = memory_cases(args.optimizers) + adapter_cases(), timing_cases(), fsdp_cases()
+    offloading = offloading_cases()
     phases = set(args.phases.split(","))
-    if not phases <= {"memory", "fsdp", "timing"}:
-        raise SystemExit(f"--phases={args.phases!r} is invalid: give some of memory,fsdp,timing")
-    memory, fsdp, timing = (cases if name in phases else [] for name, cases in
-                            (("memory", memory), ("fsdp", fsdp), ("timing", timing)))  # fmt: skip
+    if not phases <= {"memory", "fsdp", "timing", "offloading"}:
+        raise SystemExit(f"--phases={args.phases!r} is invalid: give some of memory,fsdp,timing,offloading")
+    memory, fsdp, timing, offloading = (cases if name in phases else [] for name, cases in
+                                        (("memory", memory), ("fsdp", fsdp), ("timing", timing),
+                                         ("offloading", offloading)))  # fmt: skip
     if args.dry_run:
-        dry_run(memory + timing + fsdp)
+        dry_run(memory + timing + fsdp + offloading)
         return
     import torch
 
@@ -253,7 +291,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "libraries": {name: metadata.version(name) for name in ("transformers", "accelerate", "peft", "bitsandbytes")},
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "seconds": 0.0,
-        "memory": [], "adam8bit_saving": [], "timing": [], "fsdp": [],
+        "memory": [], "adam8bit_saving": [], "timing": [], "fsdp": [], "offloading": [],
     }  # fmt: skip
 
     def write() -> None:
@@ -280,6 +318,13 @@ def main() -> None:
                                  "error": s.get("error"), "step_s": s.get("speed/step_s_median"),
                                  "compile_s": s.get("speed/compile_s"), "samples_per_s": s.get("speed/samples_per_s"),
                                  "mfu": s.get("speed/mfu")})  # fmt: skip
+        write()
+    for case in offloading:  # alone, as the timing cases: the host link's time is what it costs
+        s = run_isolated(case["overrides"], args.timeout)
+        result["offloading"].append({"offloading": case["offloading"], "checkpointing": case["checkpointing"],
+                                     "status": s["status"], "error": s.get("error"),
+                                     **{key: s.get(name) for key, name in OFFLOADING_KEYS.items()},
+                                     "step_s": s.get("speed/step_s_median")})  # fmt: skip
         write()
     print(markdown(result))
 

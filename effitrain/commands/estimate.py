@@ -95,7 +95,7 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     optimizer, neither shared nor cached), and the counted totals are named ``whole_model_<key>``
     (:data:`WHOLE_MODEL_KEYS`); an optimizer FSDP refuses has ``unsupported`` instead.
     """
-    from effitrain.memory.step_peak import CATEGORIES
+    from effitrain.memory.step_peak import CATEGORIES, HOST_OFFLOADED
     from effitrain.memory.trace_cache import traces_of
     from effitrain.train.parallel import strategy_of
 
@@ -127,6 +127,8 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             peak = trace.step_peak(warm_up=True)
             rows[name]["step_peak_bytes"] = peak["total"]
             rows[name]["step_peak"] = {f"{c}_bytes": peak[c] for c in CATEGORIES}
+            # host memory, outside the step peak: activation offloading's copies (0 without it)
+            rows[name]["step_peak_host_offloaded_bytes"] = peak.get(HOST_OFFLOADED, 0)
             rows[name]["run_peak_bytes"] = trace.run_peak["total"]
             rows[name]["run_peak"] = {f"{phase}_bytes": p["total"] for phase, p in trace.phases.items()}
             # why a figure is an upper bound rather than the step itself (None: the replay is the step)

@@ -94,6 +94,13 @@ def estimate(args) -> None:
         mark = "*" if name == chosen else " "
         print(f"{mark}{name:<11}" + "".join(f"{c:>{w}.1f}" for c, w in zip(cells + [per_param], widths)))
     print("* the chosen optimizer; opt. state at the peak includes the step's own optimizer temporaries")
+    if cfg.activation_offloading is not False:  # the host's figure, apart from the device's step peak
+        print(
+            f"host memory: {first['step_peak_host_offloaded_bytes'] / MIB:.1f} MiB of offloaded activations "
+            f"(host_offloaded, at the host's peak; {techniques.ACTIVATION_OFFLOADING.described(cfg)}), "
+            "outside the step peak above"
+            + (": none on a CPU, whose host is its device" if device == "cpu" else "")
+        )
     for name, row in rows.items():
         if row["step_peak_bound"]:
             print(f"{name}: an upper bound of its step peak: {row['step_peak_bound']}")

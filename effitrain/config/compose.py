@@ -59,11 +59,11 @@ def _compose(overrides: list[str]) -> DictConfig:
     except ConfigCompositionException as error:
         from omegaconf.errors import ValidationError
 
-        from effitrain.config.schema import allowed, field_type
+        from effitrain.config.schema import field_type
 
         cause = error.__cause__
         if isinstance(cause, ValidationError) and cause.full_key:  # a value the schema's type rejects
-            allowed_values = allowed(field_type(cause.object_type, cause.key))
+            allowed_values = _allowed(cause.full_key, field_type(cause.object_type, cause.key))
             raise WrongType(invalid(cause.full_key, cause.value, allowed_values).args[0]) from None
         raise ConfigError(" ".join(str(error).split())[:500]) from None
     return cfg
@@ -130,7 +130,7 @@ def wrong_types(parsed) -> list[tuple[str, str]]:
     from omegaconf import OmegaConf
     from omegaconf.errors import ValidationError
 
-    from effitrain.config.schema import RunConfig, allowed, field_type
+    from effitrain.config.schema import RunConfig, field_type
 
     typed = OmegaConf.structured(RunConfig)
     found = []
@@ -143,8 +143,18 @@ def wrong_types(parsed) -> list[tuple[str, str]]:
         except ValidationError:
             parent = OmegaConf.select(typed, key.rpartition(".")[0]) if "." in key else typed
             kind = field_type(OmegaConf.get_type(parent), key.rpartition(".")[2])
-            found.append((override.input_line, invalid(key, override.value(), allowed(kind)).args[0]))
+            found.append((override.input_line, invalid(key, override.value(), _allowed(key, kind)).args[0]))
     return found
+
+
+def _allowed(key: str, kind) -> str:
+    """What ``key`` accepts: a memory technique's own words where it has them (a Union's type
+    names nothing a user types), else its type's (:func:`effitrain.config.schema.allowed`)."""
+    from effitrain.config.schema import allowed
+    from effitrain.config.techniques import TECHNIQUES
+
+    own = next((getattr(t, "allowed", None) for t in TECHNIQUES if t.key == key), None)
+    return own or allowed(kind)
 
 
 def _is_choice(override, groups: set[str]) -> bool:

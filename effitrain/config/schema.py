@@ -125,6 +125,9 @@ class RunConfig:
         False  # true, false or N: every N-th block (checked by its technique)
     )
     loss_chunks: ranged(int, LOSS_CHUNKS_ALLOWED, ge=1) = 1  # a causal LM's head and loss over N chunks
+    activation_offloading: Union[bool, int] = (
+        False  # true, false or N: saved tensors of N bytes and more to host memory (checked by its technique)
+    )
     max_length: at_least(2) = 96
     eval_batch_size: at_least(1) = 64
     eval_every: at_least(1, null=True) = None

@@ -216,7 +216,9 @@ def cuda_dropout(input, p=0.5, training=True, inplace=False):
 @contextlib.contextmanager
 def cuda_kernels():
     """Inside it, dropout and attention run the ops CUDA would run, on any (fake) tensor, and
-    storages are counted in the allocator's blocks (:func:`allocator_blocks`).
+    storages are counted in the allocator's blocks (:func:`allocator_blocks`); with
+    ``activation_offloading`` its saved tensors go to the host as a GPU step's do
+    (:func:`effitrain.config.techniques.offload_hooks.copies_forced`).
 
     ``torch.nn.functional.dropout`` and ``scaled_dot_product_attention`` are replaced for the
     duration, not intercepted by a ``TorchFunctionMode``: a mode is set aside while it handles a
@@ -224,10 +226,12 @@ def cuda_kernels():
     backward would run the CPU's kernels again. Code that imported either function by name before
     (``from torch.nn.functional import dropout``) keeps the CPU's.
     """
+    from effitrain.config.techniques.offload_hooks import copies_forced
+
     originals = F.dropout, F.scaled_dot_product_attention
     F.dropout, F.scaled_dot_product_attention = cuda_dropout, cuda_sdpa
     try:
-        with allocator_blocks():
+        with allocator_blocks(), copies_forced():  # the fake CPU tensors are the device's: offloaded
             yield
     finally:
         F.dropout, F.scaled_dot_product_attention = originals

@@ -30,7 +30,7 @@ import json
 import torch
 
 from effitrain.memory.replay import BOUND_ASSUMED_BRANCH, Trace, completed, counted_state, replayed, trace_run
-from effitrain.memory.step_peak import CATEGORIES, breakdown, step_tracker
+from effitrain.memory.step_peak import CATEGORIES, HOST_OFFLOADED, breakdown, step_tracker
 
 
 @dataclasses.dataclass
@@ -148,6 +148,8 @@ def _each_step(replay, optimizers: dict, phase: str, backward: _Backward, traces
         stepped = _plus(backward.at_step, _plus(state, delta))
         forward = _plus(backward.before, state)
         traces[name].phases[phase] = stepped if stepped["total"] > forward["total"] else forward
+        # the host's offloaded copies peak in the forward, which every optimizer shares
+        traces[name].phases[phase][HOST_OFFLOADED] = backward.before.get(HOST_OFFLOADED, 0)
         if bounded:
             traces[name].bounds[phase] = BOUND_ASSUMED_BRANCH
 
@@ -213,8 +215,12 @@ def _held(model, *external) -> dict[str, int]:
 
 def _plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     total = {c: a[c] + b[c] for c in CATEGORIES}
-    return {**total, "total": sum(total.values())}
+    return {
+        **total,
+        "total": sum(total.values()),
+        HOST_OFFLOADED: a.get(HOST_OFFLOADED, 0) + b.get(HOST_OFFLOADED, 0),
+    }
 
 
 def _minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
-    return _plus(a, {c: -b[c] for c in CATEGORIES})
+    return _plus(a, {**{c: -b[c] for c in CATEGORIES}, HOST_OFFLOADED: -b.get(HOST_OFFLOADED, 0)})

@@ -18,7 +18,10 @@ import contextlib
 import torch
 
 from effitrain.config.summary_schema import CATEGORIES
-from effitrain.util.compat import step_peak_tracker_class
+from effitrain.util.compat import OFFLOADED_HOST, step_peak_tracker_class
+
+# The host figure beside the categories: what activation offloading holds in host memory.
+HOST_OFFLOADED = "host_offloaded"
 
 # MemTracker's categories -> effitrain's (the summary's keys); buffers are model state like weights.
 CATEGORY_OF = {
@@ -40,13 +43,16 @@ def step_tracker():
 
 
 def breakdown(snapshot: dict) -> dict[str, int]:
-    """Bytes per category of a MemTracker snapshot (all devices together), and ``total``."""
+    """Bytes per category of a MemTracker snapshot (all devices together), ``total``, and
+    ``host_offloaded``: the host copies of offloaded activations (``activation_offloading``), at the
+    host's own peak and outside the categories and the total, which are the device's."""
     totals = dict.fromkeys(CATEGORIES, 0)
-    for per_device in snapshot.values():
+    totals[HOST_OFFLOADED] = 0
+    for device, per_device in snapshot.items():
         for kind, nbytes in per_device.items():
             kind = getattr(kind, "value", kind)
             if kind in CATEGORY_OF:
-                totals[CATEGORY_OF[kind]] += int(nbytes)
+                totals[HOST_OFFLOADED if device is OFFLOADED_HOST else CATEGORY_OF[kind]] += int(nbytes)
     totals["total"] = sum(totals[c] for c in CATEGORIES)
     return totals
 
@@ -126,7 +132,9 @@ class StepMemory:
 
 def peak_keys(peak: dict[str, int], suffix: str = "") -> dict:
     """``mem/step_peak_bytes<suffix>`` and ``mem/step_peak<suffix>/<category>_bytes``: the measured
-    step peak (no suffix) or the predicted one (``_predicted``)."""
+    step peak (no suffix) or the predicted one (``_predicted``); and the host's
+    ``mem/step_peak<suffix>/host_offloaded_bytes`` (0 without activation offloading)."""
     keys = {f"mem/step_peak_bytes{suffix}": peak["total"]}
     keys.update({f"mem/step_peak{suffix}/{c}_bytes": peak[c] for c in CATEGORIES})
+    keys[f"mem/step_peak{suffix}/{HOST_OFFLOADED}_bytes"] = peak.get(HOST_OFFLOADED, 0)
     return keys

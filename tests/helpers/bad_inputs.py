@@ -48,6 +48,14 @@ PARSE = [
     (["seed=x"], "seed='x' is invalid: must be an integer"),
     (["max_steps=1.5"], "max_steps=1.5 is invalid: must be an integer"),
     (["loss_chunks=x"], "loss_chunks='x' is invalid: must be an integer"),
+    (
+        ["activation_offloading=1kb"],
+        "activation_offloading='1kb' is invalid: must be true, false or a minimum tensor size in bytes N >= 1",
+    ),
+    (
+        ["activation_offloading=1.5"],
+        "activation_offloading=1.5 is invalid: must be true, false or a minimum tensor size in bytes N >= 1",
+    ),
     (["compile.mode=fast"], "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
     (["model.init=randm"], "model.init='randm' is invalid: choose one of pretrained, random"),
     (["model.trust_remote_code=maybe"], "model.trust_remote_code='maybe' is invalid: must be true or false"),
@@ -214,6 +222,13 @@ VALUES = [
      "adapter='lora' is invalid: with parallel=fsdp an adapted model is not sharded"),
     (["parallel=fsdp", "optimizer=apollo"],
      "optimizer='apollo' is invalid: with parallel=fsdp: its update mixes"),
+    # activation offloading (effitrain/config/techniques/offloading.py): a size in bytes, not with compile or FSDP
+    (["activation_offloading=0"],
+     "activation_offloading=0 is invalid: must be true, false or a minimum tensor size in bytes N >= 1"),
+    (["activation_offloading=true", "compile=on"],
+     "activation_offloading=true is invalid: torch.compile is not run under its hooks: give false or compile=off"),
+    (["activation_offloading=4096", "parallel=fsdp"],
+     "activation_offloading=4096 is invalid: parallel=fsdp's per-rank prediction does not count the host copies: give false"),
 ]  # fmt: skip
 
 PREFLIGHT = PARSE + VALUES

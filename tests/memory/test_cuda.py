@@ -181,8 +181,9 @@ def test_gpu_benchmark_dry_run_checks_every_case_on_a_cpu_machine():
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr
     # 2 models x 3 optimizers x checkpointing off/on x fp32/bf16, 2 models x lora/qlora, compile
-    # off/on x 2 backends, and one FSDP rank with CPU offload off/on
-    assert done.stdout.strip().splitlines()[-1] == "gpu.py --dry-run: 34 of 34 cases compose and are valid"
+    # off/on x 2 backends, one FSDP rank with CPU offload off/on, and activation offloading off/on x
+    # checkpointing off/on
+    assert done.stdout.strip().splitlines()[-1] == "gpu.py --dry-run: 38 of 38 cases compose and are valid"
     assert not (REPO / "unused").exists()
 
 

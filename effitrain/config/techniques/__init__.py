@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from effitrain.config.techniques.checkpointing import GRADIENT_CHECKPOINTING
 from effitrain.config.techniques.chunked_loss import LOSS_CHUNKS
+from effitrain.config.techniques.offloading import ACTIVATION_OFFLOADING
 
 
 class Technique(Protocol):
@@ -61,7 +62,7 @@ class Technique(Protocol):
         """Its setting in ``cfg``, as estimate's line says it."""
 
 
-TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING, LOSS_CHUNKS)
+TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING, ACTIVATION_OFFLOADING, LOSS_CHUNKS)
 
 
 def check_techniques(cfg: DictConfig) -> None:
@@ -96,6 +97,7 @@ def described(cfg: DictConfig) -> str:
 
 
 __all__ = [
+    "ACTIVATION_OFFLOADING",
     "GRADIENT_CHECKPOINTING",
     "LOSS_CHUNKS",
     "TECHNIQUES",

@@ -31,12 +31,14 @@ from effitrain.util.compat.huggingface import (
     reset_accelerator_state,
 )
 from effitrain.util.compat.memtracker import (
+    OFFLOADED_HOST,
     counting_like,
     fsdp_mem_tracker_class,
     mem_tracker_class,
     recomputation_tracked,
     step_peak_tracker_class,
     storages_counted_as,
+    storages_offloaded,
 )
 from effitrain.util.compat.omegaconf_hydra import config_node, job_return, job_return_value
 from effitrain.util.compat.optimizers import (
@@ -53,6 +55,7 @@ from effitrain.util.compat.pytorch import (
     dynamo_left_unimported,
     fake_process_group,
     fake_tensor_mode,
+    is_fake,
     is_traceable_wrapper_subclass,
     sdpa_kernel_op,
     tree_map,
@@ -60,13 +63,13 @@ from effitrain.util.compat.pytorch import (
 )
 
 __all__ = [
-    "CHECKED_BELOW", "MASK_SKIPPING", "SDPA_KERNEL_OPS", "TORCHAO_ADAM_BASE", "adam_step_dtype",
+    "CHECKED_BELOW", "MASK_SKIPPING", "OFFLOADED_HOST", "SDPA_KERNEL_OPS", "TORCHAO_ADAM_BASE", "adam_step_dtype",
     "apollo_projector", "apollo_projector_state", "attention_implementation", "batch_norm_classes",
     "checked", "checkpointing_wrapped", "compile_seconds", "config_node", "counting_like",
     "dataset_fingerprint", "dora_layer_class", "dynamo_left_unimported", "fake_process_group", "fake_tensor_mode",
-    "fsdp_mem_tracker_class", "is_traceable_wrapper_subclass", "job_return", "job_return_value",
+    "fsdp_mem_tracker_class", "is_fake", "is_traceable_wrapper_subclass", "job_return", "job_return_value",
     "keep_in_fp32_modules", "mask_skipping_replaced", "mem_tracker_class", "missing",
     "no_split_modules", "private", "recomputation_tracked", "reset_accelerator_state",
-    "sdpa_kernel_op", "step_peak_tracker_class", "storages_counted_as", "torchao_moments_owner",
+    "sdpa_kernel_op", "step_peak_tracker_class", "storages_counted_as", "storages_offloaded", "torchao_moments_owner",
     "tree_map", "values_assumed",
 ]  # fmt: skip

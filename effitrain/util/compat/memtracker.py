@@ -144,6 +144,53 @@ def storages_counted_as(count, is_host):
             setattr(info, name, value)
 
 
+class _OffloadedToHost:
+    """MemTracker's device key for the host copies of offloaded activations
+    (:data:`OFFLOADED_HOST`): host memory like a CPU tensor's (``type``), kept apart from the step's
+    device and from the CPU tensors a CUDA step keeps anyway (a torch optimizer's step counts)."""
+
+    type, index = "cpu", None
+
+    def __repr__(self) -> str:
+        return "host (offloaded activations)"
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+OFFLOADED_HOST = _OffloadedToHost()
+
+
+@contextlib.contextmanager
+def storages_offloaded():
+    """Inside it, a storage torch's MemTracker first sees is counted under :data:`OFFLOADED_HOST`,
+    at its own size (host memory has no 512-byte blocks), not under the device it is on: the pack
+    hook of activation offloading makes its host copy inside it, so a step's peak splits into the
+    device's categories and the host's copies (:func:`effitrain.memory.step_peak.breakdown`). Its
+    private ``_WeakRefInfo.create_winfo`` is replaced for the duration, on top of any replacement
+    already in place (:func:`storages_counted_as`). Fallback: counted on their device (a warning)."""
+    from torch.distributed._tools import mem_tracker
+
+    info = private("torch", mem_tracker, "_WeakRefInfo")
+    if info is None or "create_winfo" not in info.__dict__:
+        log.warning("torch %s: offloaded activations counted on their device", version("torch"))
+        yield
+        return
+    saved, create = info.__dict__["create_winfo"], info.create_winfo
+
+    def create_winfo(st, device, reftype, callback=None):
+        winfo, ref = create(st, OFFLOADED_HOST, reftype, callback)
+        winfo.host = True  # storages_counted_as's counting: at its size
+        winfo.mem_consumed = winfo.size * winfo.element_size
+        return winfo, ref
+
+    info.create_winfo = create_winfo
+    try:
+        yield
+    finally:
+        info.create_winfo = saved
+
+
 def fsdp_mem_tracker_class():
     """torch's ``FSDPMemTracker`` (``torch.distributed._tools.fsdp2_mem_tracker``, a private module):
     ``MemTracker`` with FSDP2's categories (sharded and unsharded parameters and gradients, all-gather

@@ -39,6 +39,15 @@ def fake_tensor_mode():
     return mode()
 
 
+def is_fake(tensor) -> bool:
+    """Whether ``tensor`` is a fake tensor (``torch._subclasses.fake_tensor.FakeTensor``): a replay's,
+    not a run's. Fallback: a tensor of a class named so."""
+    from torch._subclasses import fake_tensor
+
+    cls = private("torch", fake_tensor, "FakeTensor")
+    return isinstance(tensor, cls) if cls is not None else type(tensor).__name__ == "FakeTensor"
+
+
 def values_assumed(assume):
     """A dispatch mode (``torch.utils._python_dispatch.TorchDispatchMode``) inside which a fake
     tensor's Python value (``.item()``, ``bool()``, ``.tolist()``: ``aten._local_scalar_dense``),
