@@ -187,9 +187,5 @@ def function_modes() -> list:
 
 
 def on_fake_or_meta(tensor) -> bool:
-    """Whether ``tensor`` holds no data: on ``meta``, or a fake tensor (``torch._subclasses.fake_tensor.is_fake``).
-    Fallback: only ``meta`` is known."""
-    from torch._subclasses import fake_tensor
-
-    is_fake = private("torch", fake_tensor, "is_fake")
-    return tensor.device.type == "meta" or (is_fake is not None and is_fake(tensor))
+    """Whether ``tensor`` holds no data: on ``meta``, or a fake tensor (:func:`is_fake`)."""
+    return tensor.device.type == "meta" or is_fake(tensor)
