@@ -5,6 +5,7 @@
   effitrain compare multirun/<study>/<time>  verdict, table, plots, one HTML page
   effitrain estimate model=tiny              a run's memory by category, beforehand
   effitrain plan --memory-budget 8GiB        the fastest combination that fits
+  effitrain export outputs/<date>/<time>     a finished run as a plain transformers model folder
 
 'effitrain <command> --help' tells more about one command.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from effitrain.commands.check import check
 from effitrain.commands.estimate_command import estimate
+from effitrain.commands.export import export
 from effitrain.commands.plan import DEFAULT_MARGIN
 from effitrain.commands.plan_command import plan_command
 from effitrain.commands.train_command import train
@@ -170,6 +172,19 @@ def main(argv: list[str] | None = None) -> None:
     _trace_flags(planning)
     planning.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py")
     planning.set_defaults(handler=plan_command)
+    exporting = commands.add_parser(
+        "export",
+        help="a finished run's final weights as a plain transformers model folder (from_pretrained loads it)",
+        description="Write a finished run's final weights as a plain transformers model folder (config, "
+        "safetensors weights, tokenizer) that from_pretrained loads without effitrain: an adapter is "
+        "merged into its base, a sharded checkpoint joined. The run needs a checkpoint of its last "
+        "step (checkpoint_every=N); the folder is written whole or not at all, never over another.",
+    )
+    exporting.add_argument("run", type=Path, help="the run's folder (its hydra.run.dir, or a job of a sweep)")
+    exporting.add_argument(
+        "--out", type=Path, help="the model folder to write, new or empty (default: <run>/export)"
+    )
+    exporting.set_defaults(handler=export)
     # options and overrides mix in any order (argparse alone stops taking a positional list at the
     # first option: `estimate parallel=fsdp --world-size 2 model=tiny` left model=tiny unrecognized)
     args, rest = parser.parse_known_args(argv)

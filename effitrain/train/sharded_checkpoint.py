@@ -96,17 +96,12 @@ def save_sharded(model, optimizer, folder: Path) -> None:
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
 
 
-def load_sharded(model, optimizer, folder: Path) -> None:
-    """What :func:`save_sharded` wrote, read into this rank's shards (every rank calls it) by DCP's own
-    loader with the reader and planner below: no file's content is run as code.
-
-    Raises:
-        UnsafeCheckpoint: ``.metadata`` or a value holds a pickled object other than plain data.
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+def _safe_loading(planner_base):
+    """DCP's file reader and ``planner_base`` (a load planner class), made to run no code from the
+    folder: ``.metadata`` read by :class:`MetadataUnpickler`, every value that is not a tensor with
+    ``weights_only=True`` and handed on as the pickle of that plain data (what DCP unpickles is ours)."""
+    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     class Reader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
@@ -117,18 +112,54 @@ def load_sharded(model, optimizer, folder: Path) -> None:
             metadata.storage_meta.load_id = self.load_id  # as DCP's reader does
             return metadata
 
-    class Planner(DefaultLoadPlanner):
+    class Planner(planner_base):
         def load_bytes(self, read_item, value):
-            # read as plain data, then handed on as the pickle of that data: what DCP unpickles is ours
             plain = io.BytesIO()
             torch.save(_values_only(value), plain)
             plain.seek(0)
             super().load_bytes(read_item, plain)
 
+    return Reader, Planner
+
+
+def _refuse_unsafe(folder: Path) -> None:
     why = refusal(folder)
     if why is not None:  # said plainly here; the reader and planner hold it again while DCP reads
         raise UnsafeCheckpoint(f"{folder}: {why}")
+
+
+def load_sharded(model, optimizer, folder: Path) -> None:
+    """What :func:`save_sharded` wrote, read into this rank's shards (every rank calls it) by DCP's own
+    loader with the reader and planner of :func:`_safe_loading`: no file's content is run as code.
+
+    Raises:
+        UnsafeCheckpoint: ``.metadata`` or a value holds a pickled object other than plain data.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    _refuse_unsafe(folder)
+    Reader, Planner = _safe_loading(DefaultLoadPlanner)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, storage_reader=Reader(folder), planner=Planner())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def read_model_state(folder: Path) -> dict:
+    """The whole model's weights of a sharded checkpoint, every rank's shards joined into one state
+    dict in this process (no process group), as DCP's ``dcp_to_torch_save`` joins them, but read
+    through :func:`_safe_loading` and without the optimizer's state: what ``effitrain export`` saves.
+
+    Raises:
+        UnsafeCheckpoint: ``.metadata`` or a value holds a pickled object other than plain data.
+    """
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    _refuse_unsafe(folder)
+    Reader, Planner = _safe_loading(_EmptyStateDictLoadPlanner)
+    state: dict = {}
+    _load_state_dict(state, storage_reader=Reader(folder), planner=Planner(keys={"model"}), no_dist=True)
+    return state["model"]
