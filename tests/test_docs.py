@@ -40,7 +40,7 @@ def test_every_page_is_in_the_site_and_names_files_that_exist():
     assert missing == []
 
 
-@pytest.mark.parametrize("command", [[], ["check"], ["compare"], ["estimate"], ["plan"]])
+@pytest.mark.parametrize("command", [[], ["check"], ["compare"], ["estimate"], ["plan"], ["export"]])
 def test_help_is_plain_text_that_says_what_the_command_does(command, capsys):
     with pytest.raises(SystemExit) as exited:
         main([*command, "--help"])

@@ -43,15 +43,23 @@ def export(args) -> None:
     check_out(out, run)
     folder, meta = final_checkpoint(run, summary)
     cfg = run_config(run, meta)
-    model, tokenizer, merged = rebuilt(cfg, folder, meta)
-    provenance = {
-        "run": str(run.resolve()),
-        "checkpoint": folder.name,
-        "step": meta["step"],
-        "eval/loss": summary.get("eval/loss"),
-        "adapter_merged": merged,
-    }
-    write(model, tokenizer, out, provenance)
+    from transformers.utils import logging as transformers_logging
+
+    bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # a bar per weight file: the result is one line
+    try:
+        model, tokenizer, merged = rebuilt(cfg, folder, meta)
+        provenance = {
+            "run": str(run.resolve()),
+            "checkpoint": folder.name,
+            "step": meta["step"],
+            "eval/loss": summary.get("eval/loss"),
+            "adapter_merged": merged,
+        }
+        write(model, tokenizer, out, provenance)
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
     from effitrain.train.tasks import build_task
 
     auto = build_task(cfg).auto_class
@@ -98,7 +106,9 @@ def check_out(out: Path, run: Path) -> None:
                 "effitrain writes through no link it did not make: remove the link, or give another folder"
             )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise invalid("--out", str(out), "it exists and is not empty: export never overwrites; give a new folder")
+        raise invalid(
+            "--out", str(out), "it exists and is not empty: export never overwrites; give a new folder"
+        )
     planted = link_refusal("--out", out)  # an empty folder holds none; said alike if one appears
     if planted is not None:
         raise ConfigError(planted)
@@ -192,7 +202,9 @@ def rebuilt(cfg, folder: Path, meta: dict):
     task = build_task(cfg)
     raw = task.load(cfg.data)  # a classifier's labels: the head's size and names
     tokenizer = build_tokenizer(cfg.model)
-    task.collator(tokenizer)  # the run's collator sets a decoder's padding token: the model's config records it
+    task.collator(
+        tokenizer
+    )  # the run's collator sets a decoder's padding token: the model's config records it
     set_seed(cfg.seed)
     model = apply_adapter(task.build_model(cfg.model, raw, tokenizer), cfg.get("adapter"), task)
     files = meta["files"]
