@@ -42,8 +42,9 @@ def export(*args: str, capsys) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def eval_batches(path: Path, *overrides: str) -> None:
-    """The run's eval batches, made by its task's tokenizer and collator, saved for the plain loader."""
+def eval_batches(path: Path, *overrides: str, tiny: bool = True) -> list[int]:
+    """The run's eval batches, made by its task's tokenizer and collator, saved for the plain loader;
+    the run's tokenizer's ids of TEXT."""
     import torch
     from omegaconf import OmegaConf
 
@@ -51,7 +52,7 @@ def eval_batches(path: Path, *overrides: str) -> None:
     from effitrain.train.modeling import build_tokenizer
     from effitrain.train.tasks import build_task
 
-    cfg = compose(*overrides)
+    cfg = compose(*overrides, tiny=tiny)
     task = build_task(cfg)
     raw, tokenizer = task.load(cfg.data), build_tokenizer(cfg.model)
     source = OmegaConf.to_container(cfg.data, resolve=True)

@@ -166,6 +166,30 @@ def test_accelerate_launch_trains_the_same_sharded_run(two_runs, tmp_path):
 
 
 @pytest.mark.slow
+def test_export_joins_both_ranks_shards_into_the_model_plain_transformers_loads(two_runs, tmp_path, capsys):
+    """``effitrain export`` of the two-rank run: the weights DCP's own joiner reads from both ranks'
+    files, and from the folder plain transformers loads, the run's eval/loss (as in
+    tests/commands/test_export.py: the same float32 weights, the losses summed in another order)."""
+    from safetensors.torch import load_file
+
+    from tests.commands.test_export import eval_batches, export, plain_load
+    from tests.train.test_distributed import DDP
+
+    fsdp, _ = two_runs
+    out = tmp_path / "model"
+    code, _, err = export(str(fsdp), "--out", str(out), capsys=capsys)
+    assert code == 0, err
+    saved, exported = final_weights(fsdp), load_file(out / "model.safetensors")
+    assert sorted(exported) == sorted(saved) and all(exported[n].equal(saved[n]) for n in saved)
+    run = [*DDP, "max_grad_norm=0.05", "checkpoint_every=8", "parallel=fsdp", "gradient_accumulation_steps=2"]
+    ids = eval_batches(tmp_path / "batches.pt", *run, tiny=False)
+    loaded = plain_load(out, "AutoModelForSequenceClassification", tmp_path / "batches.pt")
+    assert loaded["effitrain_modules"] == [] and loaded["ids"] == ids
+    summary = json.loads((fsdp / "summary.json").read_text())
+    assert loaded["loss"] == pytest.approx(summary["eval/loss"], rel=1e-6)
+
+
+@pytest.mark.slow
 def test_each_rank_measures_its_shards(two_runs):
     """Every rank's figures beside the summary, rank 0's in it; counted by hand from the whole
     weights' shapes: parameters and gradients in FSDP2's padded shards, ceil(dim0 / 2) rows on
