@@ -303,9 +303,13 @@ def check_config_overrides(cfg: DictConfig) -> None:
         known.add("attn_implementation")  # every config takes it (PretrainedConfig stores it privately)
     except Exception:  # noqa: BLE001 - a type transformers does not know (remote code): unchecked
         return
+    # never suggested as they are: a key refused above (an architecture's key is named where it is set)
+    refused = set(SET_BY_EFFITRAIN) | ({"vocab_size"} if cfg.model.init == "random" else set())
+    refused |= {"is_decoder"} if causal else set()
     for key, value in overrides.items():
         if key not in known:
-            near = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+            near = difflib.get_close_matches(key, sorted(known - refused), n=3, cutoff=0.6)
+            near = [f"model.architecture.{name}" if name in architecture else name for name in near]
             hint = f": did you mean {' or '.join(near)}?" if near else ""
             raise invalid(
                 f"model.config_overrides.{key}", value, f"{config_class.__name__} has no such setting{hint}"

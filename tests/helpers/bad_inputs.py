@@ -168,6 +168,12 @@ VALUES = [
     (["+model.config_overrides.bogus_key=1"], "model.config_overrides.bogus_key=1 is invalid: BertConfig has no such setting"),
     (["model.config_overrides.hiden_dropout_prob=0.0"],
      "model.config_overrides.hiden_dropout_prob=0.0 is invalid: BertConfig has no such setting: did you mean hidden_dropout_prob"),
+    # a suggestion never names a key refused below; an architecture's key is named where it is set
+    (["task=causal_lm", "+model.config_overrides.is_decoderr=true"],
+     "model.config_overrides.is_decoderr=true is invalid: BertConfig has no such setting: did you mean is_encoder_decoder?"),
+    (["+model.config_overrides.hidden_sizes=3"],
+     "model.config_overrides.hidden_sizes=3 is invalid: BertConfig has no such setting: did you mean "
+     "model.architecture.hidden_size or hidden_act or output_hidden_states?"),
     (["+model.config_overrides.num_labels=5"],
      "model.config_overrides.num_labels=5 is invalid: the data's label column decides the number of classes: leave it out"),
     (["+model.config_overrides.hidden_size=64"],
@@ -194,7 +200,11 @@ VALUES = [
     (["adapter=lora", "adapter.lr=0"], "adapter.lr=0 is invalid: must be a finite number > 0 (or null)"),
     (["adapter=lora", "adapter.target_modules=[q_proj]"],
      "adapter.target_modules=['q_proj'] is invalid: matches no module of BertForSequenceClassification: give "
-     "all-linear or names it has, such as classifier, dense, key, query, value"),
+     "all-linear or names it has, such as dense, key, query, value"),
+    # a suggestion never names what is refused: the head trains in full, so it takes no adapter
+    (["adapter=lora", "adapter.target_modules=[classifier]"],
+     "adapter.target_modules=['classifier'] is invalid: classifier is in the head of BertForSequenceClassification, "
+     "which trains in full: give all-linear or names it has, such as dense, key, query, value"),
     (["adapter=lora", "adapter.target_modules=[LayerNorm]"],
      "adapter.target_modules=['LayerNorm'] is invalid: peft cannot wrap it: Target module LayerNorm((32,), "
      "eps=1e-12, elementwise_affine=True, bias=True) is not supported"),

@@ -47,7 +47,8 @@ def apply_adapter(model, adapter_cfg: DictConfig | None, task):
     try:
         wrapped = get_peft_model(model, config)
     except (ValueError, TypeError) as error:  # peft's refusals of a target
-        raise _not_wrapped(model, adapter_cfg.get("target_modules"), error) from None
+        whole = getattr(config, "modules_to_save", None) or []
+        raise _not_wrapped(model, adapter_cfg.get("target_modules"), error, whole) from None
     saved = getattr(config, "modules_to_save", None)
     if saved:  # a classifier's: peft appends its own "classifier" and "score" to the head named here
         config.modules_to_save = list(dict.fromkeys(saved))  # each once in the saved adapter_config.json
@@ -169,17 +170,21 @@ def _not_built(cfg: DictConfig, error: Exception):
     return invalid(key, value, f"{name} cannot be built with it ({reason[:300]})")
 
 
-def _not_wrapped(model, targets, error: Exception):
+def _not_wrapped(model, targets, error: Exception, whole: list[str] = ()):
     """peft's refusal of ``adapter.target_modules``: a name that matches nothing (the model's Linear
-    layers listed), or a module of a type peft cannot wrap (peft's first sentence names it)."""
+    layers listed, but the names refused and the head's, ``whole``: the modules that train in full
+    and so take no adapter), or a module of a type peft cannot wrap (peft's first sentence names it)."""
     shown = OmegaConf.to_container(targets) if OmegaConf.is_config(targets) else targets
     reason = " ".join(str(error).split())
     if "not found in the base model" in reason or "No modules were targeted" in reason:
-        names = sorted({name.rpartition(".")[2] for name, m in model.named_modules()
-                        if isinstance(m, torch.nn.Linear)})  # fmt: skip
-        return invalid(
-            "adapter.target_modules", shown,
-            f"matches no module of {type(model).__name__}: give all-linear or names it has, such as "
-            f"{', '.join(names[:_NAMES_SHOWN])}",
-        )  # fmt: skip
+        refused = {shown} if isinstance(shown, str) else set(shown or [])
+        linear = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        in_head = {name for name in linear if any(name == h or name.startswith(f"{h}.") for h in whole)}
+        names = sorted({name.rpartition(".")[2] for name in linear if name not in in_head} - refused)
+        head = sorted({name.rpartition(".")[2] for name in in_head} & refused)
+        what = f"matches no module of {type(model).__name__}"
+        if head:  # it exists, as the head, which trains in full
+            what = f"{', '.join(head)} is in the head of {type(model).__name__}, which trains in full"
+        such = f", such as {', '.join(names[:_NAMES_SHOWN])}" if names else ""
+        return invalid("adapter.target_modules", shown, f"{what}: give all-linear or names it has{such}")
     return invalid("adapter.target_modules", shown, f"peft cannot wrap it: {reason.split('. ')[0]}")
