@@ -10,8 +10,14 @@ import pickle
 import pytest
 import torch
 
-from effitrain.train import resume_point
-from effitrain.train.sharded_checkpoint import UnsafeCheckpoint, load_sharded, refusal, save_sharded
+from effitrain.train import resume_point, sharded_checkpoint
+from effitrain.train.sharded_checkpoint import (
+    UnsafeCheckpoint,
+    load_sharded,
+    read_model_state,
+    refusal,
+    save_sharded,
+)
 from effitrain.util.atomic import sha256
 
 
@@ -99,6 +105,8 @@ def test_a_planted_pickle_is_refused_and_never_run(group, tmp_path, where):
     assert "os.mknod" in why or "posix.mknod" in why  # the global it refused, named
     with pytest.raises(UnsafeCheckpoint):
         load_sharded(model, optimizer, folder)
+    with pytest.raises(UnsafeCheckpoint):  # effitrain export's reader
+        read_model_state(folder)
     assert not marker.exists()
     # the same folder read by DCP's own reader runs the payload: what the reader above prevents
     if where == "metadata":
@@ -107,3 +115,32 @@ def test_a_planted_pickle_is_refused_and_never_run(group, tmp_path, where):
         with pytest.raises(AttributeError):  # the payload's result (None) is no Metadata, but it ran
             FileSystemReader(folder).read_metadata()
         assert marker.exists()
+
+
+def test_the_whole_model_is_read_without_its_optimizer_state(group, tmp_path):
+    """``effitrain export``'s reader: every parameter whole (FSDP's own full_tensor), nothing else."""
+    model, optimizer = trained(group, seed=0)
+    save_sharded(model, optimizer, tmp_path)
+    state = read_model_state(tmp_path)
+    expected = {name: p.full_tensor() for name, p in model.named_parameters()}
+    assert sorted(state) == sorted(expected)
+    assert all(torch.equal(state[name], expected[name]) for name in expected)
+
+
+def test_the_reader_itself_refuses_a_planted_metadata(group, tmp_path, monkeypatch):
+    """Without the check made up front, the reader DCP is handed still unpickles nothing but DCP's
+    classes: a folder planted after the check runs no code either."""
+    folder, marker = tmp_path / "step-00000001", tmp_path / "ran"
+    folder.mkdir()
+    planted_folder(group, folder, marker, "metadata")
+    monkeypatch.setattr(sharded_checkpoint, "refusal", lambda folder: None)
+    # DCP gathers its reader's refusals into one error of its own (an AssertionError, inside a
+    # CheckpointException where a group exists), which names ours
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(
+        (UnsafeCheckpoint, AssertionError, CheckpointException),
+        match=r"\.metadata holds a pickled (os|posix)\.mknod",
+    ):
+        read_model_state(folder)
+    assert not marker.exists()
