@@ -176,23 +176,23 @@ def run_config(run: Path, meta: dict):
     if cfg.model.get("trust_remote_code"):
         raise invalid("model.trust_remote_code", True, "export runs no code that comes with a model: "
                       "export a run of a model transformers builds itself")  # fmt: skip
-    adapter = cfg.get("adapter")
-    if adapter is not None and adapter.get("quantization") is not None:
-        from effitrain.config.errors import chosen
-
-        raise invalid(*chosen(cfg, "adapter"), "export merges an adapter into a full-precision base; "
-                      "a 4-bit base is not exported yet: use adapter=lora or dora")  # fmt: skip
     return cfg
 
 
 def rebuilt(cfg, folder: Path, meta: dict):
     """(model, tokenizer, adapter merged): the run's model built as :func:`effitrain.run.build.build_job`
     builds it (the same seed before the model, so a randomly initialized frozen base is the same), on
-    the CPU in 32-bit, the checkpoint's weights loaded, an adapter merged into its base."""
+    the CPU in 32-bit, the checkpoint's weights loaded, an adapter merged into its base.
+
+    A 4-bit base (``adapter=qlora``) is built as the run built it, then dequantized (transformers'
+    ``dequantize``): each weight the value its 4-bit code stands for, which the run's layers computed
+    with, so merged it is ``dequant(W) + (alpha / r) B A`` and no bitsandbytes is needed to load it."""
+    import torch
     from safetensors.torch import load_model
     from transformers import set_seed
 
     from effitrain.train.adapters.build import apply_adapter
+    from effitrain.train.adapters.configs import quantization_config
     from effitrain.train.adapters.files import load_adapter
     from effitrain.train.modeling import build_tokenizer
     from effitrain.train.sharded_checkpoint import METADATA, read_model_state
@@ -206,7 +206,11 @@ def rebuilt(cfg, folder: Path, meta: dict):
         tokenizer
     )  # the run's collator sets a decoder's padding token: the model's config records it
     set_seed(cfg.seed)
-    model = apply_adapter(task.build_model(cfg.model, raw, tokenizer), cfg.get("adapter"), task)
+    quantization = quantization_config(cfg.get("adapter"), cfg.precision.mixed_precision)
+    model = task.build_model(cfg.model, raw, tokenizer, quantization=quantization)
+    if quantization is not None:
+        model = model.dequantize(dtype=torch.float32)
+    model = apply_adapter(model, cfg.get("adapter"), task)
     files = meta["files"]
     merged = load_adapter(model, folder, "cpu")
     if merged:

@@ -133,9 +133,10 @@ def test_a_failed_write_leaves_no_folder(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_an_exported_lora_llama_is_merged_and_matches_the_runs_eval_loss(tmp_path, capsys):
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_an_exported_lora_llama_is_merged_and_matches_the_runs_eval_loss(tmp_path, adapter, capsys):
     run = tmp_path / "run"
-    summary = trained(run, *LORA)
+    summary = trained(run, *LORA, f"adapter={adapter}")
     out = tmp_path / "model"
     code, said, err = export(str(run), "--out", str(out), capsys=capsys)
     assert code == 0, err
@@ -145,15 +146,19 @@ def test_an_exported_lora_llama_is_merged_and_matches_the_runs_eval_loss(tmp_pat
     names = set(load_file(out / "model.safetensors"))
     assert not (out / "adapter_config.json").exists() and not any("lora" in n for n in names)
     assert "model.layers.0.self_attn.q_proj.weight" in names  # the base's names: a plain Llama
-    ids = eval_batches(tmp_path / "batches.pt", *LORA)
+    assert "quantization_config" not in json.loads(
+        (out / "config.json").read_text()
+    )  # no bitsandbytes needed
+    ids = eval_batches(tmp_path / "batches.pt", *LORA, f"adapter={adapter}")
     loaded = plain_load(out, "AutoModelForCausalLM", tmp_path / "batches.pt")
     assert loaded["effitrain_modules"] == [] and loaded["ids"] == ids
     vocabulary = json.loads((out / "config.json").read_text())["vocab_size"]
     assert (
         summary["eval/loss"] < math.log(vocabulary) - 0.05
     )  # the adapter moved it: its loss is not the base's
-    # merged, W + (alpha / r) B A is rounded once per weight where the run computed W x + (alpha / r) B (A x):
-    # measured 7e-8 apart; 1e-5 leaves room for other CPUs' kernels and is 1/100 of what the adapter moved
+    # merged, W + (alpha / r) B A is rounded once per weight where the run computed W x + (alpha / r) B (A x)
+    # (qlora: W the value of its 4-bit code, as the run's layer dequantized it): measured 7e-8 apart; 1e-5
+    # leaves room for other CPUs' kernels and is 1/100 of what the adapter moved
     assert loaded["loss"] == pytest.approx(summary["eval/loss"], rel=1e-5)
 
 
