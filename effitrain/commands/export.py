@@ -88,13 +88,13 @@ def finished_summary(run: Path) -> dict:
 
 
 def check_out(out: Path, run: Path) -> None:
-    """``out`` is new (or an empty folder), and no part of it is a link planted in the run folder.
+    """``out`` is new (or an empty folder, so it holds no link either), and neither it nor a folder
+    on its way inside the run folder is a link (:mod:`effitrain.util.links`: the run folder is anyone's
+    to plant one in, and the default ``<run>/export`` lies there).
 
     Raises:
         ConfigError: it exists and is not empty (export never overwrites), or a link is on its way.
     """
-    from effitrain.util.links import link_refusal
-
     candidates = [out]
     absolute, inside = out.absolute(), run.absolute()
     if absolute.is_relative_to(inside):  # each folder between the run's and out: the run's to plant
@@ -109,9 +109,6 @@ def check_out(out: Path, run: Path) -> None:
         raise invalid(
             "--out", str(out), "it exists and is not empty: export never overwrites; give a new folder"
         )
-    planted = link_refusal("--out", out)  # an empty folder holds none; said alike if one appears
-    if planted is not None:
-        raise ConfigError(planted)
 
 
 def final_checkpoint(run: Path, summary: dict) -> tuple[Path, dict]:
