@@ -147,7 +147,8 @@ def run_config(run: Path, meta: dict):
     """
     import yaml
 
-    from effitrain.config.load import derive, load
+    from effitrain.config.compose import compose_checked
+    from effitrain.config.load import checked, derive
     from effitrain.config.record import first_difference, trajectory_config
 
     path = run / ".hydra" / "overrides.yaml"
@@ -159,20 +160,24 @@ def run_config(run: Path, meta: dict):
         raise invalid("run", str(run), f"no readable {path.relative_to(run)} (the run's command line, "
                       "which Hydra writes): export rebuilds the model from it")  # fmt: skip
     world_size = int(meta.get("world_size") or 1)
-    try:  # device cuda: the checks of the machine the run had, not of this one (fp16, paged)
-        cfg = load(overrides, world_size, device="cuda")
+    try:
+        cfg, problems = compose_checked(overrides)
+        # before validation, which reads the model's config: with remote code, that code would run
+        if cfg.model.get("trust_remote_code"):
+            raise invalid("model.trust_remote_code", True, "export runs no code that comes with a model: "
+                          "export a run of a model transformers builds itself")  # fmt: skip
+        cfg = checked(cfg, problems, world_size, device="cuda")  # the run's machine's checks (fp16, paged)
     except ConfigError as error:
         first = str(error).splitlines()[0]
-        raise invalid("run", str(run), f"its command line no longer makes a valid config ({first})") from None
+        raise invalid(
+            "run", str(run), f"its command line does not make a config export can rebuild ({first})"
+        ) from None
     derive(cfg, world_size)
     change = first_difference(trajectory_config(cfg), meta.get("config") or {})
     if change is not None:
         key, now, then = change
         raise invalid("run", str(run), f"its config cannot be rebuilt as it ran: {key} composes to "
                       f"{now!r} now, the checkpoint has {then!r} (conf/ changed since the run)")  # fmt: skip
-    if cfg.model.get("trust_remote_code"):
-        raise invalid("model.trust_remote_code", True, "export runs no code that comes with a model: "
-                      "export a run of a model transformers builds itself")  # fmt: skip
     return cfg
 
 

@@ -98,6 +98,26 @@ def test_an_exported_classifier_is_the_runs_final_weights_and_matches_its_eval_l
     assert loaded["loss"] == pytest.approx(summary["eval/loss"], rel=1e-6)
     if parallel == "fsdp":
         return
+    # the command line it is rebuilt from is the run folder's, anyone's to edit: read as data and
+    # checked, never run (a YAML object, a model's own code), never other than the checkpoint's config
+    overrides = run / ".hydra" / "overrides.yaml"
+    written = overrides.read_text()
+    marker = tmp_path / "ran"
+    edits = {
+        f"!!python/object/apply:os.system ['touch {marker}']\n": "no readable .hydra/overrides.yaml (the run's "
+        "command line, which Hydra writes): export rebuilds the model from it",
+        written + "- seed=7\n": "its config cannot be rebuilt as it ran: seed composes to 7 now, the "
+        "checkpoint has 42 (conf/ changed since the run)",
+        written + "- model.trust_remote_code=true\n": "its command line does not make a config export can "
+        "rebuild (model.trust_remote_code=true is invalid: export runs no code that comes with a model: "
+        "export a run of a model transformers builds itself)",
+    }
+    for text, why in edits.items():
+        overrides.write_text(text)
+        code, _, err = export(str(run), "--out", str(tmp_path / "edited"), capsys=capsys)
+        assert (code, err) == (2, f"effitrain: error: run={str(run)!r} is invalid: {why}\n")
+    assert not marker.exists() and not (tmp_path / "edited").exists()
+    overrides.write_text(written)
     # never over a folder, even one it wrote; a damaged final checkpoint is named, not exported
     code, _, err = export(str(run), capsys=capsys)
     assert code == 2 and err == (f"effitrain: error: --out={str(out)!r} is invalid: it exists and is not empty: "
