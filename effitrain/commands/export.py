@@ -184,7 +184,8 @@ def run_config(run: Path, meta: dict):
 def rebuilt(cfg, folder: Path, meta: dict):
     """(model, tokenizer, adapter merged): the run's model built as :func:`effitrain.run.build.build_job`
     builds it (the same seed before the model, so a randomly initialized frozen base is the same), on
-    the CPU in 32-bit, the checkpoint's weights loaded, an adapter merged into its base.
+    the CPU in the dtypes the run built it in, the checkpoint's weights loaded, an adapter merged into
+    its base.
 
     A 4-bit base (``adapter=qlora``) is built as the run built it, then dequantized (transformers'
     ``dequantize``): each weight the value its 4-bit code stands for, which the run's layers computed
@@ -204,9 +205,7 @@ def rebuilt(cfg, folder: Path, meta: dict):
     task = build_task(cfg)
     raw = task.load(cfg.data)  # a classifier's labels: the head's size and names
     tokenizer = build_tokenizer(cfg.model)
-    task.collator(
-        tokenizer
-    )  # the run's collator sets a decoder's padding token: the model's config records it
+    task.collator(tokenizer)  # sets a decoder's padding token, as the run's did: the config records it
     set_seed(cfg.seed)
     quantization = quantization_config(cfg.get("adapter"), cfg.precision.mixed_precision)
     model = task.build_model(cfg.model, raw, tokenizer, quantization=quantization)
