@@ -123,6 +123,7 @@ class RunConfig:
     gradient_checkpointing: Union[bool, int] = (
         False  # true, false or N: every N-th block (checked by its technique)
     )
+    optimizer_in_backward: bool = False  # each parameter's update in backward (checked by its technique)
     max_length: at_least(2) = 96
     eval_batch_size: at_least(1) = 64
     eval_every: at_least(1, null=True) = None

@@ -25,6 +25,7 @@ from typing import Protocol
 from omegaconf import DictConfig
 
 from effitrain.config.techniques.checkpointing import GRADIENT_CHECKPOINTING
+from effitrain.config.techniques.in_backward import OPTIMIZER_IN_BACKWARD
 
 
 class Technique(Protocol):
@@ -55,7 +56,7 @@ class Technique(Protocol):
         """Its setting in ``cfg``, as estimate's line says it."""
 
 
-TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING,)
+TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING, OPTIMIZER_IN_BACKWARD)
 
 
 def check_techniques(cfg: DictConfig) -> None:
@@ -86,6 +87,7 @@ def described(cfg: DictConfig) -> str:
 
 __all__ = [
     "GRADIENT_CHECKPOINTING",
+    "OPTIMIZER_IN_BACKWARD",
     "TECHNIQUES",
     "Technique",
     "apply_techniques",
