@@ -20,11 +20,12 @@ MPNET = ["model.architecture.model_type=mpnet"]  # a model class without gradien
 
 
 def test_gradient_checkpointing_is_the_first_technique_and_says_its_key_values_and_override():
-    assert [t.key for t in TECHNIQUES] == ["gradient_checkpointing"]
+    assert TECHNIQUES[0].key == "gradient_checkpointing"
     on, off = compose("gradient_checkpointing=true"), compose()
-    assert replay_keys(on) == {"gradient_checkpointing": True}
-    assert replay_keys(off) == {"gradient_checkpointing": False}
-    assert (described(on), described(off)) == ("gradient_checkpointing=true", "gradient_checkpointing=false")
+    assert replay_keys(on)["gradient_checkpointing"] is True
+    assert replay_keys(off)["gradient_checkpointing"] is False
+    assert described(on).startswith("gradient_checkpointing=true")
+    assert described(off).startswith("gradient_checkpointing=false")
     assert GRADIENT_CHECKPOINTING.override(True) == "gradient_checkpointing=true"
 
 
@@ -83,9 +84,9 @@ def test_a_selective_interval_below_one_is_one_line(value, message):
 
 def test_selective_checkpointing_has_its_own_replay_key_and_override():
     every_second = compose("gradient_checkpointing=2")
-    assert replay_keys(every_second) == {"gradient_checkpointing": 2}
+    assert replay_keys(every_second)["gradient_checkpointing"] == 2
     assert replay_keys(compose("gradient_checkpointing=1")) == replay_keys(
         compose("gradient_checkpointing=true")
     )
-    assert described(every_second) == "gradient_checkpointing=2"
+    assert described(every_second).startswith("gradient_checkpointing=2,")
     assert GRADIENT_CHECKPOINTING.override(3) == "gradient_checkpointing=3"

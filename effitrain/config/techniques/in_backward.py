@@ -92,11 +92,13 @@ class OptimizerInBackward:
             return invalid(*chosen(cfg, "backend"), f"{on}: the Trainer steps, clips and scales the "
                            "optimizer in its own loop; use backend=accelerator")  # fmt: skip
         strategy = str(parallel.get("strategy", "ddp"))
+        if strategy != "ddp":
+            return invalid("parallel", strategy, f"{on}: FSDP reduces each gradient after backward made "
+                           "it, after the update has used it; use parallel=ddp with one process")  # fmt: skip
         processes = int(os.environ.get("WORLD_SIZE", "1"))
-        if strategy != "ddp" or processes > 1:
-            return invalid("parallel", strategy, f"{on} one process trains alone: DDP and FSDP reduce "
-                           f"gradients after the update has used them ({processes} processes): use "
-                           "parallel=ddp with one process")  # fmt: skip
+        if processes > 1:
+            return invalid("parallel", strategy, f"{on} one process trains alone: DDP averages gradients "
+                           f"after the update has used them ({processes} processes); launch one")  # fmt: skip
         if precision.get("mixed_precision") == "fp16":
             return invalid(*chosen(cfg, "precision"), f"{on}: fp16's grad scaler unscales and checks "
                            "every gradient together before the step; use precision=bf16 or fp32")  # fmt: skip
