@@ -38,13 +38,25 @@ def test_the_trace_cache_keys_a_run_with_it_apart_from_one_without():
 @pytest.mark.parametrize(
     "overrides, start",
     [
-        (["max_grad_norm=0.5"], "max_grad_norm=0.5 is invalid: with optimizer_in_backward=true each gradient"),
-        (["gradient_accumulation_steps=3"], "gradient_accumulation_steps=3 is invalid: with optimizer_in_backward"),
+        (
+            ["max_grad_norm=0.5"],
+            "max_grad_norm=0.5 is invalid: with optimizer_in_backward=true each gradient",
+        ),
+        (
+            ["gradient_accumulation_steps=3"],
+            "gradient_accumulation_steps=3 is invalid: with optimizer_in_backward",
+        ),
         (["backend=trainer"], "backend='trainer' is invalid: with optimizer_in_backward=true: the Trainer"),
         (["parallel=fsdp"], "parallel='fsdp' is invalid: with optimizer_in_backward=true: FSDP reduces"),
-        (["precision=fp16"], "precision='fp16' is invalid: with optimizer_in_backward=true: fp16's grad scaler"),
+        (
+            ["precision=fp16"],
+            "precision='fp16' is invalid: with optimizer_in_backward=true: fp16's grad scaler",
+        ),
         (["compile=on"], "compile='on' is invalid: with optimizer_in_backward=true a compiled model"),
-        (["optimizer=adamw4bit"], "optimizer='adamw4bit' is invalid: with optimizer_in_backward=true: its update"),
+        (
+            ["optimizer=adamw4bit"],
+            "optimizer='adamw4bit' is invalid: with optimizer_in_backward=true: its update",
+        ),
     ],
 )
 def test_each_setting_it_cannot_run_with_is_one_line_naming_the_key_and_what_is_allowed(overrides, start):

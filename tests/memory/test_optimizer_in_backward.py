@@ -75,7 +75,9 @@ def test_each_per_parameter_optimizer_trains_bit_identically_and_is_predicted(tm
 def test_a_counted_optimizer_state_keeps_the_first_step_s_prediction_an_upper_bound(tmp_path):
     """bitsandbytes' step is traced as SGD and its state counted from the first step's start: with
     the update in backward, state is made parameter by parameter, so the first step is bounded."""
-    summary = run_job(tmp_path, "max_grad_norm=0", "max_steps=1", "optimizer=adam8bit", "optimizer_in_backward=true")
+    summary = run_job(
+        tmp_path, "max_grad_norm=0", "max_steps=1", "optimizer=adam8bit", "optimizer_in_backward=true"
+    )
     assert summary["status"] == "ok", summary.get("error")
     assert summary["mem/step_peak_bytes_predicted"] >= summary["mem/step_peak_bytes"]
     assert summary["mem/step_peak_predicted_bound"].startswith("the optimizer state is counted")
