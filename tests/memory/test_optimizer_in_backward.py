@@ -127,3 +127,21 @@ def test_the_shared_replay_of_several_optimizers_holds_one_gradient_with_it_and_
         expected = max(sizes) if value == "true" else sum(sizes)
         for name, trace in traces.items():
             assert trace.phases["later_step"]["gradients"] == expected, (value, name)
+
+
+def test_a_replay_of_a_setting_it_cannot_run_with_is_refused_in_one_line_not_predicted():
+    """``plan`` composes candidates past validation (accumulation above 1): the replay refuses them
+    as a run would, rather than predicting a step that never runs."""
+    from effitrain.commands.estimate import meta_model, replay_shapes
+    from effitrain.config.errors import ConfigError
+    from effitrain.memory.replay import trace_run
+
+    cfg = compose(
+        "max_length=4", "max_grad_norm=0", "optimizer_in_backward=true", "gradient_accumulation_steps=2"
+    )
+    model = meta_model(cfg)
+    batches, evaluation = replay_shapes(cfg, model)
+    with pytest.raises(
+        ConfigError, match=r"^gradient_accumulation_steps=2 is invalid: with optimizer_in_backward"
+    ):
+        trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", evaluation)

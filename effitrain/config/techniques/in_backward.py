@@ -119,9 +119,15 @@ class OptimizerInBackward:
         """Where ``cfg`` turns it on, ``optimizer``'s update of ``model`` moved into backward: an
         :class:`effitrain.config.techniques.in_backward_hooks.InBackward` (its ``norm()`` is the
         step's gradient norm); None where it is off. Called once the optimizer is built, before
-        the first backward."""
+        the first backward.
+
+        Raises:
+            ConfigError: a setting it cannot run with (:meth:`refusal`): a replay of a candidate the
+                run would refuse (``plan``'s accumulation above 1) predicts nothing that runs.
+        """
         if not self.on(cfg):
             return None
+        self.check(cfg)
         from effitrain.config.techniques.in_backward_hooks import InBackward
 
         return InBackward(model, optimizer)
