@@ -11,7 +11,10 @@ parameter alone holds a gradient (every other one is None, so the optimizer skip
 gradient is set to None. The LR scheduler, checkpoints (every parameter's state), the optimizer
 state's count and accelerate's ``AcceleratedOptimizer`` see the optimizer they always see; the
 backend's own ``optimizer.step()`` after backward finds no gradient and changes nothing, and the
-schedule still steps once per optimizer step.
+schedule still steps once per optimizer step. The price: each call walks all the optimizer's
+parameters to find the one with a gradient, quadratic in the number of parameter tensors (a
+7B Llama's 291: about 0.1 s of Python per optimizer step on a busy CPU, against 0.03 s for one step
+after backward), where one optimizer per parameter (torchtune's) would lose the single optimizer.
 
 The update must run after everything else that reads the gradient: the memory trackers'
 post-accumulate-grad hooks (:class:`effitrain.memory.track.GradientRecorder`, MemTracker's in
