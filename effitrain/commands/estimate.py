@@ -40,19 +40,39 @@ def meta_model(cfg):
 def replay_shapes(cfg, model) -> tuple[list[dict], dict]:
     """What :func:`estimate_memory` replays: ``gradient_accumulation_steps`` micro-batches of
     ``micro_batch_size`` x ``max_length`` tokens (the worst case), and an eval batch of
-    ``eval_batch_size`` rows."""
+    ``eval_batch_size`` rows, each as the run's collator makes it: segment ids where the tokenizer
+    returns them (a classifier's batch holds what the tokenizer gives; a causal LM's, ids and mask
+    only), and padding assumed (the model then builds its attention mask) except in packed rows,
+    which never hold any."""
     from effitrain.train.tasks import build_task
 
+    task = build_task(cfg)
     tokens = (cfg.micro_batch_size, cfg.max_length)
     batch = {
         "input_ids": (tokens, torch.int64),
         "attention_mask": (tokens, torch.int64),
-        "labels": (build_task(cfg).labels_shape(*tokens), torch.int64),
+        "labels": (task.labels_shape(*tokens), torch.int64),
     }
-    if getattr(model.config, "type_vocab_size", 0):  # BERT-like tokenizers return segment ids too
+    if task.uses_labels and "token_type_ids" in _tokenizer_inputs(cfg.model):
         batch["token_type_ids"] = (tokens, torch.int64)
     evaluation = {key: ((cfg.eval_batch_size, *shape[1:]), dtype) for key, (shape, dtype) in batch.items()}
-    return [batch] * cfg.gradient_accumulation_steps, evaluation
+    padded = not getattr(task, "packing", False)
+    return [{**batch, "padded": padded}] * cfg.gradient_accumulation_steps, {**evaluation, "padded": padded}
+
+
+_INPUT_NAMES: dict[str, tuple] = {}  # tokenizer source -> its model_input_names, read once per process
+
+
+def _tokenizer_inputs(model_cfg) -> tuple:
+    """The inputs ``model_cfg``'s tokenizer returns (its ``model_input_names``): read from the
+    tokenizer itself, as the run's batches are (DeBERTa-v2's returns segment ids its config has no
+    embedding for, RoBERTa's none though its config has one)."""
+    from effitrain.train.modeling import build_tokenizer
+
+    source = str(model_cfg.get("tokenizer") or model_cfg.name_or_path)
+    if source not in _INPUT_NAMES:
+        _INPUT_NAMES[source] = tuple(build_tokenizer(model_cfg).model_input_names)
+    return _INPUT_NAMES[source]
 
 
 def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, device: str = "cpu",
@@ -113,6 +133,8 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             rows[name]["step_peak_bound"] = trace.step_peak_bound(warm_up=True)
             rows[name]["run_peak_bound"] = trace.bounds.get(trace.run_peak_phase)
             rows[name]["flops_per_step"] = trace.flops
+            # what the memory techniques repeat in backward, beside the model FLOPs (plan's lever cost)
+            rows[name]["recomputed_flops_per_step"] = trace.recomputed_flops
     return rows
 
 

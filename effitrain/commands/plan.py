@@ -3,14 +3,17 @@
     effitrain plan --memory-budget 8GiB --effective-batch-size 32 model=distilbert_base_cased
 
 For each optimizer and precision, micro batches that divide the effective batch are tried from the
-largest down (accumulation follows), first without gradient checkpointing, then with it for the
-micro batches too large to fit without; each step peak is predicted by ``effitrain estimate``'s
-fake-tensor trace at the worst case (every sample ``max_length`` tokens). Candidates under the
-budget are ranked by expected throughput: fewer accumulation steps first (bigger matmuls, fewer
-optimizer-step overheads; a micro batch too small to fill a GPU can cost many times what it
-saves), then no recomputation (checkpointing repeats each layer's forward: about a third more
-FLOPs), then half precision before fp32 on CUDA (its tensor cores), then the config's own
-optimizer, then the optimizer's order in conf/optimizer. ``--probe-steps K`` runs K real steps of
+largest down (accumulation follows), first with no memory lever, then with each lever of
+:mod:`effitrain.config.techniques` (gradient checkpointing of every second block and of every
+block, activation offloading, chunked cross-entropy, the optimizer step in backward: each where the
+model, task and device profile can take it, :func:`lever_settings`) for the micro batches too large
+to fit without; each step peak is predicted by ``effitrain estimate``'s fake-tensor trace at the
+worst case (every sample ``max_length`` tokens). Candidates under the budget are ranked by expected
+throughput: fewer accumulation steps first (bigger matmuls, fewer optimizer-step overheads; a micro
+batch too small to fill a GPU can cost many times what it saves), then the least lever cost (the
+FLOPs its replay recomputes and the bytes it offloads, in seconds at :data:`LEVER_RATES`), then half
+precision before fp32 on CUDA (its tensor cores), then the config's own optimizer, then the
+optimizer's order in conf/optimizer. ``--probe-steps K`` runs K real steps of
 the top three and ranks them by measured step time instead.
 
 ``--adapters none,lora,qlora`` plans each adapter too (one more axis); without it, the
@@ -21,12 +24,25 @@ first and it is the best whenever it fits; an adapter is picked for memory, not 
 
 from __future__ import annotations
 
+import math
 import re
 
 from effitrain.config.errors import ConfigError
 from effitrain.config.load import apply_effective_batch_size
 from effitrain.config.registry import group_options, installed_optimizers
-from effitrain.config.techniques import GRADIENT_CHECKPOINTING
+from effitrain.config.techniques import GRADIENT_CHECKPOINTING, TECHNIQUES, check_techniques
+
+TECHNIQUE = {technique.key: technique for technique in TECHNIQUES}
+
+# What a lever's extra work is taken to cost, per device profile, to rank candidates of equal
+# accumulation (the output states them): recomputed FLOPs at a sustained rate (about 40% of an
+# H100's dense bf16 peak on CUDA; a CPU's rate only orders recomputation against itself there), and
+# offloaded bytes out and back at the host link's bandwidth (PCIe 5.0 x16's ~25 GB/s each way
+# achieved with pinned memory; nothing moves on a CPU, where the host is the device).
+LEVER_RATES = {
+    "cuda": {"flops_per_s": 400e12, "host_bytes_per_s": 25e9},
+    "cpu": {"flops_per_s": 100e9, "host_bytes_per_s": math.inf},
+}
 
 # The share of the budget kept free: the allocator rounds every block up (512 bytes on CUDA) and
 # cannot always reuse a freed block for a larger one, so what it reserves exceeds what tensors hold.
@@ -74,7 +90,7 @@ def weights_fit(cfg, budget: int, budget_text: str, margin: float = DEFAULT_MARG
 
 
 def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None,
-         checkpointing=(False, True), device: str = "cpu", margin: float = DEFAULT_MARGIN, cache: bool = False,
+         checkpointing=None, device: str = "cpu", margin: float = DEFAULT_MARGIN, cache: bool = False,
          share: bool = True, gpus: int = 1, adapters: list[str] | None = None):  # fmt: skip
     """Every traced candidate (dicts with the keys below), best first; those over budget last.
 
@@ -84,9 +100,10 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     ``gpus`` above 1: FSDP over that many processes (``parallel=fsdp``), one rank's peak against the
     budget of one device; the effective batch is split over the processes.
 
-    ``checkpointing``: the gradient checkpointing settings to try. With it on, only micro batches
-    larger than the largest that fits without it are tried: recomputation only pays where it
-    saves accumulation steps.
+    ``checkpointing``: the gradient checkpointing settings to try (default: off, every second
+    block, every block). With a lever on, only micro batches larger than the largest that fits
+    without one are tried: a lever only pays where it saves accumulation steps. A lever a candidate
+    cannot take (the optimizer step in backward with accumulation) is not traced for it.
 
     Candidates that differ only in the optimizer share one replay of their forward and backward
     (``share``), and traces come from the disk cache where kept (``cache``): each row's
@@ -99,14 +116,13 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
 
     from effitrain.commands.estimate import estimate_memory
     from effitrain.config.compose import compose
-    from effitrain.config.overrides import names, parse
+    from effitrain.config.overrides import parse
     from effitrain.memory.cuda import CUBLAS_WORKSPACES_BYTES
     from effitrain.memory.shared_traces import StepReplays
 
     base = compose(overrides)
     usable = budget * (1 - margin) - (CUBLAS_WORKSPACES_BYTES if device == "cuda" else 0)
-    chosen = any(names(o, GRADIENT_CHECKPOINTING.key) for o in parse(overrides))  # then only the user's own
-    checkpointing = GRADIENT_CHECKPOINTING.plan_values(base, chosen, checkpointing)  # its axis, off first
+    settings = lever_settings(base, overrides, checkpointing, device)  # [{}]: no lever, tried first
     effective = (
         effective
         or base.get("effective_batch_size")
@@ -129,7 +145,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     def accumulation(micro: int) -> int:  # the rest of the effective batch, over every process
         return effective // (micro * gpus)
 
-    progress = tqdm(total=len(list(product(*axes.values()))) * len(optimizers) * len(checkpointing) * len(sizes),
+    progress = tqdm(total=len(list(product(*axes.values()))) * len(optimizers) * len(settings) * len(sizes),
                     desc="effitrain plan", unit="candidate", dynamic_ncols=True, disable=False)  # fmt: skip
     # traced: a replay of its own or shared by optimizers; derived: its optimizer step's figures from an
     # earlier candidate's identical step; cached: from the disk; skipped: cannot fit or rank higher
@@ -138,31 +154,33 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     steps = StepReplays()  # each optimizer's step, replayed once for every candidate it fits
     composed = {}  # (the setting's values, optimizer) -> its config, composed once
 
-    def choice_of(setting, optimizer, recompute=False, micro=None) -> list[str]:
+    def choice_of(setting, optimizer, levers=0, micro=None) -> list[str]:
         choice = [f"optimizer={optimizer}", *(f"{axis}={value}" for axis, value in setting.items())]
         if micro is not None:
             choice += [
                 f"effective_batch_size={effective}",
                 f"gradient_accumulation_steps={accumulation(micro)}",
             ]
-        if recompute and not chosen:
-            choice.append(GRADIENT_CHECKPOINTING.override(True))
-        return choice
+        return choice + [TECHNIQUE[key].override(value) for key, value in settings[levers].items()]
 
-    def config_of(setting, optimizer, recompute=False, micro=None):
+    def config_of(setting, optimizer, levers=0, micro=None):
         """The candidate's config, from one composition per setting and optimizer."""
         key = tuple(setting.values()), optimizer
         if key not in composed:
             composed[key] = compose(list(overrides) + choice_of(setting, optimizer))
         if micro is None:
             return composed[key]
-        return candidate_config(composed[key], effective, accumulation(micro), recompute and not chosen, gpus)
+        return candidate_config(composed[key], effective, accumulation(micro), settings[levers], gpus)
 
-    def trace(setting, names_, recompute, micro) -> dict:
-        """The candidates of ``names_`` (optimizers) at this setting, micro batch and checkpointing:
-        one shared replay (or the cache)."""
-        first = config_of(setting, names_[0], recompute, micro)
-        # an optimizer's node reads no micro batch, accumulation or checkpointing
+    def trace(setting, names_, levers, micro) -> dict:
+        """The candidates of ``names_`` (optimizers) at this setting, micro batch and levers: one
+        shared replay (or the cache)."""
+        first = config_of(setting, names_[0], levers, micro)
+        try:
+            check_techniques(first)  # a lever this candidate cannot take (the step in backward with
+        except ConfigError:  # accumulation): no candidate, nothing traced
+            return {name: {"fits": False, "refused": True} for name in names_}
+        # an optimizer's node reads no micro batch, accumulation or lever
         nodes = {name: config_of(setting, name).optimizer for name in names_}
         found = estimate_memory(first, nodes, device=device, cache=cache, share=share, steps=steps,
                                 world_size=gpus)  # fmt: skip
@@ -175,11 +193,13 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
             fits = row["run_peak_bytes"] <= usable
             rows.append({
                 **setting, "optimizer": name, "micro_batch_size": micro,
-                "gradient_accumulation_steps": accumulation(micro), GRADIENT_CHECKPOINTING.key: recompute,
+                "gradient_accumulation_steps": accumulation(micro),
+                GRADIENT_CHECKPOINTING.key: first.get(GRADIENT_CHECKPOINTING.key),
+                "levers": dict(settings[levers]), **lever_cost(row, accumulation(micro), device),
                 "step_peak_bytes_predicted": row["step_peak_bytes"],
                 "run_peak_bytes_predicted": row["run_peak_bytes"], "run_peak_predicted": row["run_peak"],
                 "fits": fits, "gpus": gpus, "trace_source": row.get("trace_source"),
-                "command": launcher + " ".join(list(overrides) + choice_of(setting, name, recompute, micro)),
+                "command": launcher + " ".join(list(overrides) + choice_of(setting, name, levers, micro)),
             })  # fmt: skip
             traced[name] = rows[-1]
             counts[counted.get(row.get("trace_source"), "traced")] += 1
@@ -188,25 +208,27 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         return traced
 
     def search():
-        """One optimizer's search at one setting: yields (recompute, micro) to trace, is sent its row."""
-        fewest = None  # accumulation steps of the best fit without checkpointing
-        for recompute in checkpointing:
+        """One optimizer's search at one setting: yields (levers, micro) to trace, is sent its row."""
+        fewest = None  # accumulation steps of the best fit without a lever
+        for levers in range(len(settings)):
             tried = [m for m in sizes
-                     if not (recompute and fewest is not None and accumulation(m) >= fewest)]  # fmt: skip
+                     if not (levers and fewest is not None and accumulation(m) >= fewest)]  # fmt: skip
             best = None  # the largest micro batch that fits
             for index, micro in enumerate(tried):
-                row = yield recompute, micro
+                row = yield levers, micro
+                if row.get("refused"):  # this lever cannot take this micro batch: the next one
+                    continue
                 if row["fits"]:  # smaller micro batches fit too, and rank lower: no need to trace them
                     best = row
                     break
                 if index == 0 and len(tried) > 2:
                     # memory grows with the micro batch: when the smallest is over budget too,
                     # none in between fits, and tracing them would only take time
-                    best = yield recompute, tried.pop()
-                    if not best["fits"]:
+                    best = yield levers, tried.pop()
+                    if best.get("refused") or not best["fits"]:
                         best = None
                         break
-            if best is not None and not recompute:
+            if best is not None and not levers:
                 fewest = best["gradient_accumulation_steps"]
 
     try:
@@ -224,9 +246,9 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                         asked[name] = searches[name].send(row)
                     except StopIteration:
                         del asked[name]
-                        counts["skipped"] += len(checkpointing) * len(sizes) - done[name]
+                        counts["skipped"] += len(settings) * len(sizes) - done[name]
                         progress.set_postfix(counts, refresh=False)
-                        progress.update(len(checkpointing) * len(sizes) - done[name])
+                        progress.update(len(settings) * len(sizes) - done[name])
     finally:
         progress.close()
     half_first = {"bf16": 0, "fp16": 0, "fp32": 1} if cuda else {"fp32": 0, "bf16": 1, "fp16": 1}
@@ -236,16 +258,54 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     # and another optimizer learns otherwise; then the order of conf/optimizer
     own = base.hydra.runtime.choices.get("optimizer")
     rows.sort(key=lambda r: (not r["fits"], adapter_rank(r.get("adapter")), r["gradient_accumulation_steps"],
-                             r[GRADIENT_CHECKPOINTING.key], half_first[r["precision"]],
+                             r["lever_cost_s"], len(r["levers"]), half_first[r["precision"]],
                              r["optimizer"] != own, optimizers.index(r["optimizer"])))  # fmt: skip
     if rows:
         confirm(rows[0], device)
     return rows
 
 
-def candidate_config(base, effective: int, accumulation: int, checkpointing: bool, gpus: int = 1):
+def lever_settings(base, overrides: list[str], checkpointing=None, device: str = "cpu") -> list[dict]:
+    """The levers plan tries, each a ``{technique key: value}`` set on a candidate: none first (what
+    the config says), then each technique's values alone (gradient checkpointing's from
+    ``checkpointing``), then gradient checkpointing of every block with each other lever. A
+    technique the user gives on the command line is theirs: never searched, never overridden."""
+    from effitrain.config.overrides import names, parse
+
+    given = {t.key for t in TECHNIQUES for o in parse(overrides) if names(o, t.key)}
+    singles = []
+    for technique in TECHNIQUES:
+        if technique.key in given:
+            continue
+        asked = checkpointing if technique is GRADIENT_CHECKPOINTING else None
+        _, *on = technique.plan_values(base, False, asked, device)
+        singles += [{technique.key: value} for value in on]
+    recompute = {GRADIENT_CHECKPOINTING.key: True}
+    paired = [
+        {**recompute, **lever}
+        for lever in singles
+        if recompute in singles and GRADIENT_CHECKPOINTING.key not in lever
+    ]
+    return [{}, *singles, *paired]
+
+
+def lever_cost(row: dict, accumulation: int, device: str) -> dict:
+    """A candidate's levers' extra work per optimizer step (its estimate ``row``): the FLOPs they
+    recompute (from the replay), the bytes offloaded to the host and back (every micro-batch's
+    saved tensors, the replay's host figure), and the seconds both take at :data:`LEVER_RATES`."""
+    rates = LEVER_RATES[device]
+    recomputed = row.get("recomputed_flops_per_step") or 0
+    offloaded = 2 * accumulation * (row.get("step_peak_host_offloaded_bytes") or 0)
+    return {
+        "recomputed_flops": recomputed,
+        "offloaded_bytes": offloaded,
+        "lever_cost_s": recomputed / rates["flops_per_s"] + offloaded / rates["host_bytes_per_s"],
+    }
+
+
+def candidate_config(base, effective: int, accumulation: int, levers: dict, gpus: int = 1):
     """``base`` (composed for a setting and an optimizer) with a candidate's effective batch and
-    accumulation, gradient checkpointing on if ``checkpointing``, its micro batch derived as a run of
+    accumulation, its ``levers`` (technique key -> value) set, its micro batch derived as a run of
     ``gpus`` processes derives it: what composing those overrides gives, as plain keys set on a copy
     (Hydra's composition takes a quarter of a second; ``tests/commands/test_plan.py`` holds the two
     equal)."""
@@ -256,8 +316,8 @@ def candidate_config(base, effective: int, accumulation: int, checkpointing: boo
     cfg = copy.deepcopy(base)
     with open_dict(cfg):
         cfg.effective_batch_size, cfg.gradient_accumulation_steps = effective, accumulation
-        if checkpointing:
-            cfg[GRADIENT_CHECKPOINTING.key] = True
+        for key, value in levers.items():
+            cfg[key] = value
     apply_effective_batch_size(cfg, gpus)
     return cfg
 

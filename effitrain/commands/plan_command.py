@@ -5,7 +5,15 @@ one as JSON)."""
 from __future__ import annotations
 
 from effitrain.commands.options import check_adapter_options, check_optimizer_options, default_device
-from effitrain.commands.plan import parse_bytes, plan, plan_over_gpus, probe, weights_fit
+from effitrain.commands.plan import (
+    LEVER_RATES,
+    TECHNIQUE,
+    parse_bytes,
+    plan,
+    plan_over_gpus,
+    probe,
+    weights_fit,
+)
 from effitrain.config.errors import ConfigError
 
 
@@ -95,6 +103,16 @@ def plan_command(args) -> None:
         + (" and cuBLAS's two workspaces (64 MiB)" if device == "cuda" else "")
         + " is within it; best first"
     )
+    rates = LEVER_RATES[device]
+    print(
+        "at equal accumulation, levers rank by their cost per step: the FLOPs they recompute at "
+        f"{rates['flops_per_s'] / 1e12:g} TFLOP/s"
+        + (
+            f", the bytes they offload at {rates['host_bytes_per_s'] / 1e9:g} GB/s each way"
+            if device == "cuda"
+            else ""
+        )
+    )
     if adapters:
         print(
             f"adapters ranked in the order given ({args.adapters}): an adapter is picked for memory, not quality"
@@ -103,8 +121,8 @@ def plan_command(args) -> None:
         (f"{'adapter':<9}" if adapters else "")
         + f"{'fits':<5}"
         + (f"{'gpus':<5}" if sharded else "")
-        + f"{'optimizer':<13}{'precision':<10}{'micro':>6}{'accum':>6}{'recompute':>10}{'step MiB':>10}"
-        f"{'run MiB':>10}" + (f"{'step s':>8}" if args.probe_steps else "")
+        + f"{'optimizer':<13}{'precision':<10}{'micro':>6}{'accum':>6}{'step MiB':>10}"
+        f"{'run MiB':>10}" + (f"{'step s':>8}" if args.probe_steps else "") + "  levers"
     )
     # over budget, only each adapter, optimizer and precision's smallest peak: the JSON has every candidate
     smallest = {}
@@ -124,9 +142,10 @@ def plan_command(args) -> None:
             + (f"{row['gpus']:<5}" if sharded else "")
             + f"{row['optimizer']:<13}{row['precision']:<10}"
             f"{row['micro_batch_size']:>6}{row['gradient_accumulation_steps']:>6}"
-            f"{'yes' if row['gradient_checkpointing'] else 'no':>10}"
             f"{row['step_peak_bytes_predicted'] / MIB:>10.1f}{row['run_peak_bytes_predicted'] / MIB:>10.1f}"
             + (f"{step_s:>8}" if args.probe_steps else "")
+            + "  "
+            + (" ".join(TECHNIQUE[key].override(value) for key, value in row["levers"].items()) or "none")
         )
     if len(shown) < len(rows):
         print(f"({len(rows) - len(shown)} more over budget; --json lists them)")

@@ -106,6 +106,12 @@ def plot_memory(jobs: list[JobResult], path: Path) -> None:
     save_figure(plt, fig, path)
 
 
+def job_colors(jobs: list[JobResult]) -> list:
+    """One colour per job, by its number, in every panel and figure: a line standing for several
+    identical jobs takes its first job's."""
+    return palette(len(jobs))
+
+
 def _curves(job: JobResult):
     lines = [m for m in job.metrics if "train/loss" in m and "step" in m]
     steps = [m["step"] for m in lines]
@@ -124,7 +130,7 @@ def plot_losses(jobs: list[JobResult], path: Path) -> None:
     plt, fig, axes = new_figure(4.8, columns=2)
     labels = job_labels(jobs)
     groups = identical_groups(jobs, lambda job: _curves(job)[2])
-    colors = palette(len(groups))
+    colors = [job_colors(jobs)[group[0]] for group in groups]
     styles = ["-", "--", ":", "-."]
     for number, (group, color) in enumerate(zip(groups, colors)):
         numbers = joined_numbers(group)
@@ -192,7 +198,8 @@ def plot_lr_and_grad_norm(jobs: list[JobResult], path: Path) -> None:
 
     for ax, key in ((axes[0], "lr"), (axes[1], "grad_norm")):
         groups = identical_groups(jobs, lambda job, key=key: [v for pair in points(job, key) for v in pair])
-        for number, (group, color) in enumerate(zip(groups, palette(len(groups)))):
+        for number, group in enumerate(groups):
+            color = job_colors(jobs)[group[0]]  # a job's colour in every panel: its first job's
             name = "all jobs" if len(group) == len(jobs) > 1 else merged_label([labels[i] for i in group])
             if name.endswith("(named on the right)"):
                 name = f"{len(group)} jobs"

@@ -146,6 +146,13 @@ GROUP_TARGETS = {
         "a peft adapter config or a transformers quantization config",
         is_class=True,
     ),
+    # hydra.callbacks.<name>: Hydra builds them, after the run's own checks, unless these come first
+    "hydra": Allowed(
+        ("hydra.experimental.callbacks", "effitrain.sweep.report"),
+        "a Hydra callback class",
+        is_class=True,
+        base="hydra.experimental.callback.Callback",
+    ),
 }
 
 

@@ -70,6 +70,13 @@ SUPPLIED_BY_EFFITRAIN = {
 }
 
 
+# Nodes whose target is called with the node's own keys and nothing else (effitrain.train.tasks.data_node
+# only fills keys the node has): every required parameter must be among them, or the run fails after
+# loading what comes before the data.
+CALLED_WITH_ITS_KEYS_ONLY = ("data",)
+# (Hydra's callbacks too, but a callback's parameters all have defaults in practice; left to Hydra.)
+
+
 def check_targets(cfg: DictConfig, allowed=GROUP_TARGETS) -> None:
     """Every ``_target_`` node (``hydra`` aside) is one its group ``allowed`` (read from the name,
     before anything is imported: :func:`effitrain.config.registry.check_allowed`), names something
@@ -93,11 +100,18 @@ def check_targets(cfg: DictConfig, allowed=GROUP_TARGETS) -> None:
 
 def target_nodes(node: DictConfig, prefix: str = ""):
     """(dotted path, node) of every node under ``node`` whose ``_target_`` names something, outside
-    Hydra's own node; a node inside another's arguments, or in a list, too."""
+    Hydra's own node but for its callbacks (``hydra.callbacks.<name>``); a node inside another's
+    arguments, or in a list, too."""
     from omegaconf import ListConfig, OmegaConf
 
     for key in range(len(node)) if isinstance(node, ListConfig) else list(node):
-        if (not prefix and key == "hydra") or OmegaConf.is_missing(node, key):
+        if not prefix and key == "hydra":
+            callbacks = OmegaConf.select(node, "hydra.callbacks", default=None)
+            for name in callbacks or {}:
+                if is_target_node(config_node(callbacks, name)):
+                    yield f"hydra.callbacks.{name}", config_node(callbacks, name)
+            continue
+        if OmegaConf.is_missing(node, key):
             continue
         child = config_node(node, key)
         if isinstance(child, (DictConfig, ListConfig)) and node.get(key) is not None:
@@ -150,6 +164,18 @@ def _check_target(path: str, node: DictConfig, allowed) -> None:
         signature.bind_partial(*node.get("_args_", []), **dict.fromkeys(keys))
     except TypeError as error:  # a key given twice: by name and as a positional _args_ value
         raise invalid(path, OmegaConf.to_container(node, resolve=False), f"{name}: {error}") from None
+    if path in CALLED_WITH_ITS_KEYS_ONLY:
+        given = {*keys, *(p.name for p, _ in zip(signature.parameters.values(), node.get("_args_", [])))}
+        for parameter in signature.parameters.values():
+            required = parameter.default is parameter.empty and parameter.kind in (
+                parameter.POSITIONAL_OR_KEYWORD,
+                parameter.KEYWORD_ONLY,
+            )
+            if required and parameter.name not in given:
+                raise ConfigError(
+                    f"{path}.{parameter.name} is missing: {name} needs it (a deleted key, ~{path}.{parameter.name}?): "
+                    f"give {path}.{parameter.name}=<value>"
+                )
 
 
 def _shown(node: DictConfig, key: str):

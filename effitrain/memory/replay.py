@@ -19,7 +19,7 @@ import math
 import torch
 
 from effitrain.config.errors import ConfigError
-from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD, apply_techniques
+from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD, apply_techniques, recomputing
 from effitrain.memory.fake_window import fake_window, mask_skipping_as_recorded, window_flops
 from effitrain.memory.step_peak import breakdown, peak_keys, step_tracker
 from effitrain.util.compat import attention_implementation, fake_tensor_mode, values_assumed
@@ -38,6 +38,9 @@ class Trace:
     flops: int
     # phase -> why its figures are an upper bound of what the run holds (BOUND_*); absent: exact
     bounds: dict[str, str] = dataclasses.field(default_factory=dict)
+    # of one step, what the memory techniques recompute in backward (counted with them applied, less
+    # the model FLOPs): plan's cost of a lever; 0 where none recomputes
+    recomputed_flops: int = 0
 
     def step_peak(self, warm_up: bool) -> dict[str, int]:
         """The step a run tracks: a later one (``warm_up``), or the first when it has only one."""
@@ -135,7 +138,8 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
             )
         if replay.evaluation is not None:
             replay.tracked("eval", replay.evaluate, optimizer)
-    return completed(Trace(replay.phases, replay.flops, replay.bounds), analytic_state, config, cfg, device)
+    trace = Trace(replay.phases, replay.flops, replay.bounds, replay.recomputed_flops)
+    return completed(trace, analytic_state, config, cfg, device)
 
 
 def completed(trace: Trace, analytic_state: int, config, cfg, device: str = "cpu") -> Trace:
@@ -200,6 +204,7 @@ class Replay:
     flops: int  # of one step, counted before checkpointing is enabled
     cuda: bool
     weight_decay: float
+    recomputed_flops: int = 0  # of one step, what the techniques recompute (Trace.recomputed_flops)
     assumed: list = dataclasses.field(default_factory=list)  # dtypes of the values assumed in a phase
     cfg: object = None  # the run's config: what the optimizer attaches (optimizer_in_backward)
     # the hooks of the step in backward of the optimizer built last (the step's clip reads its norm)
@@ -312,9 +317,11 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             emulated = autocast_like(device, dtype) if cuda and dtype is not None else None
             apply_techniques(model, cfg, autocast=emulated)
-            yield Replay(
-                model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, cfg=cfg, attached=attached
-            )
+            recomputed = 0
+            if recomputing(cfg):  # counted again with the techniques applied: what they repeat
+                recomputed = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)) - flops
+            yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
+                         cfg=cfg, attached=attached)  # fmt: skip
 
 
 def _assumed_value(tensor):

@@ -46,7 +46,7 @@ import torch
 
 from effitrain.config.errors import ConfigError
 from effitrain.config.summary_schema import CATEGORIES
-from effitrain.config.techniques import apply_techniques
+from effitrain.config.techniques import apply_techniques, recomputing
 from effitrain.memory.fake_window import fake_window, mask_skipping_as_recorded, window_flops
 from effitrain.memory.replay import BOUND_ASSUMED_BRANCH, Trace, _caches_filled_for_real, _with_values_assumed
 from effitrain.train.parallel import strategy_of
@@ -237,11 +237,15 @@ def _trace(
             flops = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
             _sharding_rules_cached(model, make_optimizer())
             apply_techniques(model, cfg)
+            recomputed = 0
+            if recomputing(cfg):  # counted again with the techniques applied: what they repeat
+                recomputed = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)) - flops
             for phase in ("first_step", "later_step"):
                 tracked(phase, lambda tracker: step(optimizer, tracker))
             if evaluation is not None:
                 tracked("eval", evaluate)
-    return ShardedTrace(phases, flops, bounds, world_size, fsdp_phases, at_update)
+    return ShardedTrace(phases, flops, bounds, recomputed, world_size=world_size, fsdp_phases=fsdp_phases,
+                        at_update=at_update)  # fmt: skip
 
 
 def _sharding_rules_cached(model, optimizer) -> None:

@@ -87,7 +87,7 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
         if name in fallback:  # replayed in full, alone
             traces[name] = trace_run(config, optimizer_cfgs[name], cfg, batches, device, eval_shapes)
             continue
-        trace.flops = replay.flops
+        trace.flops, trace.recomputed_flops = replay.flops, replay.recomputed_flops
         completed(trace, analytic[name], config, cfg, device)
     return traces
 

@@ -112,7 +112,9 @@ def read(key: dict) -> Trace | None:
     key's."""
     entry = _entry(key)
     try:
-        return Trace(entry["phases"], entry["flops"], entry["bounds"]) if entry is not None else None
+        if entry is None:
+            return None
+        return Trace(entry["phases"], entry["flops"], entry["bounds"], entry["recomputed_flops"])
     except (KeyError, TypeError):
         return None
 
@@ -131,7 +133,8 @@ def write_figures(key: dict, figures: dict) -> None:
 
 
 def write(key: dict, trace: Trace) -> None:
-    entry = {"key": key, "phases": trace.phases, "flops": trace.flops, "bounds": trace.bounds}
+    entry = {"key": key, "phases": trace.phases, "flops": trace.flops, "bounds": trace.bounds,
+             "recomputed_flops": trace.recomputed_flops}  # fmt: skip
     # phases in their order: a tie between two phases' totals goes to the first (Trace.run_peak_phase)
     write_atomic(_path(key), json.dumps(entry, default=str))
 

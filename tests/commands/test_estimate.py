@@ -3,6 +3,7 @@ tests/memory)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from effitrain.commands.estimate import estimate_memory
@@ -34,11 +35,54 @@ def test_estimate_traces_the_worst_case_step_and_an_evaluation_of_eval_batch_siz
     def shapes(rows: int) -> dict:
         tokens = ((rows, 40), torch.int64)
         return {"input_ids": tokens, "attention_mask": tokens, "labels": ((rows,), torch.int64),
-                "token_type_ids": tokens}  # fmt: skip
+                "token_type_ids": tokens, "padded": True}  # fmt: skip
 
     [(batches, device, evaluation)] = asked
     assert batches == [shapes(4)] * 3 and device == "cpu"
     assert evaluation == shapes(12)
+
+
+@pytest.mark.parametrize(
+    "setting", [["model=tiny"], ["task=causal_lm", "model=llama_tiny"], ["no segment ids"]]
+)
+def test_the_replayed_batch_holds_the_keys_the_run_s_collator_makes(setting, tmp_path):
+    """The estimate's batch against the collator's own output on the run's tokenized rows: a
+    classifier's holds the segment ids its tokenizer returns, whatever the model's config says
+    (the tiny BERT's tokenizer saved without them, beside its config's type_vocab_size 2, as
+    RoBERTa's is); a causal LM's none."""
+    from transformers import AutoTokenizer
+
+    from effitrain.commands.estimate import meta_model, replay_shapes
+    from effitrain.train.modeling import build_tokenizer
+    from effitrain.train.tasks import build_task
+
+    if setting == ["no segment ids"]:
+        source = build_tokenizer(compose().model).name_or_path
+        AutoTokenizer.from_pretrained(
+            source, model_input_names=["input_ids", "attention_mask"]
+        ).save_pretrained(tmp_path)
+        setting = [f"model.tokenizer={tmp_path}"]
+    cfg = compose(*setting, "data=synthetic", "max_length=16")
+    task, tokenizer = build_task(cfg), build_tokenizer(cfg.model)
+    tokenized = task.tokenize(task.load(cfg.data), tokenizer, cfg.max_length)
+    collated = task.collator(tokenizer)([tokenized["train"][i] for i in range(2)])
+    [batch, *_], evaluation = replay_shapes(cfg, meta_model(cfg))
+    assert set(batch) - {"padded"} == set(evaluation) - {"padded"} == set(collated)
+
+
+@pytest.mark.slow
+def test_the_estimate_of_packed_rows_equals_the_run_category_by_category(tmp_path):
+    """Packed rows are every one max_length tokens with no padding: the model skips its mask, in the
+    run and in the estimate alike, so the estimate (the worst case) is the run's step to the byte."""
+    from effitrain.config.summary_schema import CATEGORIES
+    from tests.helpers.run import run_job
+
+    setting = ["task=causal_lm", "model=llama_tiny", "data.packing=true", "max_length=32", "micro_batch_size=4",
+               "gradient_accumulation_steps=2"]  # fmt: skip
+    summary = run_job(tmp_path, *setting, "max_steps=3", "data.words_per_text=80")
+    assert summary["status"] == "ok", summary.get("error")
+    [row] = estimate_memory(compose(*setting)).values()
+    assert row["step_peak"] == {f"{c}_bytes": summary[f"mem/step_peak/{c}_bytes"] for c in CATEGORIES}
 
 
 def test_with_fsdp_each_row_is_one_rank_of_the_world_size_and_a_refused_optimizer_is_named(monkeypatch):

@@ -154,7 +154,8 @@ def test_the_search_traces_and_ranks_candidates_by_their_predicted_peaks(monkeyp
         return {"adamw": {"step_peak_bytes": peak, "run_peak_bytes": peak, "run_peak": "later_step"}}
 
     monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
-    rows = plan(BASE, 1500, effective=8, optimizers=["adamw"], precisions=["fp32"], margin=margin)
+    rows = plan(BASE, 1500, effective=8, optimizers=["adamw"], precisions=["fp32"], margin=margin,
+                checkpointing=[False, True])  # fmt: skip
     assert [(r["micro_batch_size"], r["gradient_checkpointing"], r["fits"]) for r in rows] == expected
     peaks = [1000 + 100 * r["micro_batch_size"] // (4 if r["gradient_checkpointing"] else 1) for r in rows]
     assert [r["run_peak_bytes_predicted"] for r in rows] == peaks
@@ -272,6 +273,24 @@ def test_flops_per_step_match_a_hand_count_and_mfu_is_their_rate_over_the_peak(t
     achieved = 3 * forward / summary["speed/step_s_median"]
     assert summary["speed/achieved_flops_per_s"] == pytest.approx(achieved, rel=1e-12)
     assert summary["speed/mfu"] == pytest.approx(achieved / peak, rel=1e-12)
+
+
+@pytest.mark.parametrize("checkpointing, layers_recomputed", [("false", 0), ("2", 1), ("true", 2)])
+def test_the_recomputed_flops_are_the_checkpointed_layers_forward_by_hand(checkpointing, layers_recomputed):
+    """plan's cost of checkpointing, from the replay: the tiny BERT's layers (as in the hand count
+    above: 8 rows of 8 tokens) each recomputed once in backward, their forward FLOPs and nothing
+    more; every second block (the first of 2) half of every block."""
+    cfg = compose("max_length=8", "micro_batch_size=8", f"gradient_checkpointing={checkpointing}")
+    [row] = estimate_memory(cfg).values()
+    rows, seq, hidden, heads, inner = 8, 8, 32, 2, 64
+    tokens = rows * seq
+    per_layer = (
+        4 * 2 * tokens * hidden * hidden
+        + 2 * 2 * tokens * hidden * inner
+        + 2 * 2 * rows * heads * seq * seq * (hidden // heads)
+    )
+    assert row["recomputed_flops_per_step"] == layers_recomputed * per_layer
+    assert row["flops_per_step"] == 6_738_432  # model FLOPs: recomputation left out
 
 
 def test_on_cuda_half_precision_ranks_before_fp32_at_equal_steps(monkeypatch):
@@ -468,6 +487,45 @@ def run_config(cfg) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+def test_the_lever_axis_tries_each_lever_where_it_saves_steps_and_ranks_by_its_cost(monkeypatch):
+    """Every lever a config can take is an axis of plan, tried only for micro batches larger than
+    the best fit without one, and ranked at equal accumulation by its cost: the FLOPs its replay
+    recomputes at LEVER_RATES (every second block recomputes half of what every block does)."""
+    import effitrain.commands.estimate
+    from effitrain.commands.plan import LEVER_RATES
+
+    asked = []
+
+    def known_peaks(cfg, optimizers, device, cache, share, steps=None, world_size=1):
+        every = {False: 0, True: 1, 2: 2}[cfg.gradient_checkpointing]
+        asked.append((cfg.micro_batch_size, cfg.gradient_checkpointing))
+        # activations 100 per sample; every block recomputed keeps a quarter, every second one half
+        peak = 1000 + 100 * cfg.micro_batch_size // {0: 1, 1: 4, 2: 2}[every]
+        recomputed = {0: 0, 1: 3_000_000, 2: 1_500_000}[every] * cfg.micro_batch_size
+        row = {"step_peak_bytes": peak, "run_peak_bytes": peak, "run_peak": "later_step",
+               "recomputed_flops_per_step": recomputed}  # fmt: skip
+        return {"adamw": row}
+
+    monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
+    # micro 8 x 1: plain 1800, every second block 1400, every block 1200; budget 1450
+    rows = plan(BASE, 1450, effective=8, optimizers=["adamw"], precisions=["fp32"], margin=0.0)
+    best = rows[0]
+    assert (best["micro_batch_size"], best["gradient_checkpointing"], best["levers"]) == (
+        8,
+        2,
+        {"gradient_checkpointing": 2},
+    )
+    assert best["command"].endswith("gradient_accumulation_steps=1 gradient_checkpointing=2")
+    assert best["recomputed_flops"] == 12_000_000
+    assert best["lever_cost_s"] == 12_000_000 / LEVER_RATES["cpu"]["flops_per_s"]
+    second = rows[1]  # every block also fits at micro 8, and recomputes twice as much: after it
+    assert (second["micro_batch_size"], second["gradient_checkpointing"], second["fits"]) == (8, True, True)
+    assert second["lever_cost_s"] == 2 * best["lever_cost_s"]
+    assert rows[2]["levers"] == {} and rows[2]["micro_batch_size"] == 4  # 1400: the best plain fit
+    # plain: 8 over, 1 fits, 4 fits; each lever only at 8 (fewer steps than 2); the best confirmed
+    assert asked == [(8, False), (1, False), (4, False), (8, 2), (8, True), (8, 2)]
+
+
 @pytest.mark.parametrize(
     "setting", [["adapter=lora", "precision=bf16"], ["task=causal_lm", "model=llama_tiny"]]
 )
@@ -483,7 +541,8 @@ def test_a_candidate_s_config_is_what_composing_its_overrides_gives(
                        f"gradient_accumulation_steps={accumulation}",
                        *(["gradient_checkpointing=true"] if checkpointing else []))  # fmt: skip
     apply_effective_batch_size(composed, gpus)
-    derived = candidate_config(base, 16, accumulation, checkpointing, gpus)
+    derived = candidate_config(base, 16, accumulation, {"gradient_checkpointing": True} if checkpointing else {},
+                               gpus)  # fmt: skip
     assert derived.micro_batch_size == 16 // (accumulation * gpus)
     assert derived.gradient_checkpointing is checkpointing
     assert run_config(derived) == run_config(composed)

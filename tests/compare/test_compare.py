@@ -557,6 +557,37 @@ def test_the_loss_plot_names_every_merged_group_and_keeps_close_curves_apart(tmp
     assert len({(line.get_linestyle(), line.get_marker()) for line in lines}) == 3
 
 
+def test_a_job_keeps_its_colour_in_every_panel_when_lines_merge_differently(tmp_path, monkeypatch):
+    """Three jobs, two of them with one learning rate (two lines on the left), with three gradient
+    norms (three on the right): job 3 is in the colour of its number in both panels, and in the loss
+    plot, where a colour by line would give it the second colour on the left and the third elsewhere."""
+    from matplotlib.colors import to_rgba
+
+    from effitrain.compare import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda plt, fig, path, tight=True: drawn.append(fig))
+    jobs = []
+    for index in (1, 2, 3):
+        job = _page_job(index, 1.0)
+        job.metrics = [{"step": s, "train/loss": 1.0 / (s + index), "lr": 0.1 if index < 3 else 0.2,
+                        "grad_norm": index * s,
+                        "speed/step_s": 0.1} for s in (1, 2, 3)]  # fmt: skip
+        jobs.append(job)
+    plots.plot_lr_and_grad_norm(jobs, tmp_path / "lr.png")
+    plots.plot_losses(jobs, tmp_path / "loss.png")
+    lr_panel, norm_panel = drawn[0].axes[:2]
+    colors = plots.palette(3)
+
+    def named(ax):
+        return {line.get_label().split(".")[0]: to_rgba(line.get_color()) for line in ax.get_lines()
+                if not line.get_label().startswith("_")}  # fmt: skip
+
+    assert named(lr_panel) == {"1=2": to_rgba(colors[0]), "3": to_rgba(colors[2])}
+    assert named(norm_panel) == {str(i): to_rgba(colors[i - 1]) for i in (1, 2, 3)}
+    assert named(drawn[1].axes[0]) == {str(i): to_rgba(colors[i - 1]) for i in (1, 2, 3)}
+
+
 @pytest.mark.slow
 def test_the_verdict_the_table_and_the_plots_show_the_same_speed_front_and_best(verdict_sweep, monkeypatch):
     """On a real sweep: each job's samples/s is one figure in the verdict, the All-jobs table and the

@@ -60,6 +60,24 @@ def test_a_head_with_a_pre_classifier_trains_in_full_without_lora_on_it():
     assert sum(".lora_A." in n for n in trained) == 6  # q, k, v, out, two FFN Linear layers of the one block
 
 
+def test_the_saved_adapter_config_lists_each_module_to_save_once(tmp_path):
+    """peft appends its own "classifier" and "score" to the head effitrain names: the file a user
+    loads lists every module once, the head first."""
+    import json
+
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    from effitrain.train.adapters.build import apply_adapter
+    from effitrain.train.tasks import Classification
+
+    config = DistilBertConfig(vocab_size=100, dim=32, hidden_dim=64, n_layers=1, n_heads=2, num_labels=3)
+    wrapped = apply_adapter(DistilBertForSequenceClassification(config), compose("adapter=lora").adapter,
+                            Classification)  # fmt: skip
+    wrapped.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "adapter_config.json").read_text())["modules_to_save"]
+    assert saved == ["pre_classifier", "classifier", "score"]
+
+
 def tiny_classifier(model_type: str):
     """A one-block classifier of ``model_type`` on ``meta`` (shapes only)."""
     import torch

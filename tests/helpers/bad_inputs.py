@@ -117,6 +117,11 @@ VALUES = [
     (["checkpoint_keep=0"], "checkpoint_keep=0 is invalid: must be an integer >= 1"),
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint' is invalid: no such checkpoint folder"),
     (["data=hub"], "data.load_args.path='???' is invalid: a value is required"),
+    # Hydra builds its callbacks itself, after the run's checks: held to an allow-list as the groups are
+    (["+hydra.callbacks.x._target_=os.system"],
+     "hydra.callbacks.x._target_='os.system' is invalid: hydra takes a Hydra callback class from hydra.experimental.callbacks, effitrain.sweep.report"),
+    # a required argument deleted: the loader would fail after the model and tokenizer had loaded
+    (["~data.seed"], "data.seed is missing: load_synthetic needs it (a deleted key, ~data.seed?): give data.seed=<value>"),
     (["data.num_eval=0"], "data.num_eval=0 is invalid: must be an integer >= 1"),
     (["data.num_labels=7"], "data.num_labels=7 is invalid: must be an integer between 2 and 6"),
     (["data.words_per_text=0"], "data.words_per_text=0 is invalid: must be an integer >= 1"),

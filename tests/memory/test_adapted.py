@@ -122,3 +122,45 @@ def test_qlora_s_count_is_said_a_bound_on_cpu_and_no_bound_on_cuda():
         device: estimate_memory(cfg, device=device)["chosen"]["step_peak_bound"] for device in ("cpu", "cuda")
     }
     assert bounds == {"cpu": BOUND_DEQUANTIZED, "cuda": NOT_BOUND_ON_CUDA}
+
+
+def test_dora_s_replay_holds_a_magnitude_per_output_of_each_wrapped_layer():
+    """DoRA against LoRA on the tiny BERT, in the replay's weights at the step peak: one fp32
+    magnitude per output of every wrapped Linear (all-linear, the head trained in full): per block
+    query, key, value and attention output (32 each), intermediate (64) and output (32), 2 blocks."""
+    base = ["model=tiny", "max_length=16", "micro_batch_size=2", "eval_batch_size=1"]
+    [lora] = estimate_memory(compose(*base, "adapter=lora")).values()
+    [dora] = estimate_memory(compose(*base, "adapter=dora")).values()
+    magnitudes = 2 * (4 * 32 + 64 + 32)
+    assert dora["step_peak"]["weights_bytes"] - lora["step_peak"]["weights_bytes"] == 4 * magnitudes
+    assert dora["params_trainable"] - lora["params_trainable"] == magnitudes
+
+
+def test_qlora_s_count_is_what_bitsandbytes_itself_packs_for_each_layer():
+    """The 4-bit count against bitsandbytes' own quantization (``quantize_4bit`` on this CPU) of a
+    tensor of each quantized layer's size: its packed bytes replace the fp32 weight, and the largest
+    layer dequantized (fp32 compute: no cast) with the absmax values bitsandbytes makes for it
+    (one per block of its default size) is the temporary added."""
+    import bitsandbytes.functional as bnb
+    import torch
+
+    from effitrain.train.adapters.configs import quantization_config
+    from effitrain.train.adapters.replay import counted_4bit, quantized_layers
+    from effitrain.train.modeling import model_config
+
+    cfg = compose("model=tiny", "adapter=qlora")
+    task = build_task(cfg)
+    config = model_config(cfg.model, 3, None, task.auto_class)
+    layers = quantized_layers(
+        getattr(transformers, task.auto_class), config, quantization_config(cfg.adapter, "no")
+    )
+    packed = {}
+    for weight in layers:
+        codes, state = bnb.quantize_4bit(torch.randn(weight.shape), quant_type="nf4")
+        packed[weight.numel()] = (codes.numel() * codes.element_size(), state.absmax.numel())
+    zero = dict.fromkeys([*CATEGORIES, "total"], 0)
+    phases = {"later_step": dict(zero)}
+    counted_4bit(phases, config, cfg)
+    largest = max(w.numel() for w in layers)
+    assert phases["later_step"]["weights"] == -sum(4 * w.numel() - packed[w.numel()][0] for w in layers)
+    assert phases["later_step"]["temporaries"] == 4 * largest + 4 * packed[largest][1]

@@ -93,3 +93,26 @@ def test_a_step_reused_across_micro_batches_precisions_and_checkpointing_is_the_
             assert shared[name] == trace_run(model.config, optimizer_cfg, cfg, batches, "cpu", evaluation), (
                 name
             )
+
+
+def test_a_record_whose_later_step_saw_other_gradients_is_never_reused_for_it():
+    """A step replayed for an earlier candidate is reused only where its gradients match, phase by
+    phase: a record that matches the first step's gradients but was made on other gradients for the
+    later step (its later step planted here with figures no step holds) is not reused for that
+    step; the candidate is replayed in full, and equals its full trace."""
+    overrides = ["model=tiny", "max_length=8", "micro_batch_size=2", "eval_batch_size=1"]
+    cfg = compose(*overrides)
+    model = meta_model(cfg)
+    batches, evaluation = replay_shapes(cfg, model)
+    steps = StepReplays()
+    trace_runs(model.config, {"adamw": cfg.optimizer}, cfg, batches, "cpu", evaluation, steps)
+    [record] = steps.records.values()
+    state, delta, bounded = record["later_step"]
+    record["later_step"] = ({k: v + 10**9 for k, v in state.items()}, delta, bounded)
+    record["later_step_signature"] = ("other gradients",)
+    [again] = trace_runs(
+        model.config, {"adamw": cfg.optimizer}, cfg, batches, "cpu", evaluation, steps
+    ).values()
+    full = trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", evaluation)
+    assert again == full and again.phases["later_step"]["total"] < 10**9
+    assert steps.reused == set()  # replayed, not reused

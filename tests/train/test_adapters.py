@@ -172,6 +172,30 @@ def test_a_run_trains_the_adapter_and_reports_its_parts(tmp_path, adapter, backe
     assert math.isfinite(summary["train/loss"])
 
 
+def test_in_training_a_lora_layer_drops_its_input_at_lora_dropout():
+    """Training mode: ``W x + b + (lora_alpha / r) B A dropout(x)``, the dropped input drawn here with
+    the same seed at the configured ``adapter.lora_dropout`` (0.5: half the input zeroed, the rest
+    doubled); the configured rate, not another, reproduces the layer's output."""
+    model, _ = adapted("adapter=lora", "adapter.lora_dropout=0.5")
+    model.train()
+    layer = next(m for m in model.modules() if hasattr(m, "lora_A") and "default" in m.lora_A)
+    base, a, b = layer.base_layer, layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    scale = layer.scaling["default"]
+    with torch.no_grad():
+        b.normal_()
+        x = torch.randn(64, base.in_features)
+        torch.manual_seed(7)
+        output = layer(x)
+        torch.manual_seed(7)
+        dropped = torch.nn.functional.dropout(x, p=0.5, training=True)
+        expected = (
+            x @ base.weight.T + (base.bias if base.bias is not None else 0) + scale * (dropped @ a.T @ b.T)
+        )
+        torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+        undropped = x @ base.weight.T + (base.bias if base.bias is not None else 0) + scale * (x @ a.T @ b.T)
+        assert not torch.allclose(output, undropped, rtol=1e-3, atol=1e-3)  # the rate matters
+
+
 @pytest.mark.parametrize(("r", "alpha"), [(4, 16), (8, 8)])
 def test_a_lora_layer_computes_w_x_plus_alpha_over_r_b_a_x(r, alpha):
     """A wrapped Linear's output against the formula, by hand: ``W x + b + (lora_alpha / r) B A x``

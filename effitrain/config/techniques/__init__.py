@@ -45,9 +45,14 @@ class Technique(Protocol):
     def replay_key(self, cfg: DictConfig) -> dict:
         """What a trace of ``cfg`` depends on from this technique: entries of the trace cache's key."""
 
-    def plan_values(self, cfg: DictConfig, given: bool, asked) -> list:
-        """Its values as an axis of ``plan``, in the order tried: ``asked`` unless the user ``given``
-        the key on the command line (their value alone) or the model cannot take them."""
+    def plan_values(self, cfg: DictConfig, given: bool, asked=None, device: str = "cpu") -> list:
+        """Its values as an axis of ``plan``, the value that leaves it off first: ``asked`` (or its
+        own) unless the user ``given`` the key on the command line (their value alone) or the model,
+        or ``device``'s profile, cannot take them (off alone)."""
+
+    def recomputes(self, cfg: DictConfig) -> bool:
+        """Whether it repeats forward work in backward in ``cfg``: the replay then counts the FLOPs
+        it adds (:attr:`effitrain.memory.replay.Trace.recomputed_flops`), plan's cost of it."""
 
     def override(self, value) -> str:
         """``key=value`` as a command line gives it (plan's commands)."""
@@ -75,6 +80,11 @@ def apply_techniques(model, cfg: DictConfig, autocast=None) -> None:
         technique.apply(model, cfg, autocast)
 
 
+def recomputing(cfg: DictConfig) -> bool:
+    """Whether any technique ``cfg`` turns on repeats forward work in backward."""
+    return any(technique.recomputes(cfg) for technique in TECHNIQUES)
+
+
 def replay_keys(cfg: DictConfig) -> dict:
     """The entries of every technique in the key a trace of ``cfg`` is cached under."""
     return {entry: value for technique in TECHNIQUES for entry, value in technique.replay_key(cfg).items()}
@@ -93,5 +103,6 @@ __all__ = [
     "apply_techniques",
     "check_techniques",
     "described",
+    "recomputing",
     "replay_keys",
 ]

@@ -103,14 +103,20 @@ class GradientCheckpointing:
         every = self.every(cfg)
         return {self.key: every is not None if every in (None, 1) else every}
 
-    def plan_values(self, cfg: DictConfig, given: bool, asked=(False, True)) -> list:
-        """Off, then on (without first: it decides which micro batches are tried with it); the
-        user's own setting alone when given; off alone for a model class that cannot recompute."""
+    def plan_values(self, cfg: DictConfig, given: bool, asked=None, device: str = "cpu") -> list:
+        """Off, then every second block, then every block (``asked``: a subset; without first: it
+        decides which micro batches are tried with it); the user's own setting alone when given;
+        off alone for a model class that cannot recompute."""
         if given:
-            return [bool(cfg.get(self.key))]
+            return [cfg.get(self.key)]
         if self.unable(cfg):
             return [False]
-        return sorted(set(asked))
+        order = (False, 2, True)
+        asked = order if asked is None else asked
+        return [value for value in order if any(value is a or (value == a and type(a) is int) for a in asked)]
+
+    def recomputes(self, cfg: DictConfig) -> bool:
+        return self.every(cfg) is not None
 
     def override(self, value) -> str:
         if isinstance(value, bool) or value is None or value == 1:

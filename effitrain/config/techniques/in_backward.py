@@ -138,14 +138,18 @@ class OptimizerInBackward:
     def replay_key(self, cfg: DictConfig) -> dict:
         return {self.key: self.on(cfg)}
 
-    def plan_values(self, cfg: DictConfig, given: bool, asked=(False, True)) -> list:
-        """Off, then on; the user's own setting alone when given; off alone where ``cfg`` refuses it
-        (accumulation, clipping, the Trainer, several processes, fp16, compile, the optimizer)."""
+    def plan_values(self, cfg: DictConfig, given: bool, asked=None, device: str = "cpu") -> list:
+        """Off, then on (``asked``: a subset); the user's own setting alone when given; off alone
+        where ``cfg`` refuses it (clipping, the Trainer, several processes, fp16, compile, the
+        optimizer: :meth:`refusal`), on any device alike."""
         if given:
             return [self.on(cfg)]
         if self.refusal(cfg) is not None:
             return [False]
-        return sorted(set(asked))
+        return [value for value in (False, True) if asked is None or value in asked]
+
+    def recomputes(self, cfg: DictConfig) -> bool:
+        return False  # the update moves, no forward work is repeated
 
     def override(self, value) -> str:
         return f"{self.key}={str(bool(value)).lower()}"

@@ -45,9 +45,13 @@ def apply_adapter(model, adapter_cfg: DictConfig | None, task):
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     config = lora_config(adapter_cfg, task, model)
     try:
-        return get_peft_model(model, config)
+        wrapped = get_peft_model(model, config)
     except (ValueError, TypeError) as error:  # peft's refusals of a target
         raise _not_wrapped(model, adapter_cfg.get("target_modules"), error) from None
+    saved = getattr(config, "modules_to_save", None)
+    if saved:  # a classifier's: peft appends its own "classifier" and "score" to the head named here
+        config.modules_to_save = list(dict.fromkeys(saved))  # each once in the saved adapter_config.json
+    return wrapped
 
 
 def model_on_meta(cfg: DictConfig, task, architecture: Callable, adapted: bool = True):
