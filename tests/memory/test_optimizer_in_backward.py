@@ -145,3 +145,27 @@ def test_a_replay_of_a_setting_it_cannot_run_with_is_refused_in_one_line_not_pre
         ConfigError, match=r"^gradient_accumulation_steps=2 is invalid: with optimizer_in_backward"
     ):
         trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", evaluation)
+
+
+@pytest.mark.slow
+def test_plan_proposes_it_where_it_is_what_makes_the_budget_fit():
+    """A causal LM whose step, not its activations, sets the peak (16 tokens, one sequence): between
+    the run peaks with and without it, only the step in backward fits; checkpointing does not help."""
+    from effitrain.commands.estimate import estimate_memory
+    from effitrain.commands.plan import plan
+
+    base = ["task=causal_lm", "model=llama_tiny", "data=synthetic", "max_length=16", "eval_batch_size=1",
+            "max_grad_norm=0", "micro_batch_size=1"]  # fmt: skip
+    peaks = {}
+    for value in (False, True):
+        cfg = compose(*base, f"optimizer_in_backward={str(value).lower()}", tiny=False)
+        [row] = estimate_memory(cfg, {"adamw": cfg.optimizer}).values()
+        peaks[value] = row["run_peak_bytes"]
+    assert peaks[False] - peaks[True] >= 3_000_000  # an embedding-sized gradient less (3.9 MB)
+    budget = (peaks[False] + peaks[True]) // 2
+    rows = plan(base, budget, effective=1, optimizers=["adamw"], precisions=["fp32"], margin=0.0)
+    best = rows[0]
+    assert best["fits"] and best["levers"] == {"optimizer_in_backward": True}
+    assert best["run_peak_bytes_predicted"] == peaks[True]
+    assert "optimizer_in_backward=true" in best["command"]
+    assert not any(row["fits"] for row in rows if not row["levers"].get("optimizer_in_backward"))
