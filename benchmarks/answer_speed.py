@@ -43,6 +43,25 @@ CASES = {
     # the adapter axis too: {none, lora, qlora} x every optimizer x the precisions x micro batches x
     # checkpointing, distilbert at 1 GiB on CUDA
     "adapter_plan": [*PLAN_1GIB, "--adapters", "none,lora,qlora", *DISTILBERT],
+    # every axis with the memory levers: every optimizer x precisions x micro batches x levers
+    "levers_plan": [*PLAN_1GIB, *DISTILBERT],
+    # the 7B-shaped Llama on one 80 GiB GPU, 8 rows of 2,048 tokens per step: every optimizer, the
+    # precisions, micro batches and levers (the micro batch follows from the effective batch)
+    "llama_7b_plan": [
+        "plan",
+        "--memory-budget",
+        "80GiB",
+        "--effective-batch-size",
+        "8",
+        "--device",
+        "cuda",
+        *[o for o in LLAMA_7B if not o.startswith("micro_batch_size=")],
+    ],  # fmt: skip
+}
+# `effitrain check`: a valid configuration and a typo, each answered without --json (issue: under 5 s idle)
+CHECKS = {
+    "check": ["check", "model=tiny", "data=synthetic"],
+    "check_typo": ["check", "model=tiny", "data=synthetic", "optimizer=adamw_typo"],
 }
 # what is compared between the paths (how a figure was had differs by design)
 HOW = ("trace_source", "confirmed_by_full_replay")
@@ -78,13 +97,16 @@ def figures(result: dict):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated of {', '.join(CASES)}")
+    every = [*CASES, *CHECKS]
+    parser.add_argument("--cases", default=",".join(every), help=f"comma-separated of {', '.join(every)}")
     parser.add_argument(
         "--against", help="a folder holding another checkout of effitrain, timed beside this one"
     )
     parser.add_argument("--skip-today", action="store_true", help="leave out today's full replays")
     args = parser.parse_args()
     cases = args.cases.split(",")
+    checks = [case for case in cases if case in CHECKS]
+    cases = [case for case in cases if case not in CHECKS]
     if args.against:
         return against(cases, args.against, args.skip_today)
     started, cpu = time.perf_counter(), cpu_seconds()
@@ -109,6 +131,15 @@ def main() -> None:
             for t in (shared, cached)
         )
         print(f"{case:<12}{times}{ratios}", flush=True)
+    for case in checks:  # a check answers in a line: its time, not its figures
+        started, cpu = time.perf_counter(), cpu_seconds()
+        done = subprocess.run(
+            [sys.executable, "-m", "effitrain.cli", *CHECKS[case]], capture_output=True, text=True
+        )
+        line = (done.stdout + done.stderr).strip().splitlines()[-1]
+        print(
+            f"{case:<12}{time.perf_counter() - started:>8.1f} / {cpu_seconds() - cpu:.1f}  exit {done.returncode}: {line}"
+        )
     same = "the shared and cached figures equal" if args.skip_today else "every case's figures equal today's"
     print(f"load average {os.getloadavg()[0]:.1f} at the end; {same} to the byte")
 

@@ -32,6 +32,7 @@ from effitrain.config.errors import ConfigError, invalid
 from effitrain.config.optimizers import optimizer_family
 from effitrain.config.parallel import CHECKS as PARALLEL_CHECKS
 from effitrain.config.ranges import at_least, finite, ranged
+from effitrain.config.techniques.chunked_loss import ALLOWED as LOSS_CHUNKS_ALLOWED
 
 MAX_SEED = 2**32 - 1  # numpy's generators take no larger seed (transformers.set_seed seeds numpy too)
 SYNTHETIC_MAX_LABELS = 6  # the keyword classes load_synthetic makes (a test holds them equal)
@@ -123,6 +124,7 @@ class RunConfig:
     gradient_checkpointing: Union[bool, int] = (
         False  # true, false or N: every N-th block (checked by its technique)
     )
+    loss_chunks: ranged(int, LOSS_CHUNKS_ALLOWED, ge=1) = 1  # a causal LM's head and loss over N chunks
     optimizer_in_backward: bool = False  # each parameter's update in backward (checked by its technique)
     max_length: at_least(2) = 96
     eval_batch_size: at_least(1) = 64

@@ -35,7 +35,7 @@ from effitrain.config.registry import (
     target_definition,
 )
 from effitrain.config.techniques import check_techniques
-from effitrain.util.compat import config_node
+from effitrain.util.compat import config_node, dynamo_left_unimported
 
 # Hydra's own keys of a node it instantiates: never an argument of the target.
 HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
@@ -321,7 +321,8 @@ def check_optimizer(cfg: DictConfig) -> None:
 
     name = str(cfg.optimizer._target_).rpartition(".")[2]
     try:
-        instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(2, 2))])
+        with dynamo_left_unimported():  # the optimizer is dropped at once: no need of dynamo's wrapping
+            instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(2, 2))])
     except Exception as error:  # the class's own check of its arguments
         cause = error.__cause__ or error
         reason = str(cause).split("full_key:")[0]

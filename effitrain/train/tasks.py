@@ -192,6 +192,7 @@ class CausalLM(Task):
         if not isinstance(packing, bool):
             raise invalid("data.packing", packing, "must be true or false")
         self.packing = packing
+        self.loss_chunks = 1  # loss_chunks (build_task sets it): the head and loss over N chunks of positions
 
     def load(self, data_cfg):
         raw = instantiate_node(data_node(data_cfg, label_column=None))  # texts only: labels unread
@@ -252,7 +253,13 @@ class CausalLM(Task):
     def loss_sum(self, model, batch) -> torch.Tensor:
         """Summed next-token cross-entropy of a micro-batch over its real target tokens; the caller
         divides by the step's real target tokens (:meth:`num_items`, over all micro-batches and
-        processes), so micro-batches holding different numbers of tokens weigh as in one big batch."""
+        processes), so micro-batches holding different numbers of tokens weigh as in one big batch.
+        With ``loss_chunks`` > 1 the same sum, chunk by chunk, the whole logits never made
+        (:mod:`effitrain.config.techniques.chunked_loss`)."""
+        if self.loss_chunks > 1:
+            from effitrain.config.techniques.chunked_head import chunked_loss_sum
+
+            return chunked_loss_sum(model, model_inputs(batch), batch["labels"], self.loss_chunks)
         logits = model(**model_inputs(batch)).logits
         return shifted_cross_entropy(logits, batch["labels"], reduction="sum")
 
@@ -271,11 +278,9 @@ class CausalLM(Task):
         model.eval()
         sums, counts = [], []
         for batch in dataloader:
-            logits = model(**model_inputs(batch)).logits
             labels = batch["labels"]
-            per_token = shifted_cross_entropy(logits, labels, reduction="none").view(len(labels), -1)
             row_counts = (labels[:, 1:] != IGNORE_INDEX).sum(dim=1)
-            gathered = accelerator.gather_for_metrics((per_token.sum(dim=1).double(), row_counts))
+            gathered = accelerator.gather_for_metrics((self.row_sums(model, batch).double(), row_counts))
             for store, value in zip((sums, counts), gathered):
                 store.append(value.cpu())
         model.train(was_training)
@@ -291,6 +296,17 @@ class CausalLM(Task):
             # the eval split's sampling error of eval/loss (over rows): compare's noise with one seed
             "eval/loss_sem": (rows.std() / math.sqrt(len(rows))).item() if len(rows) > 1 else None,
         }
+
+    def row_sums(self, model, batch) -> torch.Tensor:
+        """Each row's summed next-token cross-entropy; with ``loss_chunks`` > 1 chunk by chunk, as in
+        training: an eval batch (eval_batch_size rows) would otherwise hold its whole logits."""
+        labels = batch["labels"]
+        if self.loss_chunks > 1:
+            from effitrain.config.techniques.chunked_head import chunked_row_sums
+
+            return chunked_row_sums(model, model_inputs(batch), labels, self.loss_chunks)
+        logits = model(**model_inputs(batch)).logits
+        return shifted_cross_entropy(logits, labels, reduction="none").view(len(labels), -1).sum(dim=1)
 
     def data_summary(self, raw, tokenized) -> dict:
         """``train/unigram_perplexity``: exp of the entropy of the training split's target tokens,
@@ -367,8 +383,14 @@ def macro_f1(predictions: torch.Tensor, labels: torch.Tensor, num_classes: int) 
 
 
 def build_task(cfg: DictConfig) -> Task:
-    """The ``task`` node's class (classification when a config has no task node)."""
+    """The ``task`` node's class (classification when a config has no task node); a causal LM's
+    with the chunks its loss is split into (``loss_chunks``)."""
     from hydra.utils import instantiate
 
     node = cfg.get("task")
-    return instantiate(node) if node is not None else Classification()
+    task = instantiate(node) if node is not None else Classification()
+    if isinstance(task, CausalLM):
+        from effitrain.config.techniques import LOSS_CHUNKS
+
+        task.loss_chunks = LOSS_CHUNKS.chunks(cfg)
+    return task

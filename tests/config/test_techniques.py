@@ -20,12 +20,22 @@ MPNET = ["model.architecture.model_type=mpnet"]  # a model class without gradien
 
 
 def test_gradient_checkpointing_is_the_first_technique_and_says_its_key_values_and_override():
-    assert TECHNIQUES[0].key == "gradient_checkpointing"
+    assert [t.key for t in TECHNIQUES] == ["gradient_checkpointing", "loss_chunks", "optimizer_in_backward"]
     on, off = compose("gradient_checkpointing=true"), compose()
-    assert replay_keys(on)["gradient_checkpointing"] is True
-    assert replay_keys(off)["gradient_checkpointing"] is False
-    assert described(on).startswith("gradient_checkpointing=true")
-    assert described(off).startswith("gradient_checkpointing=false")
+    assert replay_keys(on) == {
+        "gradient_checkpointing": True,
+        "loss_chunks": 1,
+        "optimizer_in_backward": False,
+    }
+    assert replay_keys(off) == {
+        "gradient_checkpointing": False,
+        "loss_chunks": 1,
+        "optimizer_in_backward": False,
+    }
+    assert (described(on), described(off)) == (
+        "gradient_checkpointing=true, loss_chunks=1, optimizer_in_backward=false",
+        "gradient_checkpointing=false, loss_chunks=1, optimizer_in_backward=false",
+    )
     assert GRADIENT_CHECKPOINTING.override(True) == "gradient_checkpointing=true"
 
 
@@ -88,5 +98,5 @@ def test_selective_checkpointing_has_its_own_replay_key_and_override():
     assert replay_keys(compose("gradient_checkpointing=1")) == replay_keys(
         compose("gradient_checkpointing=true")
     )
-    assert described(every_second).startswith("gradient_checkpointing=2,")
+    assert described(every_second).startswith("gradient_checkpointing=2, ")
     assert GRADIENT_CHECKPOINTING.override(3) == "gradient_checkpointing=3"

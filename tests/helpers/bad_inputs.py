@@ -47,6 +47,7 @@ PARSE = [
     (["~optimizer"], "~optimizer is invalid: every run reads optimizer: give it a value instead"),
     (["seed=x"], "seed='x' is invalid: must be an integer"),
     (["max_steps=1.5"], "max_steps=1.5 is invalid: must be an integer"),
+    (["loss_chunks=x"], "loss_chunks='x' is invalid: must be an integer"),
     (["compile.mode=fast"], "compile.mode='fast' is invalid: choose one of default, reduce-overhead"),
     (["model.init=randm"], "model.init='randm' is invalid: choose one of pretrained, random"),
     (["model.trust_remote_code=maybe"], "model.trust_remote_code='maybe' is invalid: must be true or false"),
@@ -115,6 +116,12 @@ VALUES = [
     (["progress_bar=on"], "progress_bar='on' is invalid: must be true or false"),
     (["gradient_checkpointing=0"], "gradient_checkpointing=0 is invalid: must be true, false or N >= 1 (recompute every N-th block)"),
     (["checkpoint_keep=0"], "checkpoint_keep=0 is invalid: must be an integer >= 1"),
+    # chunked cross-entropy (effitrain/config/techniques/chunked_loss.py)
+    (["task=causal_lm", "model=llama_tiny", "loss_chunks=0"],
+     "loss_chunks=0 is invalid: must be an integer >= 1 (1: the whole logits at once; N: the LM head and loss over N chunks)"),
+    (["loss_chunks=4"], "loss_chunks=4 is invalid: chunks split a causal LM's logits over positions: with task=classification give 1"),
+    (["task=causal_lm", "model=llama_tiny", "max_length=32", "loss_chunks=32"],
+     "loss_chunks=32 is invalid: at most the 31 target positions of a max_length=32 row (max_length - 1)"),
     (["resume=/no/such/checkpoint"], "resume='/no/such/checkpoint' is invalid: no such checkpoint folder"),
     (["data=hub"], "data.load_args.path='???' is invalid: a value is required"),
     # Hydra builds its callbacks itself, after the run's checks: held to an allow-list as the groups are

@@ -25,6 +25,7 @@ from typing import Protocol
 from omegaconf import DictConfig
 
 from effitrain.config.techniques.checkpointing import GRADIENT_CHECKPOINTING
+from effitrain.config.techniques.chunked_loss import LOSS_CHUNKS
 from effitrain.config.techniques.in_backward import OPTIMIZER_IN_BACKWARD
 
 
@@ -61,7 +62,7 @@ class Technique(Protocol):
         """Its setting in ``cfg``, as estimate's line says it."""
 
 
-TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING, OPTIMIZER_IN_BACKWARD)
+TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING, LOSS_CHUNKS, OPTIMIZER_IN_BACKWARD)
 
 
 def check_techniques(cfg: DictConfig) -> None:
@@ -97,6 +98,7 @@ def described(cfg: DictConfig) -> str:
 
 __all__ = [
     "GRADIENT_CHECKPOINTING",
+    "LOSS_CHUNKS",
     "OPTIMIZER_IN_BACKWARD",
     "TECHNIQUES",
     "Technique",

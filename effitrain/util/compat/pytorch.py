@@ -5,6 +5,7 @@ compile time, the normalization base class.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -138,3 +139,48 @@ def batch_norm_classes() -> tuple[type, ...]:
     if base is not None:
         return (base,)
     return (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+@contextlib.contextmanager
+def dynamo_left_unimported():
+    """Optimizers built inside without importing ``torch._dynamo`` (2 to 3 s of a check's 5):
+    torch's ``_disable_dynamo`` decorator imports dynamo at the first call of
+    ``Optimizer.add_param_group`` to wrap it, which an optimizer built on a dummy parameter to check
+    its arguments, then dropped, never needs. The decorator's cache (``__dynamo_disable`` on the
+    function) holds the function itself meanwhile and is removed after, so a later call wraps it as
+    torch does. Where dynamo is imported already, or the decorator is laid out otherwise (no
+    ``__wrapped__``), nothing changes."""
+    import sys
+
+    import torch
+
+    function = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
+    if "torch._dynamo" in sys.modules or function is None or hasattr(function, "__dynamo_disable"):
+        yield
+        return
+    setattr(function, "__dynamo_disable", function)
+    try:
+        yield
+    finally:
+        if getattr(function, "__dynamo_disable", None) is function:
+            delattr(function, "__dynamo_disable")
+
+
+def function_modes() -> list:
+    """The torch-function modes active now, outermost first
+    (``torch.overrides._get_current_function_mode_stack``): what a recomputation in backward
+    re-enters, as checkpoint restores autocast (the CUDA replay's emulated autocast is such a mode).
+    Fallback: none (the recomputation then runs outside them)."""
+    import torch
+
+    stack = private("torch", torch.overrides, "_get_current_function_mode_stack")
+    return list(stack()) if stack is not None else []
+
+
+def on_fake_or_meta(tensor) -> bool:
+    """Whether ``tensor`` holds no data: on ``meta``, or a fake tensor (``torch._subclasses.fake_tensor.is_fake``).
+    Fallback: only ``meta`` is known."""
+    from torch._subclasses import fake_tensor
+
+    is_fake = private("torch", fake_tensor, "is_fake")
+    return tensor.device.type == "meta" or (is_fake is not None and is_fake(tensor))

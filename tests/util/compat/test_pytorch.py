@@ -92,3 +92,24 @@ def test_batch_norm_classes_are_torch_s_base_of_every_batch_norm(monkeypatch):
     monkeypatch.setitem(compat.CHECKED_BELOW, "torch", "2.0")  # the fallback: torch's public classes
     fallback = compat.batch_norm_classes.__wrapped__()
     assert torch.nn.SyncBatchNorm in fallback and isinstance(torch.nn.BatchNorm3d(2), fallback)
+
+
+def test_an_optimizer_built_for_a_check_leaves_dynamo_unimported_and_a_later_one_wrapped():
+    """In a fresh process: AdamW built inside ``dynamo_left_unimported`` imports no torch._dynamo
+    (the 2-3 s a check saves); one built after it imports dynamo and wraps add_param_group as torch
+    does (its cache set by torch, not left at the bare function)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch
+from effitrain.util.compat import dynamo_left_unimported
+with dynamo_left_unimported():
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2, 2))], betas=(0.9, 0.99))
+inside = "torch._dynamo" in sys.modules
+torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2, 2))])
+function = torch.optim.Optimizer.add_param_group.__wrapped__
+print(inside, "torch._dynamo" in sys.modules, getattr(function, "__dynamo_disable") is not function)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True", "True"]
