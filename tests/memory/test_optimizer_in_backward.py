@@ -169,3 +169,14 @@ def test_plan_proposes_it_where_it_is_what_makes_the_budget_fit():
     assert best["run_peak_bytes_predicted"] == peaks[True]
     assert "optimizer_in_backward=true" in best["command"]
     assert not any(row["fits"] for row in rows if not row["levers"].get("optimizer_in_backward"))
+
+
+@pytest.mark.slow
+def test_an_adapter_s_trainable_weights_alone_are_updated_in_backward_as_after_it(tmp_path):
+    runs = _off_and_on(tmp_path, "adapter=lora")
+    off, on = read_metrics(tmp_path / "false"), read_metrics(tmp_path / "true")
+    assert [line["train/loss"] for line in on] == [line["train/loss"] for line in off]
+    assert [line["grad_norm"] for line in on] == [line["grad_norm"] for line in off]
+    assert runs["true"]["eval/loss"] == runs["false"]["eval/loss"]
+    assert _measured(runs["true"]) == _measured(runs["true"], predicted=True)
+    assert runs["true"]["mem/grads_bytes"] == runs["true"]["mem/params_trainable_bytes"]
