@@ -52,8 +52,11 @@ def fit(job) -> Evaluation:
     ops = StepOps(
         backward=accelerator.backward,
         no_sync=no_sync,
-        # over sharded gradients the norm is the whole model's, returned as a DTensor
-        clip=lambda: full_value(accelerator.clip_grad_norm_(model.parameters(), max_norm)),
+        # over sharded gradients the norm is the whole model's, returned as a DTensor; with the
+        # optimizer's update in backward, the norm its hooks took (no gradient is left to clip)
+        clip=job.in_backward.norm
+        if job.in_backward is not None
+        else lambda: full_value(accelerator.clip_grad_norm_(model.parameters(), max_norm)),
         num_processes=accelerator.num_processes,
     )
 

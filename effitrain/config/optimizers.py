@@ -19,7 +19,8 @@ option's name, and says:
   that cannot), whether its update takes FSDP's sharded DTensor parameters
   (:func:`effitrain.config.parallel.check_parallel`, :mod:`effitrain.memory.sharded`), and whether
   torch gives it its foreach implementation on CUDA tensors (what
-  :func:`effitrain.memory.cuda.foreach_by_default` models).
+  :func:`effitrain.memory.cuda.foreach_by_default` models), and whether its step can run for one
+  parameter at a time inside backward (:mod:`effitrain.config.techniques.in_backward`).
 
 A new family is one YAML file plus one row here (and its formula function, for an estimate of its
 state). A target no row covers, a class of the user's own project (allowed by
@@ -89,6 +90,9 @@ class OptimizerFamily:
     on_fake: bool = True  # fake tensors run its step (bitsandbytes' kernels need real ones)
     on_dtensor: bool = True  # its update takes FSDP's DTensor parameters
     foreach_on_cuda: bool = False  # left to its default, torch runs its foreach update on CUDA tensors
+    in_backward: bool = (
+        True  # its step updates each parameter alone (optimizer_in_backward runs it per parameter)
+    )
 
     def covers(self, target: str) -> bool:
         return target == self.target or target.startswith(f"{self.target}.")
@@ -117,6 +121,7 @@ OPTIMIZER_FAMILIES = (
     OptimizerFamily(
         "torchao.optim", "torchao", extra="torchao",
         state_of=TORCHAO_ADAM_BASE, state_formula=f"{_FORMULAS}.torchao_adam_state",
+        in_backward=False,  # its update is compiled: not built to run inside backward's hooks
     ),
     OptimizerFamily(
         "lion_pytorch", "lion-pytorch", settings=LionSettings,

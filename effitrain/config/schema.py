@@ -128,6 +128,7 @@ class RunConfig:
     activation_offloading: Union[bool, int] = (
         False  # true, false or N: saved tensors of N bytes and more to host memory (checked by its technique)
     )
+    optimizer_in_backward: bool = False  # each parameter's update in backward (checked by its technique)
     max_length: at_least(2) = 96
     eval_batch_size: at_least(1) = 64
     eval_every: at_least(1, null=True) = None

@@ -19,7 +19,7 @@ import math
 import torch
 
 from effitrain.config.errors import ConfigError
-from effitrain.config.techniques import apply_techniques, recomputing
+from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD, apply_techniques, recomputing
 from effitrain.memory.fake_window import fake_window, mask_skipping_as_recorded, window_flops
 from effitrain.memory.step_peak import breakdown, peak_keys, step_tracker
 from effitrain.util.compat import attention_implementation, fake_tensor_mode, values_assumed
@@ -206,12 +206,16 @@ class Replay:
     weight_decay: float
     recomputed_flops: int = 0  # of one step, what the techniques recompute (Trace.recomputed_flops)
     assumed: list = dataclasses.field(default_factory=list)  # dtypes of the values assumed in a phase
+    cfg: object = None  # the run's config: what the optimizer attaches (optimizer_in_backward)
+    # the hooks of the step in backward of the optimizer built last (the step's clip reads its norm)
+    attached: list = dataclasses.field(default_factory=list)
     phases: dict = dataclasses.field(default_factory=dict)
     bounds: dict = dataclasses.field(default_factory=dict)
 
     def optimizer(self, optimizer_cfg):
         """The optimizer the replay steps: the configured one where fake tensors can run it, else a
-        stateless SGD (its state is counted: :func:`counted_state`)."""
+        stateless SGD (its state is counted: :func:`counted_state`); its update moved into backward
+        where the run's is (``optimizer_in_backward``), as :func:`effitrain.run.build.build_job` moves it."""
         from effitrain.memory.cuda import foreach_by_default
         from effitrain.train.optim import build_optimizer
 
@@ -222,6 +226,11 @@ class Replay:
             optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
         if self.cuda:
             foreach_by_default(optimizer)
+        for hooks in self.attached:  # one optimizer's update in backward at a time
+            hooks.remove()
+        self.attached[:] = [
+            h for h in [OPTIMIZER_IN_BACKWARD.attach(self.model, optimizer, self.cfg)] if h is not None
+        ]
         return optimizer
 
     def tracked(self, phase: str, run, *external) -> None:
@@ -283,10 +292,15 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
         window = fake_window(batches, eval_shapes, every_micro_batch=every_micro_batch)
         evaluation = window.evaluation
 
+        attached: list = []  # Replay.attached: with the update in backward, the norm its hooks took
         ops = StepOps(
             backward=lambda loss: loss.backward(),
             no_sync=contextlib.nullcontext,
-            clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=cuda or None),
+            clip=lambda: (
+                attached[0].norm()
+                if attached
+                else torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=cuda or None)
+            ),
         )
 
         step = window.stepper(task, model, meter, ops)
@@ -306,7 +320,8 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             recomputed = 0
             if recomputing(cfg):  # counted again with the techniques applied: what they repeat
                 recomputed = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)) - flops
-            yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed)
+            yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
+                         cfg=cfg, attached=attached)  # fmt: skip
 
 
 def _assumed_value(tensor):

@@ -18,7 +18,8 @@ so a phase's peak is either
 
 whichever total is higher, the first on a tie. The two parts' tensors are disjoint (the forward's
 residue is not the optimizer's), so the sums are exact; ``tests/memory/test_shared_traces.py`` holds every
-optimizer of conf/optimizer to a full trace, to the byte.
+optimizer of conf/optimizer to a full trace, to the byte. With the optimizer's update inside backward
+(``optimizer_in_backward``) there is no backward to share: each optimizer is replayed in full.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import json
 
 import torch
 
+from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD
 from effitrain.memory.replay import BOUND_ASSUMED_BRANCH, Trace, completed, counted_state, replayed, trace_run
 from effitrain.memory.step_peak import CATEGORIES, HOST_OFFLOADED, breakdown, step_tracker
 
@@ -50,6 +52,13 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
     """:func:`effitrain.memory.replay.trace_run` for each of ``optimizer_cfgs`` (name -> optimizer
     node), sharing one replay of the model: a :class:`Trace` per name, equal to the full trace's.
     ``steps``: optimizer steps replayed before, reused where they match (and added to)."""
+    if OPTIMIZER_IN_BACKWARD.on(cfg):  # each update inside the backward: no backward to share
+        if steps is not None:
+            steps.reused = set()
+        return {
+            name: trace_run(config, node, cfg, batches, device, eval_shapes)
+            for name, node in optimizer_cfgs.items()
+        }
     steps = steps if steps is not None else StepReplays()
     steps.reused = set()
     analytic = {name: counted_state(config, node, cfg, device) for name, node in optimizer_cfgs.items()}

@@ -146,6 +146,7 @@ def traces_of(config, optimizer_cfgs: dict, cfg, batches: list[dict], eval_shape
     forward and backward for every optimizer not cached (:func:`effitrain.memory.shared_traces.trace_runs`),
     else a full :func:`effitrain.memory.replay.trace_run` each, every micro-batch replayed, as effitrain
     did before."""
+    from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD
     from effitrain.memory import replay
     from effitrain.memory.shared_traces import trace_runs
 
@@ -159,6 +160,7 @@ def traces_of(config, optimizer_cfgs: dict, cfg, batches: list[dict], eval_shape
         if cached is not None:
             traces[name], sources[name] = cached, CACHED
     missing = {name: node for name, node in optimizer_cfgs.items() if name not in traces}
+    share = share and not OPTIMIZER_IN_BACKWARD.on(cfg)  # each update inside backward: nothing to share
     if share and missing:
         traces.update(trace_runs(config, missing, cfg, batches, device, eval_shapes, steps))
         reused = steps.reused if steps is not None else set()

@@ -110,20 +110,32 @@ class GradientRecorder:
     """Sees each parameter's gradient once, right after it is accumulated, and keeps its storage.
 
     Gradients are freed by ``zero_grad(set_to_none=True)`` before a run ends, so they are counted
-    while they exist: in the first backward pass, when all of them are alive at once.
+    while they exist: in the first backward pass. Two gradients on one storage count once; with the
+    optimizer's update in backward (``optimizer_in_backward``) each gradient is freed before the next
+    is made, and a later one at the address of a freed one is another storage, counted too.
     """
 
     def __init__(self, params):
         self._grads: dict[int, torch.Tensor] = {}
         self._handles = []
         self._params = [p for p in params if p.requires_grad]
+        self._by_id = {id(p): p for p in self._params}
+
+    def _storage(self, param) -> tuple:
+        """(storage key, bytes) of ``param``'s gradient; (None, 0) where it has none."""
+        if param.grad is None:
+            return None, 0
+        # a sharded (DTensor) gradient: this rank holds its local shard
+        return storage_key(param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad)
 
     def _hook(self, param) -> None:
         if id(param) not in self._grads and param.grad is not None:
-            # a sharded (DTensor) gradient: this rank holds its local shard
-            grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
             # Keep the storage's identity and size, not the gradient: holding it would change memory.
-            key, nbytes = storage_key(grad)
+            key, nbytes = self._storage(param)
+            earlier = [other for other, (seen, _, _) in self._grads.items() if seen == key]
+            if earlier and all(self._storage(self._by_id[other])[0] != key for other in earlier):
+                key = (*key, "after a freed gradient", id(param))  # the address reused, not shared
+            grad = param.grad
             self._grads[id(param)] = (key, nbytes, nbytes // grad.element_size())
             if len(self._grads) == len(self._params):  # all seen: no hook in later backward passes
                 self.__exit__()

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from effitrain.config.techniques import apply_techniques
+from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD, apply_techniques
 from effitrain.memory.step_peak import StepMemory
 from effitrain.memory.track import TrainingMemory
 from effitrain.train import checkpoint, resume_point
@@ -54,6 +54,8 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
     strategy = strategy_of(cfg)
     model = strategy.apply(model, cfg, device, say)  # before the optimizer: it holds what this makes
     optimizer = build_optimizer(cfg.optimizer, model, cfg.weight_decay)
+    # optimizer_in_backward=true: the update runs in backward (effitrain.config.techniques.in_backward)
+    in_backward = OPTIMIZER_IN_BACKWARD.attach(model, optimizer, cfg)
 
     batches_per_process = strategy.batches_per_process(len(train_loader), world_size())
     num_steps = num_optimizer_steps(
@@ -88,6 +90,7 @@ def build_job(cfg: DictConfig, output_dir: Path, loggers: list, device: torch.de
         data_keys=data_keys,
         memory=memory,
         resume=resume,
+        in_backward=in_backward,
     )
 
 

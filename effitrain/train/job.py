@@ -93,6 +93,9 @@ class Job:
     resume: resume_point.ResumePoint | None = None  # the checkpoint this run continues from
     # where the loop starts: set by :meth:`restore` before the backend's fit
     start: resume_point.Position = field(default_factory=lambda: resume_point.Position(0, 0, 0))
+    # optimizer_in_backward=true: the optimizer's update runs in backward; its norm() is the step's
+    # gradient norm (the gradients are freed before a clip could read them); None: off
+    in_backward: object = None
     # (position, generators) the data order resumes from, when the job restored the weights itself
     _data_resume: tuple[resume_point.Position, dict] | None = None
 

@@ -20,13 +20,24 @@ MPNET = ["model.architecture.model_type=mpnet"]  # a model class without gradien
 
 
 def test_gradient_checkpointing_is_the_first_technique_and_says_its_key_values_and_override():
-    assert [t.key for t in TECHNIQUES] == ["gradient_checkpointing", "activation_offloading", "loss_chunks"]
+    assert [t.key for t in TECHNIQUES] == [
+        "gradient_checkpointing", "activation_offloading", "loss_chunks", "optimizer_in_backward"
+    ]  # fmt: skip
     on, off = compose("gradient_checkpointing=true"), compose()
-    assert replay_keys(on) == {"gradient_checkpointing": True, "loss_chunks": 1}  # offloading off: no entry
-    assert replay_keys(off) == {"gradient_checkpointing": False, "loss_chunks": 1}
+    # offloading off: no entry (the keys of traces cached before it stay theirs)
+    assert replay_keys(on) == {
+        "gradient_checkpointing": True,
+        "loss_chunks": 1,
+        "optimizer_in_backward": False,
+    }
+    assert replay_keys(off) == {
+        "gradient_checkpointing": False,
+        "loss_chunks": 1,
+        "optimizer_in_backward": False,
+    }
     assert (described(on), described(off)) == (
-        "gradient_checkpointing=true, activation_offloading=false, loss_chunks=1",
-        "gradient_checkpointing=false, activation_offloading=false, loss_chunks=1",
+        "gradient_checkpointing=true, activation_offloading=false, loss_chunks=1, optimizer_in_backward=false",
+        "gradient_checkpointing=false, activation_offloading=false, loss_chunks=1, optimizer_in_backward=false",
     )
     assert GRADIENT_CHECKPOINTING.override(True) == "gradient_checkpointing=true"
 

@@ -239,6 +239,19 @@ VALUES = [
      "activation_offloading=true is invalid: torch.compile is not run under its hooks: give false or compile=off"),
     (["activation_offloading=4096", "parallel=fsdp"],
      "activation_offloading=4096 is invalid: parallel=fsdp's per-rank prediction does not count the host copies: give false"),
+    # the optimizer step in backward (effitrain/config/techniques/in_backward.py): where it cannot run
+    (["optimizer_in_backward=2"], "optimizer_in_backward=2 is invalid: must be true or false"),
+    (["optimizer_in_backward=true"],  # the default max_grad_norm=1.0 clips: the user gives 0
+     "max_grad_norm=1.0 is invalid: with optimizer_in_backward=true each gradient is applied and freed in backward, before the global norm could clip it: give max_grad_norm=0 (no clipping), or optimizer_in_backward=false"),
+    (["optimizer_in_backward=true", "max_grad_norm=0", "gradient_accumulation_steps=2"],
+     "gradient_accumulation_steps=2 is invalid: with optimizer_in_backward=true each gradient updates its parameter as backward makes it, so none accumulates over micro-batches: give 1"),
+    (["optimizer_in_backward=true", "max_grad_norm=0", "backend=trainer"],
+     "backend='trainer' is invalid: with optimizer_in_backward=true: the Trainer steps, clips and scales the optimizer in its own loop; use backend=accelerator"),
+    (["optimizer_in_backward=true", "max_grad_norm=0", "parallel=fsdp"],
+     "parallel='fsdp' is invalid: with optimizer_in_backward=true: FSDP reduces each gradient after backward made it"),
+    pytest.param(["optimizer_in_backward=true", "max_grad_norm=0", "precision=fp16"],
+                 "precision='fp16' is invalid: with optimizer_in_backward=true: fp16's grad scaler unscales",
+                 marks=pytest.mark.skipif(NO_CUDA, reason="without CUDA fp16 is refused first")),
 ]  # fmt: skip
 
 PREFLIGHT = PARSE + VALUES

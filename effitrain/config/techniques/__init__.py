@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from effitrain.config.techniques.checkpointing import GRADIENT_CHECKPOINTING
 from effitrain.config.techniques.chunked_loss import LOSS_CHUNKS
+from effitrain.config.techniques.in_backward import OPTIMIZER_IN_BACKWARD
 from effitrain.config.techniques.offloading import ACTIVATION_OFFLOADING
 
 
@@ -62,7 +63,12 @@ class Technique(Protocol):
         """Its setting in ``cfg``, as estimate's line says it."""
 
 
-TECHNIQUES: tuple[Technique, ...] = (GRADIENT_CHECKPOINTING, ACTIVATION_OFFLOADING, LOSS_CHUNKS)
+TECHNIQUES: tuple[Technique, ...] = (
+    GRADIENT_CHECKPOINTING,
+    ACTIVATION_OFFLOADING,
+    LOSS_CHUNKS,
+    OPTIMIZER_IN_BACKWARD,
+)
 
 
 def check_techniques(cfg: DictConfig) -> None:
@@ -100,6 +106,7 @@ __all__ = [
     "ACTIVATION_OFFLOADING",
     "GRADIENT_CHECKPOINTING",
     "LOSS_CHUNKS",
+    "OPTIMIZER_IN_BACKWARD",
     "TECHNIQUES",
     "Technique",
     "apply_techniques",
