@@ -35,10 +35,9 @@ def test_gradient_checkpointing_is_the_first_technique_and_says_its_key_values_a
         "loss_chunks": 1,
         "optimizer_in_backward": False,
     }
-    assert (described(on), described(off)) == (
-        "gradient_checkpointing=true, activation_offloading=false, loss_chunks=1, optimizer_in_backward=false",
-        "gradient_checkpointing=false, activation_offloading=false, loss_chunks=1, optimizer_in_backward=false",
-    )
+    assert (described(on), described(off)) == ("gradient_checkpointing=true", "gradient_checkpointing=false")
+    levers = compose("task=causal_lm", "model=llama_tiny", "loss_chunks=4", "activation_offloading=2048")
+    assert described(levers) == "gradient_checkpointing=false, activation_offloading=2048, loss_chunks=4"
     assert GRADIENT_CHECKPOINTING.override(True) == "gradient_checkpointing=true"
 
 

@@ -98,8 +98,15 @@ def replay_keys(cfg: DictConfig) -> dict:
 
 
 def described(cfg: DictConfig) -> str:
-    """Every technique's setting in ``cfg``: ``gradient_checkpointing=false``."""
-    return ", ".join(technique.described(cfg) for technique in TECHNIQUES)
+    """The techniques' settings in ``cfg``, as estimate's line says them: gradient checkpointing's
+    always (``gradient_checkpointing=false``), each other's where it is on (its value is not the one
+    its plan axis starts with)."""
+    return ", ".join(
+        technique.described(cfg)
+        for technique in TECHNIQUES
+        if technique is GRADIENT_CHECKPOINTING
+        or technique.described(cfg) != technique.override(technique.plan_values(cfg, False)[0])
+    )
 
 
 __all__ = [
