@@ -53,25 +53,34 @@ def replay_shapes(cfg, model) -> tuple[list[dict], dict]:
         "attention_mask": (tokens, torch.int64),
         "labels": (task.labels_shape(*tokens), torch.int64),
     }
-    if task.uses_labels and "token_type_ids" in _tokenizer_inputs(cfg.model):
-        batch["token_type_ids"] = (tokens, torch.int64)
+    if task.uses_labels:
+        inputs = _tokenizer_inputs(cfg.model)
+        if inputs is None:  # no tokenizer to read (offline, not cached): the model's config decides
+            inputs = ("token_type_ids",) if getattr(model.config, "type_vocab_size", 0) else ()
+        if "token_type_ids" in inputs:
+            batch["token_type_ids"] = (tokens, torch.int64)
     evaluation = {key: ((cfg.eval_batch_size, *shape[1:]), dtype) for key, (shape, dtype) in batch.items()}
     padded = not getattr(task, "packing", False)
     return [{**batch, "padded": padded}] * cfg.gradient_accumulation_steps, {**evaluation, "padded": padded}
 
 
-_INPUT_NAMES: dict[str, tuple] = {}  # tokenizer source -> its model_input_names, read once per process
+_INPUT_NAMES: dict[str, tuple | None] = {}  # tokenizer source -> its model_input_names, read once per process
 
 
-def _tokenizer_inputs(model_cfg) -> tuple:
+def _tokenizer_inputs(model_cfg) -> tuple | None:
     """The inputs ``model_cfg``'s tokenizer returns (its ``model_input_names``): read from the
     tokenizer itself, as the run's batches are (DeBERTa-v2's returns segment ids its config has no
-    embedding for, RoBERTa's none though its config has one)."""
+    embedding for, RoBERTa's none though its config has one); None where it cannot be loaded (an
+    estimate needs no tokenizer: a hub model's, offline and not cached)."""
+    from effitrain.config.errors import ConfigError
     from effitrain.train.modeling import build_tokenizer
 
     source = str(model_cfg.get("tokenizer") or model_cfg.name_or_path)
     if source not in _INPUT_NAMES:
-        _INPUT_NAMES[source] = tuple(build_tokenizer(model_cfg).model_input_names)
+        try:
+            _INPUT_NAMES[source] = tuple(build_tokenizer(model_cfg).model_input_names)
+        except ConfigError:
+            _INPUT_NAMES[source] = None
     return _INPUT_NAMES[source]
 
 
