@@ -1,6 +1,7 @@
 """Everything only a GPU shows, in one command: the CUDA memory prediction against the GPU's own
-figures, 8-bit Adam's saving, compile's speed-up on both backends, MFU, and activation offloading's
-device bytes, host copies and step time.
+figures, 8-bit Adam's saving, compile's speed-up on both backends, MFU, and each memory lever's
+device bytes, host copies and step time (activation offloading, chunked cross-entropy, the step in
+backward, with and without checkpointing).
 
     python benchmarks/gpu.py --out gpu-results              # on a CUDA machine (301 s on one H200, --jobs 8)
     python benchmarks/gpu.py --out gpu-results --dry-run    # anywhere: every case composes and is valid
@@ -97,15 +98,25 @@ def fsdp_cases() -> list[dict]:
     ]  # fmt: skip
 
 
+# Each memory lever (docs/levers.md) beside none; the step in backward takes no clipping
+LEVERS = {
+    "none": [],
+    "activation_offloading": ["activation_offloading=true"],
+    "loss_chunks": ["loss_chunks=8"],
+    "optimizer_in_backward": ["optimizer_in_backward=true", "max_grad_norm=0"],
+}
+
+
 def offloading_cases() -> list[dict]:
-    """Activation offloading (pinned host memory, copied on a side stream) off and on, with and without
-    checkpointing: the device's bytes, the host's copies and the step time, one case at a time."""
+    """Each memory lever, with and without checkpointing: activation offloading (pinned host memory,
+    copied on a side stream), chunked cross-entropy, the step in backward; the device's bytes, the
+    host's copies and the step time, one case at a time."""
     return [
-        {"offloading": offloading, "checkpointing": checkpointing,
+        {"lever": lever, "checkpointing": checkpointing,
          "overrides": [*MODELS[TIMING_MODEL], *COMMON, "optimizer=adamw", "precision=bf16",
-                       f"gradient_checkpointing={str(checkpointing).lower()}",
-                       f"activation_offloading={str(offloading).lower()}", f"max_steps={TIMING_STEPS}"]}
-        for checkpointing in (False, True) for offloading in (False, True)
+                       f"gradient_checkpointing={str(checkpointing).lower()}", *LEVERS[lever],
+                       f"max_steps={TIMING_STEPS}"]}
+        for checkpointing in (False, True) for lever in LEVERS
     ]  # fmt: skip
 
 
@@ -246,14 +257,17 @@ def markdown(result: dict) -> str:
     lines.append("\nThe split over ranks needs several GPUs: `torchrun --nproc_per_node N train.py parallel=fsdp`, "
                  "every rank's figures in summary_ranks.json.")  # fmt: skip
     if result.get("offloading"):  # results written before the lever have none
-        lines += ["", f"## Activation offloading: {TIMING_MODEL}, bf16, AdamW, {TIMING_STEPS} steps, one case at a time "
+        lines += ["", f"## Memory levers: {TIMING_MODEL}, bf16, AdamW, {TIMING_STEPS} steps, one case at a time "
                   "(MiB; predicted / measured)", "",
-                  "| recompute | offloading | status | step peak | activations | host (offloaded) | max allocated | step s |",
+                  "| recompute | lever | status | step peak | activations | host (offloaded) | max allocated | step s |",
                   "|---|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
         for o in result.get("offloading", []):
             pairs = [f"{fmt(o.get(f'{k}_predicted_bytes'), MIB)} / {fmt(o.get(f'{k}_measured_bytes'), MIB)}"
                      for k in ("step_peak", "activations", "host_offloaded")]  # fmt: skip
-            lines.append(f"| {str(o['checkpointing']).lower()} | {str(o['offloading']).lower()} | {o['status']} | "
+            lever = o.get(
+                "lever", "activation_offloading" if o.get("offloading") else "none"
+            )  # older results
+            lines.append(f"| {str(o['checkpointing']).lower()} | {lever} | {o['status']} | "
                          f"{' | '.join(pairs)} | {fmt(o.get('cuda_max_allocated_bytes'), MIB)} | "
                          f"{fmt(o.get('step_s'), digits=4)} |")  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -321,7 +335,7 @@ def main() -> None:
         write()
     for case in offloading:  # alone, as the timing cases: the host link's time is what it costs
         s = run_isolated(case["overrides"], args.timeout)
-        result["offloading"].append({"offloading": case["offloading"], "checkpointing": case["checkpointing"],
+        result["offloading"].append({"lever": case["lever"], "checkpointing": case["checkpointing"],
                                      "status": s["status"], "error": s.get("error"),
                                      **{key: s.get(name) for key, name in OFFLOADING_KEYS.items()},
                                      "step_s": s.get("speed/step_s_median")})  # fmt: skip

@@ -183,7 +183,7 @@ def test_gpu_benchmark_dry_run_checks_every_case_on_a_cpu_machine():
     # 2 models x 3 optimizers x checkpointing off/on x fp32/bf16, 2 models x lora/qlora, compile
     # off/on x 2 backends, one FSDP rank with CPU offload off/on, and activation offloading off/on x
     # checkpointing off/on
-    assert done.stdout.strip().splitlines()[-1] == "gpu.py --dry-run: 38 of 38 cases compose and are valid"
+    assert done.stdout.strip().splitlines()[-1] == "gpu.py --dry-run: 42 of 42 cases compose and are valid"
     assert not (REPO / "unused").exists()
 
 
