@@ -126,7 +126,8 @@ def test_a_gradient_hook_registered_after_it_still_sees_the_gradient_before_the_
     from effitrain.config.techniques.in_backward_hooks import InBackward
 
     model = _mlp()
-    InBackward(model, torch.optim.SGD(model.parameters(), lr=1.0))
+    # held, as a run's job holds it: autograd keeps the accumulator nodes (and their hooks) weakly
+    hooks = InBackward(model, torch.optim.SGD(model.parameters(), lr=1.0))
     seen = []
 
     def later(param):  # as the memory trackers' hooks, registered once the run is under way
@@ -141,3 +142,4 @@ def test_a_gradient_hook_registered_after_it_still_sees_the_gradient_before_the_
     by_shape = {tuple(b.shape): b for b in before}
     assert all(torch.equal(weight, by_shape[tuple(weight.shape)]) for _, weight in seen)
     assert not any(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    hooks.remove()
