@@ -15,6 +15,12 @@ from effitrain.config.errors import chosen, invalid
 from effitrain.config.optimizers import optimizer_family
 
 
+def shards(cfg: DictConfig) -> bool:
+    """Whether ``cfg``'s strategy shards the model over the processes (``parallel=fsdp``): what a
+    check below the strategy objects asks (a memory technique not built for sharded parameters)."""
+    return str(cfg.get("parallel", {}).get("strategy", "ddp")) == "fsdp"
+
+
 def check_ddp(cfg: DictConfig, device: str | None = None) -> None:
     """``ddp``: every process holds the whole model, so FSDP's keys keep their defaults.
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from effitrain.config.errors import invalid
+from effitrain.config.parallel import shards
 
 ALLOWED = "must be an integer >= 1 (1: the whole logits at once; N: the LM head and loss over N chunks)"
 
@@ -62,7 +63,7 @@ class ChunkedLoss:
             return f"at most the {positions} target positions of a max_length={cfg.max_length} row (max_length - 1)"
         if cfg.compile.get("enabled"):
             return "the chunked head is not built for torch.compile: give 1, or compile=off"
-        if str(cfg.parallel.get("strategy")) != "ddp":
+        if shards(cfg):
             return "the chunked head is not built for FSDP sharding: give 1, or parallel=ddp"
         return self.model_refusal(cfg)
 

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from effitrain.config.errors import chosen, invalid
+from effitrain.config.parallel import shards
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class OptimizerInBackward:
             return invalid(*chosen(cfg, "backend"), f"{on}: the Trainer steps, clips and scales the "
                            "optimizer in its own loop; use backend=accelerator")  # fmt: skip
         strategy = str(parallel.get("strategy", "ddp"))
-        if strategy != "ddp":
+        if shards(cfg):
             return invalid("parallel", strategy, f"{on}: FSDP reduces each gradient after backward made "
                            "it, after the update has used it; use parallel=ddp with one process")  # fmt: skip
         processes = int(os.environ.get("WORLD_SIZE", "1"))

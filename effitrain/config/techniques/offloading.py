@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from effitrain.config.errors import invalid
+from effitrain.config.parallel import shards
 
 # torchtune's OffloadActivations(min_offload_size=1024): smaller tensors are not worth a copy.
 DEFAULT_MINIMUM = 1024
@@ -51,7 +52,7 @@ class ActivationOffloading:
             raise invalid(
                 self.key, value, "torch.compile is not run under its hooks: give false or compile=off"
             )
-        if str(cfg.parallel.strategy) == "fsdp":
+        if shards(cfg):
             raise invalid(
                 self.key,
                 value,
