@@ -12,6 +12,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from effitrain.config.errors import ConfigError
+from effitrain.config.techniques import TECHNIQUES
 
 
 def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
@@ -46,6 +47,8 @@ def summary_config_keys(cfg: DictConfig, output_dir: Path, world: int) -> dict:
             "cfg/world_size": world,
             "cfg/lr": cfg.optimizer.get("lr"),
             "cfg/model_name_or_path": cfg.model.name_or_path,
+            # each memory lever's setting (effitrain.config.techniques): what the step peak was made with
+            **{f"cfg/{technique.key}": cfg.get(technique.key) for technique in TECHNIQUES},
             "job/overrides": job_overrides(task_overrides, invariant),
             "job/name": short_name(task_overrides, invariant, set(choices)),
             "job/sweep_dir": sweep_dir,
