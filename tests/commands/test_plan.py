@@ -49,8 +49,9 @@ def test_gradient_checkpointing_is_planned_where_it_saves_accumulation_steps():
     plain, checkpointed = predicted(16, base=base), predicted(16, checkpointing=True, base=base)
     half = predicted(8, base=base)
     assert checkpointed < half < plain  # recomputation keeps one layer's activations, not all of them
+    # checkpointing of every block only (the lever axis's every second block: tests further down)
     rows = plan(base, (half + checkpointed) // 2, effective=16, optimizers=["adafactor"], precisions=["fp32"],
-                margin=0.0)  # fmt: skip
+                margin=0.0, checkpointing=[False, True])  # fmt: skip
     best = rows[0]
     assert (best["micro_batch_size"], best["gradient_checkpointing"], best["fits"]) == (16, True, True)
     assert best["run_peak_bytes_predicted"] == checkpointed
@@ -96,9 +97,10 @@ def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
     # the progress bar (candidates traced, cached, skipped), then the one error line
     *progress, line = done.stderr.strip().splitlines()
     bar = [p for p in progress if p.startswith("effitrain plan: ")]  # libraries may warn before it
-    # fp32 and bf16, with and without checkpointing, micro batches 2 and 1: all 8 over, none skipped
+    # fp32 and bf16, no lever and checkpointing of every second block and of every block (the tiny
+    # classifier on the CPU profile takes no other lever), micro batches 2 and 1: all 12 over, none skipped
     counts = re.search(r"traced=(\d+), derived=(\d+), cached=(\d+), skipped=0]$", bar[-1]).groups()
-    assert "| 8/8 [" in bar[-1] and sum(map(int, counts)) == 8
+    assert "| 12/12 [" in bar[-1] and sum(map(int, counts)) == 12
     assert line.startswith(
         "effitrain: error: --memory-budget='5MiB': nothing fits; the smallest predicted run peak is"
     )
