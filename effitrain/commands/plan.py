@@ -6,12 +6,12 @@ For each optimizer and precision, micro batches that divide the effective batch 
 largest down (accumulation follows), first with no memory lever, then with each lever of
 :mod:`effitrain.config.techniques` (gradient checkpointing of every second block and of every
 block, activation offloading, chunked cross-entropy, the optimizer step in backward: each where the
-model, task and device profile can take it, :func:`lever_settings`) for the micro batches too large
+model, task and device profile can take it, :mod:`effitrain.commands.plan_levers`) for the micro batches too large
 to fit without; each step peak is predicted by ``effitrain estimate``'s fake-tensor trace at the
 worst case (every sample ``max_length`` tokens). Candidates under the budget are ranked by expected
 throughput: fewer accumulation steps first (bigger matmuls, fewer optimizer-step overheads; a micro
 batch too small to fill a GPU can cost many times what it saves), then the least lever cost (the
-FLOPs its replay recomputes and the bytes it offloads, in seconds at :data:`LEVER_RATES`), then half
+FLOPs its replay recomputes and the bytes it offloads, in seconds at its stated rates), then half
 precision before fp32 on CUDA (its tensor cores), then the config's own optimizer, then the
 optimizer's order in conf/optimizer. ``--probe-steps K`` runs K real steps of
 the top three and ranks them by measured step time instead.
@@ -24,25 +24,13 @@ first and it is the best whenever it fits; an adapter is picked for memory, not 
 
 from __future__ import annotations
 
-import math
 import re
 
+from effitrain.commands.plan_levers import TECHNIQUE, lever_cost, lever_settings
 from effitrain.config.errors import ConfigError
 from effitrain.config.load import apply_effective_batch_size
 from effitrain.config.registry import group_options, installed_optimizers
-from effitrain.config.techniques import GRADIENT_CHECKPOINTING, TECHNIQUES, check_techniques
-
-TECHNIQUE = {technique.key: technique for technique in TECHNIQUES}
-
-# What a lever's extra work is taken to cost, per device profile, to rank candidates of equal
-# accumulation (the output states them): recomputed FLOPs at a sustained rate (about 40% of an
-# H100's dense bf16 peak on CUDA; a CPU's rate only orders recomputation against itself there), and
-# offloaded bytes out and back at the host link's bandwidth (PCIe 5.0 x16's ~25 GB/s each way
-# achieved with pinned memory; nothing moves on a CPU, where the host is the device).
-LEVER_RATES = {
-    "cuda": {"flops_per_s": 400e12, "host_bytes_per_s": 25e9},
-    "cpu": {"flops_per_s": 100e9, "host_bytes_per_s": math.inf},
-}
+from effitrain.config.techniques import GRADIENT_CHECKPOINTING, check_techniques
 
 # The share of the budget kept free: the allocator rounds every block up (512 bytes on CUDA) and
 # cannot always reuse a freed block for a larger one, so what it reserves exceeds what tensors hold.
@@ -263,44 +251,6 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     if rows:
         confirm(rows[0], device)
     return rows
-
-
-def lever_settings(base, overrides: list[str], checkpointing=None, device: str = "cpu") -> list[dict]:
-    """The levers plan tries, each a ``{technique key: value}`` set on a candidate: none first (what
-    the config says), then each technique's values alone (gradient checkpointing's from
-    ``checkpointing``), then gradient checkpointing of every block with each other lever. A
-    technique the user gives on the command line is theirs: never searched, never overridden."""
-    from effitrain.config.overrides import names, parse
-
-    given = {t.key for t in TECHNIQUES for o in parse(overrides) if names(o, t.key)}
-    singles = []
-    for technique in TECHNIQUES:
-        if technique.key in given:
-            continue
-        asked = checkpointing if technique is GRADIENT_CHECKPOINTING else None
-        _, *on = technique.plan_values(base, False, asked, device)
-        singles += [{technique.key: value} for value in on]
-    recompute = {GRADIENT_CHECKPOINTING.key: True}
-    paired = [
-        {**recompute, **lever}
-        for lever in singles
-        if recompute in singles and GRADIENT_CHECKPOINTING.key not in lever
-    ]
-    return [{}, *singles, *paired]
-
-
-def lever_cost(row: dict, accumulation: int, device: str) -> dict:
-    """A candidate's levers' extra work per optimizer step (its estimate ``row``): the FLOPs they
-    recompute (from the replay), the bytes offloaded to the host and back (every micro-batch's
-    saved tensors, the replay's host figure), and the seconds both take at :data:`LEVER_RATES`."""
-    rates = LEVER_RATES[device]
-    recomputed = row.get("recomputed_flops_per_step") or 0
-    offloaded = 2 * accumulation * (row.get("step_peak_host_offloaded_bytes") or 0)
-    return {
-        "recomputed_flops": recomputed,
-        "offloaded_bytes": offloaded,
-        "lever_cost_s": recomputed / rates["flops_per_s"] + offloaded / rates["host_bytes_per_s"],
-    }
 
 
 def candidate_config(base, effective: int, accumulation: int, levers: dict, gpus: int = 1):

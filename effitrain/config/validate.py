@@ -18,12 +18,12 @@ from typing import Callable
 from omegaconf import DictConfig
 
 from effitrain.config.compose import command_line_overrides
+from effitrain.config.data_files import check_data_files
 from effitrain.config.errors import ConfigError, ConfigErrors, chosen, invalid, raise_problems
 from effitrain.config.parallel import check_parallel
 from effitrain.config.schema import SyntheticData, group_settings, range_problems
 from effitrain.config.targets import (
     check_config_overrides,
-    check_data_files,
     check_max_length,
     check_model,
     check_named_is_built,

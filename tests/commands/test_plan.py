@@ -495,7 +495,7 @@ def test_the_lever_axis_tries_each_lever_where_it_saves_steps_and_ranks_by_its_c
     the best fit without one, and ranked at equal accumulation by its cost: the FLOPs its replay
     recomputes at LEVER_RATES (every second block recomputes half of what every block does)."""
     import effitrain.commands.estimate
-    from effitrain.commands.plan import LEVER_RATES
+    from effitrain.commands.plan_levers import LEVER_RATES
 
     asked = []
 
