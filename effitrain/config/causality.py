@@ -48,10 +48,9 @@ def miniature(config):
         return None
 
 
-def causal_check(config, trust_remote_code: bool = False) -> bool | None:
-    """Whether a decoder built from ``config``'s miniature lets a position see later tokens
-    (:func:`sees_later_tokens`); None when the miniature cannot be built (the check of the real
-    model after it is built then decides)."""
+def miniature_decoder(config, trust_remote_code: bool = False):
+    """The causal LM of ``config``'s miniature (:func:`miniature`), built on the CPU; None when it
+    cannot be built (the build of the real model reports its own errors)."""
     from transformers import AutoModelForCausalLM
 
     small = miniature(config)
@@ -60,7 +59,19 @@ def causal_check(config, trust_remote_code: bool = False) -> bool | None:
     try:
         small.is_decoder = True
         with torch.device("cpu"):
-            model = AutoModelForCausalLM.from_config(small, trust_remote_code=trust_remote_code)
+            return AutoModelForCausalLM.from_config(small, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - the build of the real model reports its own errors
+        return None
+
+
+def causal_check(config, trust_remote_code: bool = False) -> bool | None:
+    """Whether a decoder built from ``config``'s miniature lets a position see later tokens
+    (:func:`sees_later_tokens`); None when the miniature cannot be built or checked (the check of
+    the real model after it is built then decides)."""
+    model = miniature_decoder(config, trust_remote_code)
+    if model is None:
+        return None
+    try:
         return sees_later_tokens(model)
     except Exception:  # noqa: BLE001 - the build of the real model reports its own errors
         return None

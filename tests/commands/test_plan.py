@@ -550,3 +550,17 @@ def test_a_candidate_s_config_is_what_composing_its_overrides_gives(
     assert derived.gradient_checkpointing is checkpointing
     assert run_config(derived) == run_config(composed)
     assert base.gradient_accumulation_steps == 1 and not base.gradient_checkpointing  # a copy was changed
+
+
+def test_a_lever_s_cost_is_its_recomputed_flops_and_its_offloaded_bytes_out_and_back_at_the_rates():
+    """By hand, on the CUDA profile: 4e14 recomputed FLOPs at 400 TFLOP/s are 1 s; 25 GB offloaded per
+    micro-batch, out and back, over 2 micro-batches, are 100 GB at 25 GB/s: 4 s. On the CPU nothing
+    moves: only the recomputation costs."""
+    from effitrain.commands.plan_levers import lever_cost
+
+    row = {"recomputed_flops_per_step": 4 * 10**14, "step_peak_host_offloaded_bytes": 25 * 10**9}
+    assert lever_cost(row, 2, "cuda") == {
+        "recomputed_flops": 4 * 10**14, "offloaded_bytes": 10**11, "lever_cost_s": 5.0
+    }  # fmt: skip
+    assert lever_cost(row, 2, "cpu")["lever_cost_s"] == 4 * 10**14 / 100e9
+    assert lever_cost({}, 1, "cuda") == {"recomputed_flops": 0, "offloaded_bytes": 0, "lever_cost_s": 0.0}

@@ -167,18 +167,10 @@ _VERDICTS: dict = {}
 
 
 def _logits_are_the_heads(config, trust_remote_code: bool) -> bool | None:
-    from transformers import AutoModelForCausalLM
+    from effitrain.config.causality import miniature_decoder
 
-    from effitrain.config.causality import miniature
-
-    small = miniature(config)
-    if small is None:
-        return None
-    try:
-        small.is_decoder = True
-        with torch.device("cpu"):
-            model = AutoModelForCausalLM.from_config(small, trust_remote_code=trust_remote_code)
-    except Exception:  # noqa: BLE001 - the build of the real model reports its own errors
+    model = miniature_decoder(config, trust_remote_code)
+    if model is None:
         return None
     head = model.get_output_embeddings()
     if head is None or getattr(head, "weight", None) is None:
