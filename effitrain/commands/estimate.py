@@ -143,6 +143,10 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             # why a figure is an upper bound rather than the step itself (None: the replay is the step)
             rows[name]["step_peak_bound"] = trace.step_peak_bound(warm_up=True)
             rows[name]["run_peak_bound"] = trace.bounds.get(trace.run_peak_phase)
+            if strategy_of(cfg).shards:  # said, never silently below (memory/sharded.py)
+                from effitrain.memory.sharded import SHARDED_LEAVES_OUT
+
+                rows[name]["step_peak_leaves_out"] = SHARDED_LEAVES_OUT
             rows[name]["flops_per_step"] = trace.flops
             # what the memory techniques repeat in backward, beside the model FLOPs (plan's lever cost)
             rows[name]["recomputed_flops_per_step"] = trace.recomputed_flops

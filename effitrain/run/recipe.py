@@ -205,7 +205,7 @@ def predict_step_peak(job: Job) -> dict:
     sharded = strategy_of(job.cfg).shards and world_size() > 1
     try:
         if sharded:  # this rank's, as estimate --world-size replays it
-            from effitrain.memory.sharded import trace_sharded
+            from effitrain.memory.sharded import SHARDED_LEAVES_OUT, trace_sharded
 
             trace = trace_sharded(job.model.config, job.cfg.optimizer, job.cfg, memory.batches, device, evaluation,
                                   world_size=world_size(), rank=rank())  # fmt: skip
@@ -219,16 +219,9 @@ def predict_step_peak(job: Job) -> dict:
     warm_up = memory.step > 1
     peak, bound = trace.step_peak(warm_up), trace.step_peak_bound(warm_up)
     keys = {**predicted_keys(peak, trace.flops, bound), **run_peak_keys(trace)}
-    if sharded:  # said, never silently below: the fake process group holds no buffers of its own
+    if sharded:  # said, never silently below
         keys["mem/step_peak_predicted_leaves_out"] = SHARDED_LEAVES_OUT
     return keys
-
-
-# What one rank's replay does not hold (docs/sharding.md; measured in tests/train/test_sharding.py)
-SHARDED_LEAVES_OUT = (
-    "the process group's own collective buffers (gloo's reduce-scatter on the reducing rank): the "
-    "measured step peak can exceed this prediction by them"
-)
 
 
 def closing_figures(job: Job, status: str) -> dict:

@@ -212,12 +212,12 @@ def test_each_rank_measures_its_shards(two_runs):
         state = 2 * local + 4 * len(shapes)
         assert (figures["mem/params_bytes"], figures["mem/grads_bytes"]) == (padded, padded)
         assert figures["mem/optimizer_state_bytes"] == state
-        # each rank's own prediction beside its measurement (left empty before). Measured here: rank 1
-        # equal to the byte; rank 0 18,056 B (0.1%) above it, what gloo's reduce-scatter holds on the
-        # reducing rank and the fake group does not (docs/memory.md; issue 43's item 6 is open)
+        # each rank's own prediction beside its measurement (gloo's reduce-scatter clone replayed, so
+        # the issue's case is equal to the byte, tests/memory/test_sharded.py). Here, with
+        # accumulation, one rank of the two measured 18,056 B (0.1%) above, either from run to run
         measured, predicted = figures["mem/step_peak_bytes"], figures["mem/step_peak_bytes_predicted"]
-        assert abs(measured - predicted) <= 0.002 * measured
-        from effitrain.run.recipe import SHARDED_LEAVES_OUT
+        assert 0 <= measured - predicted <= 0.002 * measured
+        from effitrain.memory.sharded import SHARDED_LEAVES_OUT
 
         assert figures["mem/step_peak_predicted_leaves_out"] == SHARDED_LEAVES_OUT  # said, not silent
         # the step tracker (MemTracker) counts the same DTensor shards; the estimate, the shards' shapes
@@ -300,3 +300,26 @@ def test_a_model_naming_no_blocks_is_sharded_by_its_repeated_layers():
     model._no_split_modules = []  # as the installed transformers may or may not name them
     assert transformer_blocks(model) == list(model.distilbert.transformer.layer)
     assert len(transformer_blocks(model)) == 3
+
+
+@pytest.mark.slow
+def test_each_rank_s_step_peak_is_predicted_to_the_byte_with_gloo_s_reduce_scatter(tmp_path):
+    """Issue 43's case: the tiny BERT over two gloo processes, one FSDP group (the whole model), was
+    predicted 1,215,568 B (7.6%) below each rank's measured step peak: gloo's reduce-scatter clones
+    its whole input (the model's padded gradients) for the call. Replayed, every category of each
+    rank's step peak equals its measurement."""
+    from effitrain.config.summary_schema import CATEGORIES
+    from tests.train.test_distributed import torchrun
+
+    run = ["model=tiny", "data=synthetic", "data.words_per_text=200", "max_length=64", "parallel=fsdp",
+           "max_steps=3", "logger=none", "progress_bar=false", "hydra.run.dir=run"]  # fmt: skip
+    done = torchrun(*run, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for figures in json.loads((tmp_path / "run" / "summary_ranks.json").read_text()):
+        assert figures["mem/step_peak_bytes"] == figures["mem/step_peak_bytes_predicted"], figures["env/rank"]
+        for category in CATEGORIES:
+            assert (
+                figures[f"mem/step_peak/{category}_bytes"]
+                == figures[f"mem/step_peak_predicted/{category}_bytes"]
+            )
+        assert figures["mem/step_peak/temporaries_bytes"] >= 2 * 3_972_864  # the input and gloo's clone
