@@ -313,15 +313,37 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
 
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
         with mask_skipping_as_recorded(model, window.unpadded), kernels:
-            flops = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
+            key = _flops_key(config, cfg, batches, device)
+            if key not in _FLOPS:
+                _FLOPS[key] = [window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)), 0]
+            flops = _FLOPS[key][0]
             # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             emulated = autocast_like(device, dtype) if cuda and dtype is not None else None
             apply_techniques(model, cfg, autocast=emulated)
-            recomputed = 0
-            if recomputing(cfg):  # counted again with the techniques applied: what they repeat
-                recomputed = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)) - flops
+            if recomputing(cfg) and not _FLOPS[key][1]:  # counted again with the techniques on: what they repeat
+                _FLOPS[key][1] = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)) - flops
+            recomputed = _FLOPS[key][1]
             yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
                          cfg=cfg, attached=attached)  # fmt: skip
+
+
+# A replay's FLOPs (model, recomputed) by :func:`_flops_key`: one count serves every precision and
+# optimizer of a plan's candidate (FlopCounterMode counts matrix products, which the shapes decide;
+# tests/memory/test_replay.py holds the counts equal across precisions against fresh ones)
+_FLOPS: dict[str, list[int]] = {}
+
+
+def _flops_key(config, cfg, batches: list[dict], device: str) -> str:
+    """What a step's FLOPs depend on: the model's config, the run's configuration but its precision
+    and optimizer (the optimizer counted is a plain SGD; autocast changes no product's shape) and
+    Hydra's own node, the
+    recorded batches' shapes and the device's kernels."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    run = {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in ("precision", "optimizer", "hydra")}
+    return json.dumps([config.to_dict(), run, repr(batches), device], sort_keys=True, default=str)
 
 
 def _assumed_value(tensor):

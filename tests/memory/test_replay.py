@@ -122,3 +122,25 @@ def test_a_real_step_of_six_equal_causal_micro_batches_is_predicted_to_the_byte(
     predicted = {c: summary[f"mem/step_peak_predicted/{c}_bytes"] for c in CATEGORIES}
     assert predicted == measured
     assert measured["activations"] > 0 and measured["optimizer_state"] > 0  # a later step was tracked
+
+
+def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
+    """A replay's FLOPs are counted once per model, batch shapes, device and techniques
+    (``replay._FLOPS``) and reused for a plan's other precisions and optimizers: each reused count
+    equals a fresh one (the memo emptied), the recomputed FLOPs of selective checkpointing and the
+    chunked loss too, and the reuse is taken (one count for the three precisions)."""
+    from effitrain.memory import replay
+
+    base = ["task=causal_lm", "model=llama_tiny", "max_length=64", "gradient_checkpointing=2", "loss_chunks=4"]
+    counted = []
+    monkeypatch.setattr(replay, "window_flops", lambda *a: counted.append(1) or fake_window.window_flops(*a))
+    monkeypatch.setattr(replay, "_FLOPS", {})
+    for precision, optimizer in (("fp32", "adamw"), ("bf16", "lion"), ("fp16", "adafactor")):
+        cfg = compose(*base, f"precision={precision}", f"optimizer={optimizer}", tiny=False)
+        batches, evaluation = replay_shapes(cfg, meta_model(cfg))
+        reused = trace_run(meta_model(cfg).config, cfg.optimizer, cfg, batches, "cuda", evaluation)
+        replay._FLOPS.clear()
+        fresh = trace_run(meta_model(cfg).config, cfg.optimizer, cfg, batches, "cuda", evaluation)
+        assert (reused.flops, reused.recomputed_flops) == (fresh.flops, fresh.recomputed_flops), precision
+        assert fresh.recomputed_flops > 0
+    assert len(counted) == 2 + 3 * 2  # the first trace's two counts, then each fresh trace's two
