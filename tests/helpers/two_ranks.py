@@ -1,4 +1,4 @@
-"""Two processes in one gloo group, made by ``torch.multiprocessing.spawn`` rather than torchrun, for
+"""Two processes in one gloo group, started by ``torch.multiprocessing`` rather than torchrun, for
 the fast checks of what crosses processes (tests/train/test_distributed.py):
 
 * one optimizer step of a float64 linear classifier under DDP, through the accelerate backend's own
@@ -7,15 +7,20 @@ the fast checks of what crosses processes (tests/train/test_distributed.py):
   step's gradient norm to ``OUT/ddp<r>.pt``;
 * ``write_rank_figures`` with figures that differ by rank (:func:`figures`), into ``OUT``.
 
-Spawned, not forked (a forked child of a process whose torch started its OpenMP pool can wait on
-it forever), so :func:`worker` is importable at module level; each child imports only torch,
-accelerate and the two effitrain modules checked. The group meets through a file, not a port, so
-parallel test sessions never collide.
+Never forked from the test's process (a forked child of a process whose torch started its OpenMP
+pool can wait on it forever): forked from a forkserver, a fresh interpreter that imports what the
+ranks need once (``PRELOAD``: torch, accelerate, the two effitrain modules checked, and what DDP and
+accelerate's ``prepare`` import on first use), where two spawned ranks would each import it, twice
+the CPU time on a machine whose cores the other tests share. :func:`worker` is importable at module
+level, as both need. The group meets through a file, not a port, so parallel sessions never collide.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -63,6 +68,19 @@ class _Meter:
 
 
 def worker(rank: int, out: str) -> None:
+    """Rank ``rank``'s part. It leaves by ``os._exit``, freeing nothing: the DDP model's reducer holds
+    the gloo group, and freeing it joins gloo's thread while holding the GIL that thread may be
+    waiting for (a hang seen here). A failure is printed to stderr (the test shows it) and exits 1."""
+    try:
+        _step_and_figures(rank, Path(out))
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)
+
+
+def _step_and_figures(rank: int, out: Path) -> None:
     from accelerate import Accelerator
 
     from effitrain.backends.accelerator import step_ops
@@ -75,36 +93,50 @@ def worker(rank: int, out: str) -> None:
         RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD)
     )
     os.environ["OMP_NUM_THREADS"] = "1"
-    store = f"file://{Path(out) / 'store'}"
     torch.distributed.init_process_group(
-        "gloo", init_method=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+        "gloo",
+        init_method=f"file://{out / 'store'}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=60),
     )
-    try:
-        accelerator = Accelerator(cpu=True)
-        assert accelerator.num_processes == WORLD
-        plain = model()
-        ddp_model, optimizer = accelerator.prepare(plain, torch.optim.SGD(plain.parameters(), lr=LR))
-        x, labels = rows()
-        start = sum(map(sum, WINDOWS[:rank]))
-        window = []
-        for size in WINDOWS[rank]:
-            window.append({"x": x[start : start + size], "labels": labels[start : start + size]})
-            start += size
-        task = Task()
-        items = step_items(task, window, torch.device("cpu"))
-        ops = step_ops(accelerator, ddp_model, None)
-        norm = window_step(task, ddp_model, optimizer, window, items, _Meter(), ops)
-        weights = {name: value.detach().clone() for name, value in plain.state_dict().items()}
-        torch.save({"weights": weights, "grad_norm": float(norm)}, Path(out) / f"ddp{rank}.pt")
-
-        write_rank_figures(Path(out), figures(rank), rank)
-    finally:
-        torch.distributed.destroy_process_group()
-    # all written and the group closed: the interpreter's own teardown of torch's modules would
-    # add about a second to the test for nothing
-    os._exit(0)
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.num_processes == WORLD
+    plain = model()
+    ddp_model, optimizer = accelerator.prepare(plain, torch.optim.SGD(plain.parameters(), lr=LR))
+    assert isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel)
+    x, labels = rows()
+    start = sum(map(sum, WINDOWS[:rank]))
+    window = []
+    for size in WINDOWS[rank]:
+        window.append({"x": x[start : start + size], "labels": labels[start : start + size]})
+        start += size
+    task = Task()
+    items = step_items(task, window, torch.device("cpu"))
+    ops = step_ops(accelerator, ddp_model, None)
+    norm = window_step(task, ddp_model, optimizer, window, items, _Meter(), ops)
+    weights = {name: value.detach().clone() for name, value in plain.state_dict().items()}
+    torch.save({"weights": weights, "grad_norm": float(norm)}, out / f"ddp{rank}.pt")
+    write_rank_figures(out, figures(rank), rank)
 
 
-def run(out: Path) -> None:
-    """Both ranks, to the end; a rank's exception is raised here with its traceback."""
-    torch.multiprocessing.spawn(worker, args=(str(out),), nprocs=WORLD, join=True)
+PRELOAD = [
+    "__main__", __name__, "accelerate", "effitrain.backends.accelerator", "effitrain.run.rank_figures",
+    "torch._dynamo", "torch.distributed.tensor", "torch.distributed.fsdp",
+]  # fmt: skip
+
+
+def run(out: Path, timeout_s: float = 120) -> None:
+    """Both ranks, to the end; a rank's failure is raised here, as is a rank still running after
+    ``timeout_s`` (killed then). The forkserver starts with the first call (its imports, about 2 s)
+    and serves the test process's later ones."""
+    torch.multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    ranks = torch.multiprocessing.start_processes(
+        worker, args=(str(out),), nprocs=WORLD, join=False, start_method="forkserver"
+    )
+    deadline = time.monotonic() + timeout_s
+    while not ranks.join(timeout=max(deadline - time.monotonic(), 0)):  # raises a rank's failure
+        if time.monotonic() >= deadline:
+            for process in ranks.processes:
+                process.kill()
+            raise TimeoutError(f"the two ranks were still running after {timeout_s} s")

@@ -75,7 +75,8 @@ def test_two_processes_step_as_one_process_on_both_batches(spawned):
             difference = (saved["weights"][name] - value).abs().max().item()
             assert difference <= 1e-12, (
                 f"rank {rank}'s {name} after the DDP step is off one big batch's mean-loss step by "
-                f"{difference:.3g}: the processes' gradients do not average to the mean loss's (num_processes?)"
+                f"{difference:.3g}: the processes' gradients do not average to the mean loss's"
+                " (step_loss's num_processes? step_items' sum over processes?)"
             )
         assert saved["grad_norm"] == pytest.approx(norm, rel=1e-12, abs=0), f"rank {rank}'s gradient norm"
 
