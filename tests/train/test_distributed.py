@@ -1,8 +1,8 @@
 """Data parallel on CPU: ``torchrun --nproc_per_node 2`` with accumulation k equals one process with 2k.
 
-The fast checks share one pair of spawned processes (tests/helpers/two_ranks.py, about 3 s): their
-DDP step equals one big batch's, counted here in closed form, and ``summary_ranks.json`` lists each
-rank's own figures; the slow ones run train.py under torchrun.
+The fast checks share one pair of processes in a gloo group (tests/helpers/two_ranks.py, about
+2.5 s): their DDP step equals one big batch's, counted here in closed form, and
+``summary_ranks.json`` lists each rank's own figures; the slow ones run train.py under torchrun.
 """
 
 from __future__ import annotations
