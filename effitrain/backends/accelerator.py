@@ -42,23 +42,11 @@ def fit(job) -> Evaluation:
         # must not wrap it in DDP; FSDP2's own policy casts it for mixed precision
         model = job.model
         optimizer, train_loader = accelerator.prepare(job.optimizer, job.train_loader)
-        no_sync = partial(gradient_sync_off, model)
     else:
         model, optimizer, train_loader = accelerator.prepare(job.model, job.optimizer, job.train_loader)
-        no_sync = partial(accelerator.no_sync, model)
     evaluation = Evaluation(model, accelerator.prepare(job.eval_loader), accelerator)
     scheduler = job.scheduler  # stepped by hand once per optimizer step, not per process
-    max_norm = cfg.max_grad_norm or float("inf")  # inf: measure the norm without clipping
-    ops = StepOps(
-        backward=accelerator.backward,
-        no_sync=no_sync,
-        # over sharded gradients the norm is the whole model's, returned as a DTensor; with the
-        # optimizer's update in backward, the norm its hooks took (no gradient is left to clip)
-        clip=job.in_backward.norm
-        if job.in_backward is not None
-        else lambda: full_value(accelerator.clip_grad_norm_(model.parameters(), max_norm)),
-        num_processes=accelerator.num_processes,
-    )
+    ops = step_ops(accelerator, model, cfg.max_grad_norm, job.in_backward)
 
     model.train()
     step, epoch = job.start.step, job.start.epoch
@@ -81,3 +69,22 @@ def fit(job) -> Evaluation:
                 break
         epoch += 1
     return evaluation
+
+
+def step_ops(accelerator: Accelerator, model, max_grad_norm: float | None, in_backward=None) -> StepOps:
+    """One optimizer step's operations on the prepared ``model``: accelerate's backward, DDP's
+    ``no_sync`` (FSDP2's for a sharded model), clipping, and the processes whose gradients DDP
+    averages. Its own function so that two processes' step can be checked against one big batch's
+    without a run (tests/train/test_distributed.py)."""
+    no_sync = partial(gradient_sync_off, model) if is_sharded(model) else partial(accelerator.no_sync, model)
+    max_norm = max_grad_norm or float("inf")  # inf: measure the norm without clipping
+    return StepOps(
+        backward=accelerator.backward,
+        no_sync=no_sync,
+        # over sharded gradients the norm is the whole model's, returned as a DTensor; with the
+        # optimizer's update in backward, the norm its hooks took (no gradient is left to clip)
+        clip=in_backward.norm
+        if in_backward is not None
+        else lambda: full_value(accelerator.clip_grad_norm_(model.parameters(), max_norm)),
+        num_processes=accelerator.num_processes,
+    )

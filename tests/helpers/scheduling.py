@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadScopeScheduling
 
-# Modules whose module-scoped fixture makes real runs: sweeps, reference runs, a SLURM cluster.
+# Modules whose module-scoped fixture makes real runs: sweeps, reference runs, a SLURM cluster,
+# two spawned processes.
 SHARED_RUNS = {
     "tests/compare/test_compare.py",
     "tests/config/test_guards.py",
     "tests/sweep/slurm/test_slurm.py",
     "tests/test_extending.py",
     "tests/train/test_checkpoint.py",
+    "tests/train/test_distributed.py",
     "tests/train/test_sharding.py",
 }
 

@@ -1,4 +1,9 @@
-"""Data parallel on CPU: ``torchrun --nproc_per_node 2`` with accumulation k equals one process with 2k."""
+"""Data parallel on CPU: ``torchrun --nproc_per_node 2`` with accumulation k equals one process with 2k.
+
+The fast checks share one pair of processes in a gloo group (tests/helpers/two_ranks.py, about
+2.5 s): their DDP step equals one big batch's, counted here in closed form, and
+``summary_ranks.json`` lists each rank's own figures; the slow ones run train.py under torchrun.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
+from effitrain.run.rank_figures import RANKS
+from tests.helpers import two_ranks
 from tests.helpers.run import REPO, TINY, read_metrics, relative_difference, train_py
 
 # 64 samples in micro-batches of 4: 16 micro-batches, shared evenly by two processes.
@@ -29,6 +37,56 @@ def torchrun(*args: str, cwd) -> subprocess.CompletedProcess:
         text=True,
         timeout=600,
     )
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory):
+    """The folder both spawned ranks wrote to (tests/helpers/two_ranks.py)."""
+    out = tmp_path_factory.mktemp("two-ranks")
+    two_ranks.run(out)
+    return out
+
+
+def test_two_processes_step_as_one_process_on_both_batches(spawned):
+    """One SGD step of two DDP processes (the accelerate backend's ``step_ops``, ``window_step``) equals
+    one step on all their rows with the mean loss, its gradient counted here in closed form: for
+    cross-entropy over N rows, (softmax(x W^T + b) - onehot(y)) / N times x for W, summed for b.
+    float64 on both sides, so summation order alone separates them: each of the at most 8 terms of a
+    sum is under 10 in size, 8 x 10 x 2.2e-16 < 2e-14, hence atol 1e-12. A step whose gradient DDP
+    averaged over the processes but that was not multiplied by them would be half this one's, off by
+    LR x |g| / 2, far above it."""
+    x, labels = two_ranks.rows()
+    start = two_ranks.model()
+    weight, bias = start.weight.detach(), start.bias.detach()
+    # rows and the classifier small enough for the bound above
+    assert x.abs().max() < 10 and weight.abs().max() < 1 and bias.abs().max() < 1
+    error = (
+        torch.softmax(x @ weight.T + bias, dim=1) - torch.nn.functional.one_hot(labels, two_ranks.CLASSES)
+    ) / len(x)
+    grads = {"weight": error.T @ x, "bias": error.sum(0)}
+    expected = {
+        "weight": weight - two_ranks.LR * grads["weight"],
+        "bias": bias - two_ranks.LR * grads["bias"],
+    }
+    norm = torch.cat([g.flatten() for g in grads.values()]).norm().item()
+    for rank in range(two_ranks.WORLD):
+        saved = torch.load(spawned / f"ddp{rank}.pt")
+        for name, value in expected.items():
+            difference = (saved["weights"][name] - value).abs().max().item()
+            assert difference <= 1e-12, (
+                f"rank {rank}'s {name} after the DDP step is off one big batch's mean-loss step by "
+                f"{difference:.3g}: the processes' gradients do not average to the mean loss's"
+                " (step_loss's num_processes? step_items' sum over processes?)"
+            )
+        assert saved["grad_norm"] == pytest.approx(norm, rel=1e-12, abs=0), f"rank {rank}'s gradient norm"
+
+
+def test_summary_ranks_lists_each_rank_s_own_figures_once_in_rank_order(spawned):
+    """Each rank handed ``write_rank_figures`` mem/step_peak_bytes = 1000 + its rank, and an
+    eval/loss that is no rank's own figure."""
+    written = json.loads((spawned / RANKS).read_text())
+    expected = [{"env/rank": 0, "mem/step_peak_bytes": 1000}, {"env/rank": 1, "mem/step_peak_bytes": 1001}]
+    assert written == expected, f"{RANKS} holds {written}, not each rank's own figures in rank order"
 
 
 @pytest.mark.slow
