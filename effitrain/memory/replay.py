@@ -320,8 +320,12 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             emulated = autocast_like(device, dtype) if cuda and dtype is not None else None
             apply_techniques(model, cfg, autocast=emulated)
-            if recomputing(cfg) and not _FLOPS[key][1]:  # counted again with the techniques on: what they repeat
-                _FLOPS[key][1] = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)) - flops
+            if (
+                recomputing(cfg) and not _FLOPS[key][1]
+            ):  # counted again with the techniques on: what they repeat
+                _FLOPS[key][1] = (
+                    window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)) - flops
+                )
             recomputed = _FLOPS[key][1]
             yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
                          cfg=cfg, attached=attached)  # fmt: skip
@@ -342,7 +346,9 @@ def _flops_key(config, cfg, batches: list[dict], device: str) -> str:
 
     from omegaconf import OmegaConf
 
-    run = {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in ("precision", "optimizer", "hydra")}
+    run = {
+        k: v for k, v in OmegaConf.to_container(cfg).items() if k not in ("precision", "optimizer", "hydra")
+    }
     return json.dumps([config.to_dict(), run, repr(batches), device], sort_keys=True, default=str)
 
 

@@ -131,7 +131,13 @@ def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
     chunked loss too, and the reuse is taken (one count for the three precisions)."""
     from effitrain.memory import replay
 
-    base = ["task=causal_lm", "model=llama_tiny", "max_length=64", "gradient_checkpointing=2", "loss_chunks=4"]
+    base = [
+        "task=causal_lm",
+        "model=llama_tiny",
+        "max_length=64",
+        "gradient_checkpointing=2",
+        "loss_chunks=4",
+    ]
     counted = []
     monkeypatch.setattr(replay, "window_flops", lambda *a: counted.append(1) or fake_window.window_flops(*a))
     monkeypatch.setattr(replay, "_FLOPS", {})
