@@ -152,7 +152,10 @@ def completed(trace: Trace, analytic_state: int, config, cfg, device: str = "cpu
     for peak in trace.phases.values():
         peak["optimizer_state"] += analytic_state
         peak["total"] += analytic_state
-    if quantized := counted_4bit(trace.phases, config, cfg, device):
+    from effitrain.memory.cuda import in_blocks
+
+    stored = in_blocks if device == "cuda" else (lambda nbytes: nbytes)
+    if quantized := counted_4bit(trace.phases, config, cfg, stored):
         for phase in trace.phases:  # a bound already said (a counted optimizer state) is kept
             trace.bounds.setdefault(phase, quantized)
     if analytic_state:

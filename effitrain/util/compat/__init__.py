@@ -57,6 +57,7 @@ from effitrain.util.compat.pytorch import (
     fake_tensor_mode,
     is_fake,
     is_traceable_wrapper_subclass,
+    outside_fake_mode,
     sdpa_kernel_op,
     tree_map,
     values_assumed,
@@ -69,7 +70,7 @@ __all__ = [
     "dataset_fingerprint", "dora_layer_class", "dynamo_left_unimported", "fake_process_group", "fake_tensor_mode",
     "fsdp_mem_tracker_class", "is_fake", "is_traceable_wrapper_subclass", "job_return", "job_return_value",
     "keep_in_fp32_modules", "mask_skipping_replaced", "mem_tracker_class", "missing",
-    "no_split_modules", "private", "recomputation_tracked", "reset_accelerator_state",
+    "no_split_modules", "outside_fake_mode", "private", "recomputation_tracked", "reset_accelerator_state",
     "sdpa_kernel_op", "step_peak_tracker_class", "storages_counted_as", "storages_offloaded", "torchao_moments_owner",
     "tree_map", "values_assumed",
 ]  # fmt: skip

@@ -39,6 +39,18 @@ def fake_tensor_mode():
     return mode()
 
 
+def outside_fake_mode():
+    """A context in which real (or ``meta``) tensors are made even under a ``FakeTensorMode``
+    (``torch._subclasses.fake_tensor.unset_fake_temporarily``): what a replay builds to inspect,
+    not to replay (transformers' 4-bit quantizer on ``meta``). No fallback."""
+    from torch._subclasses import fake_tensor
+
+    unset = private("torch", fake_tensor, "unset_fake_temporarily")
+    if unset is None:
+        raise missing("torch", "torch._subclasses.fake_tensor.unset_fake_temporarily")
+    return unset()
+
+
 def is_fake(tensor) -> bool:
     """Whether ``tensor`` is a fake tensor (``torch._subclasses.fake_tensor.FakeTensor``): a replay's,
     not a run's. Fallback: a tensor of a class named so."""

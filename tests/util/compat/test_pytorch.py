@@ -14,6 +14,15 @@ def test_fake_tensors_have_shapes_and_no_memory():
         assert type(tensor).__name__ == "FakeTensor" and tensor.shape == (1000, 1000)
 
 
+def test_outside_fake_mode_makes_real_tensors_under_a_fake_tensor_mode():
+    with compat.fake_tensor_mode():
+        assert compat.is_fake(torch.zeros(2))
+        with compat.outside_fake_mode():
+            inside = torch.ones(3)
+            total = inside.sum().item()
+        assert not compat.is_fake(inside) and total == 3.0
+
+
 def test_wrapper_subclass_check():
     plain = torch.ones(3)
     assert compat.is_traceable_wrapper_subclass(plain) is False
