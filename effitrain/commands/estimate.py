@@ -104,6 +104,7 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     optimizer, neither shared nor cached), and the counted totals are named ``whole_model_<key>``
     (:data:`WHOLE_MODEL_KEYS`); an optimizer FSDP refuses has ``unsupported`` instead.
     """
+    from effitrain.memory.replay import leaves_out
     from effitrain.memory.step_peak import CATEGORIES, HOST_OFFLOADED
     from effitrain.memory.trace_cache import traces_of
     from effitrain.train.parallel import strategy_of
@@ -143,10 +144,8 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
             # why a figure is an upper bound rather than the step itself (None: the replay is the step)
             rows[name]["step_peak_bound"] = trace.step_peak_bound(warm_up=True)
             rows[name]["run_peak_bound"] = trace.bounds.get(trace.run_peak_phase)
-            if strategy_of(cfg).shards:  # said, never silently below (memory/sharded.py)
-                from effitrain.memory.sharded import SHARDED_LEAVES_OUT
-
-                rows[name]["step_peak_leaves_out"] = SHARDED_LEAVES_OUT
+            # what the run's step holds and the replay does not: said, never silently below
+            rows[name]["step_peak_leaves_out"] = leaves_out(cfg, strategy_of(cfg).shards)
             rows[name]["flops_per_step"] = trace.flops
             # what the memory techniques repeat in backward, beside the model FLOPs (plan's lever cost)
             rows[name]["recomputed_flops_per_step"] = trace.recomputed_flops

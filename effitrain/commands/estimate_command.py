@@ -105,7 +105,7 @@ def estimate(args) -> None:
         if row["step_peak_bound"]:
             print(f"{name}: an upper bound of its step peak: {row['step_peak_bound']}")
     if first.get("step_peak_leaves_out"):
-        print(f"one rank's step peak leaves out {first['step_peak_leaves_out']}")
+        print(f"the predicted step peak leaves out {first['step_peak_leaves_out']}")
     print(
         f"\nthe run's peak by phase, MiB (evaluation at eval_batch_size={cfg.eval_batch_size} x {cfg.max_length} tokens)"
     )

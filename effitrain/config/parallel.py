@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from effitrain.config.errors import chosen, invalid
 from effitrain.config.optimizers import optimizer_family
+from effitrain.config.registry import uses_trainer
 
 
 def shards(cfg: DictConfig) -> bool:
@@ -43,7 +44,7 @@ def check_fsdp(cfg: DictConfig, device: str | None = None) -> None:
             parameters, an adapter, more processes on this machine than GPUs.
     """
     strategy = str(cfg.parallel.strategy)
-    if str(cfg.backend.get("_target_", "")).startswith("effitrain.backends.trainer"):
+    if uses_trainer(cfg):
         raise invalid(
             "parallel", strategy, "backend=trainer shards through its own fsdp arguments and builds the "
             "optimizer after wrapping, not effitrain's: use backend=accelerator"

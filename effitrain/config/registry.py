@@ -98,6 +98,12 @@ def install_hint(module: str) -> str:
     return f"pip install 'effitrain[{extra}]'" if extra else f"install the package that provides {module}"
 
 
+def uses_trainer(cfg) -> bool:
+    """Whether ``cfg`` trains with transformers' Trainer (``backend=trainer``: its ``fit`` is
+    ``effitrain.backends.trainer``'s), what a check or a prediction asks before any backend loads."""
+    return str((cfg.get("backend") or {}).get("_target_", "")).startswith("effitrain.backends.trainer")
+
+
 def is_target_node(node) -> bool:
     """``node`` is a mapping whose ``_target_`` names something Hydra instantiates (not ``null``:
     ``logger=none`` builds nothing)."""

@@ -59,6 +59,34 @@ class Trace:
         return self.phases[self.run_peak_phase]
 
 
+# The Trainer's own loss scalars (its step's loss, kept detached, and the running total it adds it
+# to: 0-d fp32 tensors) are held in its step, which the replay (the accelerate loop's step) is not:
+# measured 0 to 8 bytes above the prediction (tests/memory/test_memory.py).
+TRAINER_LEAVES_OUT = "the Trainer's own loss scalars (up to 8 bytes)"
+
+# What one rank's replay does not hold, said beside its figures (the run's summary, estimate): gloo's
+# reduce-scatter clone is replayed (equal to the byte, tests/train/test_sharding.py); with accumulation
+# a rank was measured 18,056 B (0.1%) above once, on either rank from run to run, not explained yet.
+SHARDED_LEAVES_OUT = (
+    "what the backend holds outside the replayed calls (with accumulation one rank of two was measured "
+    "0.1% above): the measured step peak can exceed this prediction by it"
+)
+
+
+def leaves_out(cfg, sharded: bool) -> str | None:
+    """What a run's step holds that its prediction does not, said beside the prediction (the run's
+    ``mem/step_peak_predicted_leaves_out``, estimate's ``step_peak_leaves_out``): the measured step
+    peak can exceed the prediction by it. None where the replay holds all of it."""
+    parts = []
+    from effitrain.config.registry import uses_trainer
+
+    if uses_trainer(cfg):
+        parts.append(TRAINER_LEAVES_OUT)
+    if sharded:
+        parts.append(SHARDED_LEAVES_OUT)
+    return "; ".join(parts) or None
+
+
 def predicted_keys(peak: dict[str, int], flops: int, bound: str | None = None) -> dict:
     """The predicted step peak's keys, with ``mem/step_peak_predicted_bound``: why the figures are an
     upper bound of the step rather than the step itself (None where the replay is the step)."""

@@ -56,14 +56,6 @@ from effitrain.memory.replay import BOUND_ASSUMED_BRANCH, Trace, _caches_filled_
 from effitrain.train.parallel import strategy_of
 from effitrain.util.compat import fake_process_group, fake_tensor_mode, fsdp_mem_tracker_class
 
-# What one rank's replay does not hold, said beside its figures (the run's summary, estimate): gloo's
-# reduce-scatter clone is replayed (equal to the byte, tests/train/test_sharding.py); with accumulation
-# a rank was measured 18,056 B (0.1%) above once, on either rank from run to run, not explained yet.
-SHARDED_LEAVES_OUT = (
-    "what the backend holds outside the replayed calls (with accumulation one rank of two was measured "
-    "0.1% above): the measured step peak can exceed this prediction by it"
-)
-
 # FSDPMemTracker's categories -> effitrain's (the table above); Inputs are left out.
 CATEGORY_OF = {
     "Sharded Param": "weights",

@@ -21,7 +21,7 @@ from effitrain.backends.base import backend_of
 from effitrain.config.load import derive
 from effitrain.config.validate import validate
 from effitrain.memory.flops import mfu_keys
-from effitrain.memory.replay import predicted_keys, run_peak_keys, trace_run
+from effitrain.memory.replay import leaves_out, predicted_keys, run_peak_keys, trace_run
 from effitrain.run import folder_policy, results
 from effitrain.run.build import build_job
 from effitrain.run.folder_policy import check_output_dir
@@ -205,7 +205,7 @@ def predict_step_peak(job: Job) -> dict:
     sharded = strategy_of(job.cfg).shards and world_size() > 1
     try:
         if sharded:  # this rank's, as estimate --world-size replays it
-            from effitrain.memory.sharded import SHARDED_LEAVES_OUT, trace_sharded
+            from effitrain.memory.sharded import trace_sharded
 
             trace = trace_sharded(job.model.config, job.cfg.optimizer, job.cfg, memory.batches, device, evaluation,
                                   world_size=world_size(), rank=rank())  # fmt: skip
@@ -219,8 +219,8 @@ def predict_step_peak(job: Job) -> dict:
     warm_up = memory.step > 1
     peak, bound = trace.step_peak(warm_up), trace.step_peak_bound(warm_up)
     keys = {**predicted_keys(peak, trace.flops, bound), **run_peak_keys(trace)}
-    if sharded:  # said, never silently below
-        keys["mem/step_peak_predicted_leaves_out"] = SHARDED_LEAVES_OUT
+    if said := leaves_out(job.cfg, sharded):  # never silently below
+        keys["mem/step_peak_predicted_leaves_out"] = said
     return keys
 
 

@@ -314,12 +314,17 @@ def test_the_step_tracker_finds_memtrackers_peak():
 
 
 def assert_predicted_is_measured(summary: dict, backend: str = "accelerator") -> None:
+    from effitrain.memory.replay import TRAINER_LEAVES_OUT
+
     """Category by category, to the byte; the Trainer keeps a few loss scalars of its own (4 bytes
     each) in its step, which the replay (the accelerate loop's step) does not."""
     measured = {c: summary[f"mem/step_peak/{c}_bytes"] for c in CATEGORIES}
     predicted = {c: summary[f"mem/step_peak_predicted/{c}_bytes"] for c in CATEGORIES}
-    if backend == "trainer":
+    if backend == "trainer":  # said beside the prediction, never silently below
         assert 0 <= measured.pop("activations") - predicted.pop("activations") <= 8
+        assert summary["mem/step_peak_predicted_leaves_out"] == TRAINER_LEAVES_OUT
+    else:
+        assert summary.get("mem/step_peak_predicted_leaves_out") is None
     assert predicted == measured
 
 

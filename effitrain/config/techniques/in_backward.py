@@ -59,6 +59,7 @@ from omegaconf import DictConfig
 
 from effitrain.config.errors import chosen, invalid
 from effitrain.config.parallel import shards
+from effitrain.config.registry import uses_trainer
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class OptimizerInBackward:
         backend, parallel, precision, compiled = (
             cfg.get(g) or {} for g in ("backend", "parallel", "precision", "compile")
         )
-        if str(backend.get("_target_", "")).startswith("effitrain.backends.trainer"):
+        if uses_trainer(cfg):
             return invalid(*chosen(cfg, "backend"), f"{on}: the Trainer steps, clips and scales the "
                            "optimizer in its own loop; use backend=accelerator")  # fmt: skip
         strategy = str(parallel.get("strategy", "ddp"))
