@@ -30,7 +30,7 @@ from effitrain.commands.plan_levers import TECHNIQUE, lever_cost, lever_settings
 from effitrain.config.errors import ConfigError
 from effitrain.config.load import apply_effective_batch_size
 from effitrain.config.registry import group_options, installed_optimizers
-from effitrain.config.techniques import GRADIENT_CHECKPOINTING, check_techniques
+from effitrain.config.techniques import GRADIENT_CHECKPOINTING, OPTIMIZER_IN_BACKWARD, check_techniques
 
 # The share of the budget kept free: the allocator rounds every block up (512 bytes on CUDA) and
 # cannot always reuse a freed block for a larger one, so what it reserves exceeds what tensors hold.
@@ -160,6 +160,33 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
             return composed[key]
         return candidate_config(composed[key], effective, accumulation(micro), settings[levers], gpus)
 
+    floors, said = {}, set()  # setting's values -> optimizer -> its counted row; the lines written
+
+    def over_floor(setting, names_, levers) -> list[str]:
+        """Of ``names_``, those whose weights, gradients and optimizer state, counted from shapes,
+        exceed the budget on their own: every step's update holds them all at once (gradients
+        not, with the update in backward), so no micro batch or lever but that one can fit them.
+        Said once each, and not traced."""
+        key = tuple(setting.values())
+        if key not in floors:
+            nodes = {name: config_of(setting, name).optimizer for name in optimizers}
+            floors[key] = estimate_memory(config_of(setting, optimizers[0]), nodes, step=False, device=device,
+                                          cache=cache, share=share)  # fmt: skip
+        in_backward = settings[levers].get(OPTIMIZER_IN_BACKWARD.key, False)
+        over = []
+        for name in names_:
+            row = {k.removeprefix("whole_model_"): v for k, v in floors[key][name].items()}  # FSDP's: whole
+            held = row["weights_bytes"] + (0 if in_backward else row["grads_bytes"])
+            held = (held + (row["optimizer_state_bytes"] or 0)) // gpus  # a rank holds its share or more
+            if held > usable:
+                over.append(name)
+                if (key, name, in_backward) not in said:
+                    said.add((key, name, in_backward))
+                    progress.write(f"effitrain plan: {' '.join(choice_of(setting, name, levers))} cannot fit: "
+                                   f"its weights, gradients and optimizer state alone are {held / UNITS['MIB']:.1f} MiB "
+                                   f"(a usable {usable / UNITS['MIB']:.1f} MiB); not traced")  # fmt: skip
+        return over
+
     def trace(setting, names_, levers, micro) -> dict:
         """The candidates of ``names_`` (optimizers) at this setting, micro batch and levers: one
         shared replay (or the cache)."""
@@ -168,6 +195,11 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
             check_techniques(first)  # a lever this candidate cannot take (the step in backward with
         except ConfigError:  # accumulation): no candidate, nothing traced
             return {name: {"fits": False, "refused": True} for name in names_}
+        over = over_floor(setting, names_, levers)
+        names_ = [name for name in names_ if name not in over]
+        if not names_:
+            return {name: {"fits": False, "refused": True} for name in over}
+        first = config_of(setting, names_[0], levers, micro)
         # an optimizer's node reads no micro batch, accumulation or lever
         nodes = {name: config_of(setting, name).optimizer for name in names_}
         found = estimate_memory(first, nodes, device=device, cache=cache, share=share, steps=steps,
@@ -193,7 +225,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
             counts[counted.get(row.get("trace_source"), "traced")] += 1
         progress.set_postfix(counts, refresh=False)
         progress.update(len(found))
-        return traced
+        return {**traced, **{name: {"fits": False, "refused": True} for name in over}}
 
     def search():
         """One optimizer's search at one setting: yields (levers, micro) to trace, is sent its row."""

@@ -19,6 +19,12 @@ from tests.helpers.run import REPO, compose, run_job
 BASE = ["model=tiny", "data=synthetic", "max_length=256", "eval_batch_size=4"]
 
 
+def nothing_held(optimizers) -> dict:
+    """A fake world's counted rows (``estimate_memory(step=False)``, plan's floor): nothing held
+    before a step, so the floor never binds and the known peaks alone decide."""
+    return {name: {"weights_bytes": 0, "grads_bytes": 0, "optimizer_state_bytes": 0} for name in optimizers}
+
+
 def predicted(micro: int, effective: int = 16, checkpointing: bool = False, base=BASE) -> int:
     cfg = compose(*base, "optimizer=adafactor", f"gradient_accumulation_steps={effective // micro}",
                   f"gradient_checkpointing={checkpointing}", tiny=False)  # fmt: skip
@@ -143,7 +149,9 @@ def test_the_search_traces_and_ranks_candidates_by_their_predicted_peaks(monkeyp
 
     asked = []
 
-    def known_peaks(cfg, optimizers, device, cache, share, steps=None, world_size=1):
+    def known_peaks(cfg, optimizers, device, cache, share, steps=None, world_size=1, step=True):
+        if not step:
+            return nothing_held(optimizers)
         assert (
             list(optimizers) == ["adamw"]
             and device == "cpu"
@@ -303,6 +311,8 @@ def test_on_cuda_half_precision_ranks_before_fp32_at_equal_steps(monkeypatch):
     devices = []
 
     def known_peaks(cfg, optimizers, device, **how):
+        if not how.get("step", True):
+            return nothing_held(optimizers)
         devices.append(device)
         return {name: {"step_peak_bytes": 100, "run_peak_bytes": 100, "run_peak": {}} for name in optimizers}
 
@@ -318,12 +328,56 @@ def test_on_cuda_half_precision_ranks_before_fp32_at_equal_steps(monkeypatch):
         devices.clear()
 
 
+def test_an_optimizer_whose_weights_gradients_and_state_alone_exceed_the_budget_is_not_traced(
+    monkeypatch, capsys
+):
+    """Every update holds the weights, all gradients and the optimizer state at once: where their
+    counted bytes alone exceed the usable budget (here AdamW's 400 + 400 + 1,200 of 1,500), no micro
+    batch can fit, and the candidate is said and never replayed; Adafactor's (400 + 400 + 10) is
+    replayed. With the update in backward no gradient is held whole: its floor leaves them out."""
+    import effitrain.commands.estimate
+
+    counted = {"adamw": (400, 400, 1200), "adafactor": (400, 400, 10)}
+    traced = []
+
+    def known_peaks(cfg, optimizers, device, cache, share, steps=None, world_size=1, step=True):
+        if not step:
+            keys = ("weights_bytes", "grads_bytes", "optimizer_state_bytes")
+            return {name: dict(zip(keys, counted[name])) for name in optimizers}
+        traced.extend((name, bool(cfg.optimizer_in_backward)) for name in optimizers)
+        return {
+            name: {"step_peak_bytes": 1200, "run_peak_bytes": 1200, "run_peak": {}} for name in optimizers
+        }
+
+    monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
+    rows = plan([*BASE, "max_grad_norm=0"], 1500, effective=1, optimizers=["adamw", "adafactor"],
+                precisions=["fp32"], checkpointing=[False], margin=0.0)  # fmt: skip
+    assert {name for name, _ in traced} == {"adafactor"} and {r["optimizer"] for r in rows} == {"adafactor"}
+    said = capsys.readouterr()
+    assert (
+        "optimizer=adamw precision=fp32 cannot fit: its weights, gradients and optimizer state alone are 0.0 MiB"
+        in (said.out + said.err)
+    )
+    counted["adamw"] = (400, 400, 650)  # 1,450 with its gradients, 1,050 without: only in backward
+    traced.clear()
+    plan([*BASE, "max_grad_norm=0"], 1500, effective=1, optimizers=["adamw"], precisions=["fp32"],
+         checkpointing=[False], margin=0.0)  # fmt: skip
+    assert ("adamw", False) in traced  # 1,450 <= 1,500: traced as it is
+    counted["adamw"] = (400, 400, 800)
+    traced.clear()
+    plan([*BASE, "max_grad_norm=0"], 1500, effective=1, optimizers=["adamw"], precisions=["fp32"],
+         checkpointing=[False], margin=0.0)  # fmt: skip
+    assert set(traced) == {("adamw", True)}  # only with the update in backward: 1,200 without the gradients
+
+
 def test_among_equal_candidates_the_config_s_own_optimizer_ranks_first(monkeypatch):
     """Peaks known in advance and every candidate fitting at the same micro batch: the rules have
     nothing to tell the optimizers apart, so the config's own comes first, then conf/optimizer's order."""
     import effitrain.commands.estimate
 
     def known_peaks(cfg, optimizers, device, **how):
+        if not how.get("step", True):
+            return nothing_held(optimizers)
         return {name: {"step_peak_bytes": 100, "run_peak_bytes": 100, "run_peak": {}} for name in optimizers}
 
     monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
@@ -349,6 +403,8 @@ def test_on_cuda_the_budget_keeps_cublas_workspaces_free(monkeypatch, device, pe
     import effitrain.commands.estimate
 
     def known_peak(cfg, optimizers, device, **how):
+        if not how.get("step", True):
+            return nothing_held(optimizers)
         return {
             name: {"step_peak_bytes": peak, "run_peak_bytes": peak, "run_peak": {}} for name in optimizers
         }
@@ -499,7 +555,9 @@ def test_the_lever_axis_tries_each_lever_where_it_saves_steps_and_ranks_by_its_c
 
     asked = []
 
-    def known_peaks(cfg, optimizers, device, cache, share, steps=None, world_size=1):
+    def known_peaks(cfg, optimizers, device, cache, share, steps=None, world_size=1, step=True):
+        if not step:
+            return nothing_held(optimizers)
         every = {False: 0, True: 1, 2: 2}[cfg.gradient_checkpointing]
         asked.append((cfg.micro_batch_size, cfg.gradient_checkpointing))
         # activations 100 per sample; every block recomputed keeps a quarter, every second one half
