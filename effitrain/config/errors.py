@@ -36,8 +36,14 @@ def raise_problems(problems: list[str]) -> None:
 
 
 def fail(message: str, code: int = 2):
-    for line in str(message).splitlines() or [""]:
-        print(f"effitrain: error: {line}", file=sys.stderr)
+    """``message`` on stderr, each line ``effitrain: error: ...``, and exit ``code``. Bad input (2)
+    is refused alike by every process a launcher started (each checks the same config): only the
+    first (``RANK`` 0, or no launcher) says it, so torchrun's log holds the line once."""
+    import os
+
+    if code != 2 or os.environ.get("RANK", "0") == "0":
+        for line in str(message).splitlines() or [""]:
+            print(f"effitrain: error: {line}", file=sys.stderr)
     sys.exit(code)
 
 

@@ -32,3 +32,22 @@ def test_no_more_processes_on_a_machine_than_its_gpus(monkeypatch, processes, gp
 
 def test_ddp_leaves_the_default_fsdp_keys_alone():
     check_parallel(compose(), None)
+
+
+@pytest.mark.parametrize("rank, said", [(None, 1), ("0", 1), ("1", 0)])
+def test_bad_input_is_said_once_by_the_processes_a_launcher_started(monkeypatch, capsys, rank, said):
+    """Every process torchrun starts checks the same config and refuses it alike (exit 2): only the
+    first says the line, so the launcher's log holds it once; other failures are said by every rank."""
+    from effitrain.config.errors import fail
+
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as exited:
+        fail("optimizer='adamw_typo' is not an option")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.count("effitrain: error: optimizer='adamw_typo'") == said
+    with pytest.raises(SystemExit) as exited:
+        fail("a write failed", code=1)
+    assert (exited.value.code, capsys.readouterr().err.count("a write failed")) == (1, 1)
