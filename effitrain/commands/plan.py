@@ -106,6 +106,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     from effitrain.config.compose import compose
     from effitrain.config.overrides import parse
     from effitrain.memory.cuda import CUBLAS_WORKSPACES_BYTES
+    from effitrain.memory.replay import flops_reused
     from effitrain.memory.shared_traces import StepReplays
 
     base = compose(overrides)
@@ -252,23 +253,24 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                 fewest = best["gradient_accumulation_steps"]
 
     try:
-        for values in product(*axes.values()):
-            setting = dict(zip(axes, values))
-            searches = {name: search() for name in optimizers}
-            asked = {name: next(searches[name]) for name in optimizers}
-            done = dict.fromkeys(optimizers, 0)
-            while asked:  # the optimizers asking for the same candidate are traced together
-                wanted = next(iter(asked.values()))
-                together = [name for name, request in asked.items() if request == wanted]
-                for name, row in trace(setting, together, *wanted).items():
-                    done[name] += 1
-                    try:
-                        asked[name] = searches[name].send(row)
-                    except StopIteration:
-                        del asked[name]
-                        counts["skipped"] += len(settings) * len(sizes) - done[name]
-                        progress.set_postfix(counts, refresh=False)
-                        progress.update(len(settings) * len(sizes) - done[name])
+        with flops_reused():  # one FLOP count serves a candidate's precisions and optimizers
+            for values in product(*axes.values()):
+                setting = dict(zip(axes, values))
+                searches = {name: search() for name in optimizers}
+                asked = {name: next(searches[name]) for name in optimizers}
+                done = dict.fromkeys(optimizers, 0)
+                while asked:  # the optimizers asking for the same candidate are traced together
+                    wanted = next(iter(asked.values()))
+                    together = [name for name, request in asked.items() if request == wanted]
+                    for name, row in trace(setting, together, *wanted).items():
+                        done[name] += 1
+                        try:
+                            asked[name] = searches[name].send(row)
+                        except StopIteration:
+                            del asked[name]
+                            counts["skipped"] += len(settings) * len(sizes) - done[name]
+                            progress.set_postfix(counts, refresh=False)
+                            progress.update(len(settings) * len(sizes) - done[name])
     finally:
         progress.close()
     half_first = {"bf16": 0, "fp16": 0, "fp32": 1} if cuda else {"fp32": 0, "bf16": 1, "fp16": 1}

@@ -344,28 +344,41 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
 
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
         with mask_skipping_as_recorded(model, window.unpadded), kernels:
-            key = _flops_key(config, cfg, batches, device)
-            if key not in _FLOPS:
-                _FLOPS[key] = [window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)), 0]
-            flops = _FLOPS[key][0]
+            # [model FLOPs, recomputed FLOPs]: counted here, or by an earlier replay (flops_reused)
+            counts = [] if _FLOPS is None else _FLOPS.setdefault(_flops_key(config, cfg, batches, device), [])
+            if not counts:
+                counts.append(window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)))
             # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             emulated = autocast_like(device, dtype) if cuda and dtype is not None else None
             apply_techniques(model, cfg, autocast=emulated)
-            if (
-                recomputing(cfg) and not _FLOPS[key][1]
-            ):  # counted again with the techniques on: what they repeat
-                _FLOPS[key][1] = (
-                    window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)) - flops
+            if len(counts) == 1:  # counted again with the techniques on: what they repeat
+                again = (
+                    window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
+                    if recomputing(cfg)
+                    else 0
                 )
-            recomputed = _FLOPS[key][1]
+                counts.append(again - counts[0] if again else 0)
+            flops, recomputed = counts
             yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
                          cfg=cfg, attached=attached)  # fmt: skip
 
 
-# A replay's FLOPs (model, recomputed) by :func:`_flops_key`: one count serves every precision and
-# optimizer of a plan's candidate (FlopCounterMode counts matrix products, which the shapes decide;
-# tests/memory/test_replay.py holds the counts equal across precisions against fresh ones)
-_FLOPS: dict[str, list[int]] = {}
+# A replay's FLOPs (model, recomputed) by :func:`_flops_key`, inside :func:`flops_reused` only (None:
+# every replay counts its own, so two paths a test compares are two counts)
+_FLOPS: dict[str, list[int]] | None = None
+
+
+@contextlib.contextmanager
+def flops_reused():
+    """Inside, one FLOP count serves every replay of the same model, batch shapes, device and memory
+    techniques: a plan's other precisions and optimizers (FlopCounterMode counts matrix products,
+    which the shapes decide; tests/memory/test_replay.py holds each reused count equal to a fresh one)."""
+    global _FLOPS
+    saved, _FLOPS = _FLOPS, ({} if _FLOPS is None else _FLOPS)
+    try:
+        yield
+    finally:
+        _FLOPS = saved
 
 
 def _flops_key(config, cfg, batches: list[dict], device: str) -> str:

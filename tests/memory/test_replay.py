@@ -42,7 +42,11 @@ CASES = {  # (device profile, overrides), each with an accumulation window of 6:
 }
 
 
-@pytest.mark.parametrize("case", CASES)
+# the classification case in the fast selection, the other profiles' in the full suite (the same shortcut)
+@pytest.mark.parametrize(
+    "case",
+    [case if case == "classification" else pytest.param(case, marks=pytest.mark.slow) for case in CASES],
+)
 def test_leaving_out_the_repeats_changes_no_byte_bound_or_flop(case, monkeypatch):
     device, overrides = CASES[case]
     cfg = compose(*overrides, "gradient_accumulation_steps=6")
@@ -125,10 +129,11 @@ def test_a_real_step_of_six_equal_causal_micro_batches_is_predicted_to_the_byte(
 
 
 def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
-    """A replay's FLOPs are counted once per model, batch shapes, device and techniques
-    (``replay._FLOPS``) and reused for a plan's other precisions and optimizers: each reused count
-    equals a fresh one (the memo emptied), the recomputed FLOPs of selective checkpointing and the
-    chunked loss too, and the reuse is taken (one count for the three precisions)."""
+    """Inside ``replay.flops_reused`` (plan's search) a replay's FLOPs are counted once per model,
+    batch shapes, device and techniques and reused for other precisions and optimizers: the reused
+    count equals a fresh one (the memo emptied), the recomputed FLOPs of selective checkpointing and
+    the chunked loss too, and the reuse is taken. Outside it every replay counts its own (so two
+    paths a test compares are two counts)."""
     from effitrain.memory import replay
 
     base = [
@@ -140,13 +145,19 @@ def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
     ]
     counted = []
     monkeypatch.setattr(replay, "window_flops", lambda *a: counted.append(1) or fake_window.window_flops(*a))
-    monkeypatch.setattr(replay, "_FLOPS", {})
-    for precision, optimizer in (("fp32", "adamw"), ("bf16", "lion"), ("fp16", "adafactor")):
+
+    def traced(precision, optimizer):
         cfg = compose(*base, f"precision={precision}", f"optimizer={optimizer}", tiny=False)
         batches, evaluation = replay_shapes(cfg, meta_model(cfg))
-        reused = trace_run(meta_model(cfg).config, cfg.optimizer, cfg, batches, "cuda", evaluation)
+        trace = trace_run(meta_model(cfg).config, cfg.optimizer, cfg, batches, "cuda", evaluation)
+        return trace.flops, trace.recomputed_flops
+
+    with replay.flops_reused():
+        first = traced("fp32", "adamw")
+        reused = traced("bf16", "lion")
+        assert len(counted) == 2  # the first trace's two counts, none for the second
         replay._FLOPS.clear()
-        fresh = trace_run(meta_model(cfg).config, cfg.optimizer, cfg, batches, "cuda", evaluation)
-        assert (reused.flops, reused.recomputed_flops) == (fresh.flops, fresh.recomputed_flops), precision
-        assert fresh.recomputed_flops > 0
-    assert len(counted) == 2 + 3 * 2  # the first trace's two counts, then each fresh trace's two
+        fresh = traced("bf16", "lion")
+    assert reused == fresh == first and fresh[1] > 0 and len(counted) == 4
+    traced("bf16", "lion")
+    assert len(counted) == 6 and replay._FLOPS is None  # outside: counted again
