@@ -344,34 +344,38 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
 
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
         with mask_skipping_as_recorded(model, window.unpadded), kernels:
-            # [model FLOPs, recomputed FLOPs]: counted here, or by an earlier replay (flops_reused)
-            counts = [] if _FLOPS is None else _FLOPS.setdefault(_flops_key(config, cfg, batches, device), [])
-            if not counts:
-                counts.append(window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)))
+            # the model's FLOPs and what the techniques recompute: counted here, or by an earlier
+            # replay (flops_reused; the model's FLOPs shared by every technique setting)
+            known = {} if _FLOPS is None else _FLOPS
+            model_key = _flops_key(config, cfg, batches, device, techniques=False)
+            if model_key not in known:
+                known[model_key] = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
+            flops = known[model_key]
             # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             emulated = autocast_like(device, dtype) if cuda and dtype is not None else None
             apply_techniques(model, cfg, autocast=emulated)
-            if len(counts) == 1:  # counted again with the techniques on: what they repeat
-                again = (
-                    window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
-                    if recomputing(cfg)
-                    else 0
-                )
-                counts.append(again - counts[0] if again else 0)
-            flops, recomputed = counts
+            recomputed = 0
+            if recomputing(cfg):  # counted again with the techniques applied: what they repeat
+                key = _flops_key(config, cfg, batches, device, techniques=True)
+                if key not in known:
+                    known[key] = (
+                        window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)) - flops
+                    )
+                recomputed = known[key]
             yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
                          cfg=cfg, attached=attached)  # fmt: skip
 
 
 # A replay's FLOPs (model, recomputed) by :func:`_flops_key`, inside :func:`flops_reused` only (None:
 # every replay counts its own, so two paths a test compares are two counts)
-_FLOPS: dict[str, list[int]] | None = None
+_FLOPS: dict[str, int] | None = None
 
 
 @contextlib.contextmanager
 def flops_reused():
-    """Inside, one FLOP count serves every replay of the same model, batch shapes, device and memory
-    techniques: a plan's other precisions and optimizers (FlopCounterMode counts matrix products,
+    """Inside, one FLOP count serves every replay of the same model, batch shapes and device: a
+    plan's other precisions, optimizers and memory techniques (what these recompute, one count per
+    setting) (FlopCounterMode counts matrix products,
     which the shapes decide; tests/memory/test_replay.py holds each reused count equal to a fresh one)."""
     global _FLOPS
     saved, _FLOPS = _FLOPS, ({} if _FLOPS is None else _FLOPS)
@@ -381,18 +385,21 @@ def flops_reused():
         _FLOPS = saved
 
 
-def _flops_key(config, cfg, batches: list[dict], device: str) -> str:
+def _flops_key(config, cfg, batches: list[dict], device: str, techniques: bool) -> str:
     """What a step's FLOPs depend on: the model's config, the run's configuration but its precision
     and optimizer (the optimizer counted is a plain SGD; autocast changes no product's shape) and
-    Hydra's own node, the
-    recorded batches' shapes and the device's kernels."""
+    Hydra's own node, the recorded batches' shapes and the device's kernels; the memory techniques'
+    keys only for what they recompute (``techniques``): the model's FLOPs are counted before they apply."""
     import json
 
     from omegaconf import OmegaConf
 
-    run = {
-        k: v for k, v in OmegaConf.to_container(cfg).items() if k not in ("precision", "optimizer", "hydra")
-    }
+    from effitrain.config.techniques import TECHNIQUES
+
+    left_out = {"precision", "optimizer", "hydra"} | (
+        {t.key for t in TECHNIQUES} if not techniques else set()
+    )
+    run = {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in left_out}
     return json.dumps([config.to_dict(), run, repr(batches), device], sort_keys=True, default=str)
 
 

@@ -146,8 +146,8 @@ def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
     counted = []
     monkeypatch.setattr(replay, "window_flops", lambda *a: counted.append(1) or fake_window.window_flops(*a))
 
-    def traced(precision, optimizer):
-        cfg = compose(*base, f"precision={precision}", f"optimizer={optimizer}", tiny=False)
+    def traced(precision, optimizer, *levers):
+        cfg = compose(*base, f"precision={precision}", f"optimizer={optimizer}", *levers, tiny=False)
         batches, evaluation = replay_shapes(cfg, meta_model(cfg))
         trace = trace_run(meta_model(cfg).config, cfg.optimizer, cfg, batches, "cuda", evaluation)
         return trace.flops, trace.recomputed_flops
@@ -159,5 +159,11 @@ def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
         replay._FLOPS.clear()
         fresh = traced("bf16", "lion")
     assert reused == fresh == first and fresh[1] > 0 and len(counted) == 4
+    with replay.flops_reused():  # another technique setting: the model's count shared, its own recomputed
+        traced("fp32", "adamw")
+        every_block = traced("fp32", "adamw", "gradient_checkpointing=true")
+        assert len(counted) == 4 + 2 + 1
+    assert every_block[0] == first[0] and every_block[1] > first[1]
+    counted.clear()
     traced("bf16", "lion")
-    assert len(counted) == 6 and replay._FLOPS is None  # outside: counted again
+    assert len(counted) == 2 and replay._FLOPS is None  # outside: counted again
