@@ -25,6 +25,7 @@ first and it is the best whenever it fits; an adapter is picked for memory, not 
 from __future__ import annotations
 
 import re
+import sys
 
 from effitrain.commands.plan_levers import TECHNIQUE, lever_cost, lever_settings
 from effitrain.config.errors import ConfigError
@@ -185,7 +186,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                     said.add((key, name, in_backward))
                     progress.write(f"effitrain plan: {' '.join(choice_of(setting, name, levers))} cannot fit: "
                                    f"its weights, gradients and optimizer state alone are {held / UNITS['MIB']:.1f} MiB "
-                                   f"(a usable {usable / UNITS['MIB']:.1f} MiB); not traced")  # fmt: skip
+                                   f"(a usable {usable / UNITS['MIB']:.1f} MiB); not traced", file=sys.stderr)  # fmt: skip
         return over
 
     def trace(setting, names_, levers, micro) -> dict:
@@ -208,7 +209,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         traced = {}
         for name, row in found.items():
             if "unsupported" in row:  # an optimizer FSDP's sharded parameters refuse: no candidate
-                progress.write(f"effitrain plan: {row['unsupported']}")
+                progress.write(f"effitrain plan: {row['unsupported']}", file=sys.stderr)  # stdout: --json's
                 traced[name] = {"fits": False, "gradient_accumulation_steps": accumulation(micro)}
                 continue
             fits = row["run_peak_bytes"] <= usable
