@@ -82,7 +82,11 @@ def answer(args: list[str], cache_dir: str, code: str | None = None) -> tuple[fl
         env["PYTHONPATH"] = os.pathsep.join([code, *filter(None, [os.environ.get("PYTHONPATH")])])
     started, cpu = time.perf_counter(), cpu_seconds()
     done = subprocess.run(
-        [sys.executable, "-m", "effitrain.cli", *args, "--json"], capture_output=True, text=True, env=env
+        # -P: the working directory not first on the path, so PYTHONPATH's checkout is the one imported
+        [sys.executable, "-P", "-m", "effitrain.cli", *args, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     if done.returncode != 0:
