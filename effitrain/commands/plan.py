@@ -254,7 +254,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                 fewest = best["gradient_accumulation_steps"]
 
     try:
-        with flops_reused():  # one FLOP count serves a candidate's precisions and optimizers
+        with flops_reused():  # one FLOP count serves a candidate's precisions, optimizers and levers
             for values in product(*axes.values()):
                 setting = dict(zip(axes, values))
                 searches = {name: search() for name in optimizers}

@@ -77,9 +77,9 @@ def leaves_out(cfg, sharded: bool) -> str | None:
     """What a run's step holds that its prediction does not, said beside the prediction (the run's
     ``mem/step_peak_predicted_leaves_out``, estimate's ``step_peak_leaves_out``): the measured step
     peak can exceed the prediction by it. None where the replay holds all of it."""
-    parts = []
     from effitrain.config.registry import uses_trainer
 
+    parts = []
     if uses_trainer(cfg):
         parts.append(TRAINER_LEAVES_OUT)
     if sharded:
@@ -373,10 +373,10 @@ _FLOPS: dict[str, int] | None = None
 
 @contextlib.contextmanager
 def flops_reused():
-    """Inside, one FLOP count serves every replay of the same model, batch shapes and device: a
-    plan's other precisions, optimizers and memory techniques (what these recompute, one count per
-    setting) (FlopCounterMode counts matrix products,
-    which the shapes decide; tests/memory/test_replay.py holds each reused count equal to a fresh one)."""
+    """Inside, one count of the model's FLOPs serves every replay of the same model, batch shapes and
+    device (a plan's precisions, optimizers and memory techniques), and one count of what a technique
+    setting recomputes every replay with that setting. FlopCounterMode counts matrix products, which
+    the shapes decide: tests/memory/test_replay.py holds each reused count equal to a fresh one."""
     global _FLOPS
     saved, _FLOPS = _FLOPS, ({} if _FLOPS is None else _FLOPS)
     try:
