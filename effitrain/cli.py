@@ -20,7 +20,7 @@ from pathlib import Path
 from effitrain.commands.check import check
 from effitrain.commands.estimate_command import estimate
 from effitrain.commands.export import export
-from effitrain.commands.plan import DEFAULT_MARGIN
+from effitrain.commands.plan_budget import DEFAULT_MARGIN
 from effitrain.commands.plan_command import plan_command
 from effitrain.commands.train_command import train
 from effitrain.config.errors import ConfigError, fail

@@ -24,58 +24,18 @@ first and it is the best whenever it fits; an adapter is picked for memory, not 
 
 from __future__ import annotations
 
-import re
 import sys
 
+from effitrain.commands.plan_budget import DEFAULT_MARGIN, MIB, held_at_update, weights_fit
 from effitrain.commands.plan_levers import TECHNIQUE, lever_cost, lever_settings
 from effitrain.config.errors import ConfigError
 from effitrain.config.load import apply_effective_batch_size
 from effitrain.config.registry import group_options, installed_optimizers
 from effitrain.config.techniques import GRADIENT_CHECKPOINTING, OPTIMIZER_IN_BACKWARD, check_techniques
 
-# The share of the budget kept free: the allocator rounds every block up (512 bytes on CUDA) and
-# cannot always reuse a freed block for a larger one, so what it reserves exceeds what tensors hold.
-DEFAULT_MARGIN = 0.10
-
-UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def parse_bytes(text: str) -> int:
-    """``8GiB``, ``500MiB``, ``24GB`` or a plain number of bytes.
-
-    Raises:
-        ConfigError: anything else.
-    """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match.group(2).upper() if match else None
-    if not match or unit not in UNITS:
-        raise ConfigError(f"--memory-budget={text!r} is invalid: give a size such as 8GiB, 500MiB or 24GB")
-    return int(float(match.group(1)) * UNITS[unit])
-
 
 def micro_batches(effective: int) -> list[int]:
     return [m for m in range(effective, 0, -1) if effective % m == 0]
-
-
-def weights_fit(cfg, budget: int, budget_text: str, margin: float = DEFAULT_MARGIN) -> None:
-    """Every candidate holds the model's weights: when they alone exceed the budget, say so at once
-    instead of tracing candidates that cannot fit.
-
-    Raises:
-        ConfigError: one line naming the budget, the weights' size and the least budget that could do.
-    """
-    from effitrain.commands.estimate import meta_model
-    from effitrain.memory.count import params_footprint
-    from effitrain.train.adapters.replay import unpacked_4bit_bytes
-
-    model = meta_model(cfg)
-    weights = params_footprint(model).bytes - unpacked_4bit_bytes(model.config, cfg)
-    if weights > budget * (1 - margin):
-        raise ConfigError(
-            f"--memory-budget={budget_text!r} is invalid: the model's weights alone take "
-            f"{weights / 2**20:.1f} MiB (with the {margin:.0%} margin, --margin): give more than "
-            f"{weights / (1 - margin) / 2**20:.1f}MiB"
-        )
 
 
 def plan(overrides: list[str], budget: int, effective: int | None = None, optimizers=None, precisions=None,
@@ -162,13 +122,11 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
             return composed[key]
         return candidate_config(composed[key], effective, accumulation(micro), settings[levers], gpus)
 
-    floors, said = {}, set()  # setting's values -> optimizer -> its counted row; the lines written
+    floors, said = {}, {}  # setting's values -> optimizer -> its counted row; what was said: its bytes
 
     def over_floor(setting, names_, levers) -> list[str]:
-        """Of ``names_``, those whose weights, gradients and optimizer state, counted from shapes,
-        exceed the budget on their own: every step's update holds them all at once (gradients
-        not, with the update in backward), so no micro batch or lever but that one can fit them.
-        Said once each, and not traced."""
+        """Of ``names_``, those whose counted weights, gradients (not with the update in backward) and
+        optimizer state, all held at every update, alone exceed the budget: said once, not traced."""
         key = tuple(setting.values())
         if key not in floors:
             nodes = {name: config_of(setting, name).optimizer for name in optimizers}
@@ -177,16 +135,14 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         in_backward = settings[levers].get(OPTIMIZER_IN_BACKWARD.key, False)
         over = []
         for name in names_:
-            row = {k.removeprefix("whole_model_"): v for k, v in floors[key][name].items()}  # FSDP's: whole
-            held = row["weights_bytes"] + (0 if in_backward else row["grads_bytes"])
-            held = (held + (row["optimizer_state_bytes"] or 0)) // gpus  # a rank holds its share or more
+            held = held_at_update(floors[key][name], in_backward, gpus)
             if held > usable:
                 over.append(name)
                 if (key, name, in_backward) not in said:
-                    said.add((key, name, in_backward))
-                    progress.write(f"effitrain plan: {' '.join(choice_of(setting, name, levers))} cannot fit: "
-                                   f"its weights, gradients and optimizer state alone are {held / UNITS['MIB']:.1f} MiB "
-                                   f"(a usable {usable / UNITS['MIB']:.1f} MiB); not traced", file=sys.stderr)  # fmt: skip
+                    said[(key, name, in_backward)] = held, " ".join(choice_of(setting, name, levers))
+                    progress.write(f"effitrain plan: {said[(key, name, in_backward)][1]} cannot fit: its weights, "
+                                   f"gradients and optimizer state alone are {held / MIB:.1f} MiB (a usable "
+                                   f"{usable / MIB:.1f} MiB); not traced", file=sys.stderr)  # fmt: skip
         return over
 
     def trace(setting, names_, levers, micro) -> dict:
@@ -274,6 +230,11 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                             progress.update(len(settings) * len(sizes) - done[name])
     finally:
         progress.close()
+    if not rows and said:  # every candidate over the floor: none traced, the smallest named
+        held, choice = min(said.values())
+        raise ConfigError(f"--memory-budget={budget / MIB:.1f}MiB is invalid: nothing fits; the smallest weights, "
+                          f"gradients and optimizer state alone are {held / MIB:.1f} MiB ({choice}), "
+                          f"{usable / MIB:.1f} MiB usable with the {margin:.0%} margin (--margin)")  # fmt: skip
     half_first = {"bf16": 0, "fp16": 0, "fp32": 1} if cuda else {"fp32": 0, "bf16": 1, "fp16": 1}
     # an adapter ranks first, in the order given: it is picked for memory, not speed (module docstring)
     adapter_rank = adapters.index if adapters else lambda adapter: 0

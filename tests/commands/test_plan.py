@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from effitrain.commands.estimate import estimate_memory
-from effitrain.commands.plan import parse_bytes, plan, probe
+from effitrain.commands.plan import plan, probe
+from effitrain.commands.plan_budget import parse_bytes
 from effitrain.config.errors import ConfigError
 from tests.helpers.run import REPO, compose, run_job
 
@@ -94,8 +95,9 @@ def test_probe_steps_rank_by_measured_step_time_and_measure_the_predicted_peak()
 @pytest.mark.slow
 def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
     done = subprocess.run(
-        # above the tiny model's 3.9 MiB of weights (less the margin), below every candidate's peak
-        [sys.executable, "-m", "effitrain.cli", "plan", "--memory-budget", "5MiB", "--effective-batch-size", "2",
+        # above Adafactor's 7.8 MiB of weights, gradients and state (less the margin: plan's floor),
+        # below every candidate's peak (15.4 MiB and more)
+        [sys.executable, "-m", "effitrain.cli", "plan", "--memory-budget", "12MiB", "--effective-batch-size", "2",
          "--optimizers", "adafactor", *BASE],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -108,21 +110,23 @@ def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_peak():
     counts = re.search(r"traced=(\d+), derived=(\d+), cached=(\d+), skipped=0]$", bar[-1]).groups()
     assert "| 12/12 [" in bar[-1] and sum(map(int, counts)) == 12
     assert line.startswith(
-        "effitrain: error: --memory-budget='5MiB': nothing fits; the smallest predicted run peak is"
+        "effitrain: error: --memory-budget='12MiB': nothing fits; the smallest predicted run peak is"
     )
 
 
 @pytest.mark.slow
 def test_a_budget_nothing_fits_traces_the_largest_and_the_smallest_micro_batch_only(capsys):
-    rows = plan(BASE, 1, effective=16, optimizers=["adafactor", "adamw"], precisions=["fp32"],
+    # 16 MiB: above both optimizers' weights, gradients and state (Lion's 11.6 MiB: plan's floor),
+    # below their peaks
+    rows = plan(BASE, 16 * 2**20, effective=16, optimizers=["adafactor", "lion"], precisions=["fp32"],
                 checkpointing=[False])  # fmt: skip
     # memory grows with the micro batch: with 1 and 16 over budget, 8, 4 and 2 cannot fit either
     assert [(r["optimizer"], r["micro_batch_size"], r["fits"]) for r in rows] == [
-        ("adamw", 16, False),
         ("adafactor", 16, False),
-        ("adamw", 1, False),
+        ("lion", 16, False),
         ("adafactor", 1, False),
-    ]  # fmt: skip (ranked: fewer accumulation steps first, then the config's own optimizer)
+        ("lion", 1, False),
+    ]  # fmt: skip (ranked: fewer accumulation steps first, then the order given)
     # both optimizers' candidates from one replay each micro batch, their steps replayed at 16 and
     # reused at 1 (the same gradients); 8, 4 and 2 of each skipped
     assert [r["trace_source"] for r in rows] == ["shared"] * 2 + ["shared, step reused"] * 2
@@ -368,6 +372,30 @@ def test_an_optimizer_whose_weights_gradients_and_state_alone_exceed_the_budget_
     plan([*BASE, "max_grad_norm=0"], 1500, effective=1, optimizers=["adamw"], precisions=["fp32"],
          checkpointing=[False], margin=0.0)  # fmt: skip
     assert set(traced) == {("adamw", True)}  # only with the update in backward: 1,200 without the gradients
+
+
+def test_a_budget_every_optimizer_s_floor_exceeds_is_one_line_naming_the_smallest(monkeypatch):
+    """Every optimizer over the floor (its counted weights, gradients and state alone above the usable
+    budget, even with the update in backward): nothing is traced, and one line names the smallest."""
+    import effitrain.commands.estimate
+    from effitrain.config.errors import ConfigError
+
+    counted = {"adamw": (400, 400, 1200), "adafactor": (400, 400, 1150)}
+
+    def known_peaks(cfg, optimizers, device, cache, share, steps=None, world_size=1, step=True):
+        assert not step, "nothing is traced"
+        keys = ("weights_bytes", "grads_bytes", "optimizer_state_bytes")
+        return {name: dict(zip(keys, counted[name])) for name in optimizers}
+
+    monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
+    with pytest.raises(ConfigError) as refused:
+        plan([*BASE, "max_grad_norm=0"], 1500, effective=1, optimizers=["adamw", "adafactor"],
+             precisions=["fp32"], checkpointing=[False], margin=0.0)  # fmt: skip
+    assert str(refused.value) == (
+        "--memory-budget=0.0MiB is invalid: nothing fits; the smallest weights, gradients and optimizer "
+        "state alone are 0.0 MiB (optimizer=adafactor precision=fp32 optimizer_in_backward=true), "
+        "0.0 MiB usable with the 0% margin (--margin)"
+    )
 
 
 def test_among_equal_candidates_the_config_s_own_optimizer_ranks_first(monkeypatch):

