@@ -104,7 +104,7 @@ def estimate_memory(cfg, optimizers: dict | None = None, step: bool = True, devi
     optimizer, neither shared nor cached), and the counted totals are named ``whole_model_<key>``
     (:data:`WHOLE_MODEL_KEYS`); an optimizer FSDP refuses has ``unsupported`` instead.
     """
-    from effitrain.memory.replay import leaves_out
+    from effitrain.memory.predicted import leaves_out
     from effitrain.memory.step_peak import CATEGORIES, HOST_OFFLOADED
     from effitrain.memory.trace_cache import traces_of
     from effitrain.train.parallel import strategy_of

@@ -67,7 +67,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     from effitrain.config.compose import compose
     from effitrain.config.overrides import parse
     from effitrain.memory.cuda import CUBLAS_WORKSPACES_BYTES
-    from effitrain.memory.replay import flops_reused
+    from effitrain.memory.fake_window import flops_reused
     from effitrain.memory.shared_traces import StepReplays
 
     base = compose(overrides)

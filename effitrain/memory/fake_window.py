@@ -2,8 +2,9 @@
 prediction (:mod:`effitrain.memory.replay`, :mod:`effitrain.memory.sharded`) steps through.
 
 A micro-batch inside a run of equal ones is left out, the same bytes (:func:`replayed_as`); its
-FLOPs are the replayed one's (:func:`window_flops`); a batch recorded without padding skips the
-attention mask as it did (:func:`mask_skipping_as_recorded`).
+FLOPs are the replayed one's (:func:`window_flops`), and inside plan's search one count serves
+every replay whose FLOPs are the same (:func:`flops_reused`); a batch recorded without padding
+skips the attention mask as it did (:func:`mask_skipping_as_recorded`).
 """
 
 from __future__ import annotations
@@ -153,3 +154,50 @@ def mask_skipping_as_recorded(model, unpadded: set[int]):
             yield
     finally:
         hook.remove()
+
+
+# FLOP counts by :func:`flops_key`, inside :func:`flops_reused` only (None: every replay counts its
+# own, so two paths a test compares are two counts)
+_FLOPS: dict[str, int] | None = None
+
+
+@contextlib.contextmanager
+def flops_reused():
+    """Inside, one count of the model's FLOPs serves every replay of the same model, batch shapes and
+    device (a plan's precisions, optimizers and memory techniques), and one count of what a technique
+    setting recomputes every replay with that setting. FlopCounterMode counts matrix products, which
+    the shapes decide: tests/memory/test_replay.py holds each reused count equal to a fresh one."""
+    global _FLOPS
+    saved, _FLOPS = _FLOPS, ({} if _FLOPS is None else _FLOPS)
+    try:
+        yield
+    finally:
+        _FLOPS = saved
+
+
+def reused_count(key, count) -> int:
+    """``count()``, or inside :func:`flops_reused` the count already made under ``key()``."""
+    if _FLOPS is None:
+        return count()
+    known = key()
+    if known not in _FLOPS:
+        _FLOPS[known] = count()
+    return _FLOPS[known]
+
+
+def flops_key(config, cfg, batches: list[dict], device: str, techniques: bool) -> str:
+    """What a step's FLOPs depend on: the model's config, the run's configuration but its precision
+    and optimizer (the optimizer counted is a plain SGD; autocast changes no product's shape) and
+    Hydra's own node, the recorded batches' shapes and the device's kernels; the memory techniques'
+    keys only for what they recompute (``techniques``): the model's FLOPs are counted before they apply."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from effitrain.config.techniques import TECHNIQUES
+
+    left_out = {"precision", "optimizer", "hydra"} | (
+        {t.key for t in TECHNIQUES} if not techniques else set()
+    )
+    run = {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in left_out}
+    return json.dumps([config.to_dict(), run, repr(batches), device], sort_keys=True, default=str)

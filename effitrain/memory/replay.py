@@ -20,8 +20,15 @@ import torch
 
 from effitrain.config.errors import ConfigError
 from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD, apply_techniques, recomputing
-from effitrain.memory.fake_window import fake_window, mask_skipping_as_recorded, window_flops
-from effitrain.memory.step_peak import breakdown, peak_keys, step_tracker
+from effitrain.memory.fake_window import (
+    fake_window,
+    flops_key,
+    mask_skipping_as_recorded,
+    reused_count,
+    window_flops,
+)
+from effitrain.memory.predicted import BOUND_ASSUMED_BRANCH, BOUND_COUNTED_STATE
+from effitrain.memory.step_peak import breakdown, step_tracker
 from effitrain.util.compat import attention_implementation, fake_tensor_mode, values_assumed
 
 # The phases of a run whose peaks are predicted: the first optimizer step (its state is created in
@@ -57,68 +64,6 @@ class Trace:
     @property
     def run_peak(self) -> dict[str, int]:
         return self.phases[self.run_peak_phase]
-
-
-# The Trainer's own loss scalars (its step's loss, kept detached, and the running total it adds it
-# to: 0-d fp32 tensors) are held in its step, which the replay (the accelerate loop's step) is not:
-# measured 0 to 8 bytes above the prediction (tests/memory/test_memory.py).
-TRAINER_LEAVES_OUT = "the Trainer's own loss scalars (up to 8 bytes)"
-
-# What one rank's replay does not hold, said beside its figures (the run's summary, estimate): gloo's
-# reduce-scatter clone is replayed (equal to the byte, tests/train/test_sharding.py); with accumulation
-# a rank was measured 18,056 B (0.1%) above once, on either rank from run to run, not explained yet.
-SHARDED_LEAVES_OUT = (
-    "what the backend holds outside the replayed calls (with accumulation one rank of two was measured "
-    "0.1% above): the measured step peak can exceed this prediction by it"
-)
-
-
-def leaves_out(cfg, sharded: bool) -> str | None:
-    """What a run's step holds that its prediction does not, said beside the prediction (the run's
-    ``mem/step_peak_predicted_leaves_out``, estimate's ``step_peak_leaves_out``): the measured step
-    peak can exceed the prediction by it. None where the replay holds all of it."""
-    from effitrain.config.registry import uses_trainer
-
-    parts = []
-    if uses_trainer(cfg):
-        parts.append(TRAINER_LEAVES_OUT)
-    if sharded:
-        parts.append(SHARDED_LEAVES_OUT)
-    return "; ".join(parts) or None
-
-
-def predicted_keys(peak: dict[str, int], flops: int, bound: str | None = None) -> dict:
-    """The predicted step peak's keys, with ``mem/step_peak_predicted_bound``: why the figures are an
-    upper bound of the step rather than the step itself (None where the replay is the step)."""
-    return {
-        **peak_keys(peak, "_predicted"),
-        "speed/flops_per_step": flops,
-        "mem/step_peak_predicted_bound": bound,
-    }
-
-
-def run_peak_keys(trace: Trace) -> dict:
-    """``mem/run_peak_bytes_predicted`` (the largest phase), ``mem/run_peak_predicted/<phase>_bytes``
-    and ``mem/run_peak_predicted_bound`` (as ``mem/step_peak_predicted_bound``, for the largest phase)."""
-    keys = {
-        "mem/run_peak_bytes_predicted": trace.run_peak["total"],
-        "mem/run_peak_predicted_bound": trace.bounds.get(trace.run_peak_phase),
-    }
-    keys.update(
-        {f"mem/run_peak_predicted/{phase}_bytes": peak["total"] for phase, peak in trace.phases.items()}
-    )
-    return keys
-
-
-# Why a predicted figure can exceed the real one (Trace.bounds); elsewhere the replay is the step.
-BOUND_COUNTED_STATE = (
-    "the optimizer state is counted, not replayed: held from the first step's start, where the real "
-    "step creates it"
-)
-BOUND_ASSUMED_BRANCH = (
-    "the update compares values fake tensors lack (APOLLO's norm-growth limiter): the branch that "
-    "holds more memory is taken"
-)
 
 
 def trace_step(config, optimizer_cfg, cfg, batches: list[dict], warm_up: bool, device: str = "cpu",
@@ -344,63 +289,21 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
 
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
         with mask_skipping_as_recorded(model, window.unpadded), kernels:
-            # the model's FLOPs and what the techniques recompute: counted here, or by an earlier
-            # replay (flops_reused; the model's FLOPs shared by every technique setting)
-            known = {} if _FLOPS is None else _FLOPS
-            model_key = _flops_key(config, cfg, batches, device, techniques=False)
-            if model_key not in known:
-                known[model_key] = window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
-            flops = known[model_key]
+
+            def count() -> int:  # one step's FLOPs as the model stands
+                return window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
+
+            # counted here, or by an earlier replay of plan's search (flops_reused)
+            flops = reused_count(lambda: flops_key(config, cfg, batches, device, techniques=False), count)
             # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             emulated = autocast_like(device, dtype) if cuda and dtype is not None else None
             apply_techniques(model, cfg, autocast=emulated)
             recomputed = 0
             if recomputing(cfg):  # counted again with the techniques applied: what they repeat
-                key = _flops_key(config, cfg, batches, device, techniques=True)
-                if key not in known:
-                    known[key] = (
-                        window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0)) - flops
-                    )
-                recomputed = known[key]
+                key = lambda: flops_key(config, cfg, batches, device, techniques=True)  # noqa: E731
+                recomputed = reused_count(key, lambda: count() - flops)
             yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
                          cfg=cfg, attached=attached)  # fmt: skip
-
-
-# A replay's FLOPs (model, recomputed) by :func:`_flops_key`, inside :func:`flops_reused` only (None:
-# every replay counts its own, so two paths a test compares are two counts)
-_FLOPS: dict[str, int] | None = None
-
-
-@contextlib.contextmanager
-def flops_reused():
-    """Inside, one count of the model's FLOPs serves every replay of the same model, batch shapes and
-    device (a plan's precisions, optimizers and memory techniques), and one count of what a technique
-    setting recomputes every replay with that setting. FlopCounterMode counts matrix products, which
-    the shapes decide: tests/memory/test_replay.py holds each reused count equal to a fresh one."""
-    global _FLOPS
-    saved, _FLOPS = _FLOPS, ({} if _FLOPS is None else _FLOPS)
-    try:
-        yield
-    finally:
-        _FLOPS = saved
-
-
-def _flops_key(config, cfg, batches: list[dict], device: str, techniques: bool) -> str:
-    """What a step's FLOPs depend on: the model's config, the run's configuration but its precision
-    and optimizer (the optimizer counted is a plain SGD; autocast changes no product's shape) and
-    Hydra's own node, the recorded batches' shapes and the device's kernels; the memory techniques'
-    keys only for what they recompute (``techniques``): the model's FLOPs are counted before they apply."""
-    import json
-
-    from omegaconf import OmegaConf
-
-    from effitrain.config.techniques import TECHNIQUES
-
-    left_out = {"precision", "optimizer", "hydra"} | (
-        {t.key for t in TECHNIQUES} if not techniques else set()
-    )
-    run = {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in left_out}
-    return json.dumps([config.to_dict(), run, repr(batches), device], sort_keys=True, default=str)
 
 
 def _assumed_value(tensor):

@@ -52,7 +52,8 @@ from effitrain.config.errors import ConfigError
 from effitrain.config.summary_schema import CATEGORIES
 from effitrain.config.techniques import apply_techniques, recomputing
 from effitrain.memory.fake_window import fake_window, mask_skipping_as_recorded, window_flops
-from effitrain.memory.replay import BOUND_ASSUMED_BRANCH, Trace, _caches_filled_for_real, _with_values_assumed
+from effitrain.memory.predicted import BOUND_ASSUMED_BRANCH
+from effitrain.memory.replay import Trace, _caches_filled_for_real, _with_values_assumed
 from effitrain.train.parallel import strategy_of
 from effitrain.util.compat import fake_process_group, fake_tensor_mode, fsdp_mem_tracker_class
 

@@ -31,7 +31,8 @@ import json
 import torch
 
 from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD
-from effitrain.memory.replay import BOUND_ASSUMED_BRANCH, Trace, completed, counted_state, replayed, trace_run
+from effitrain.memory.predicted import BOUND_ASSUMED_BRANCH
+from effitrain.memory.replay import Trace, completed, counted_state, replayed, trace_run
 from effitrain.memory.step_peak import CATEGORIES, HOST_OFFLOADED, breakdown, step_tracker
 
 

@@ -21,7 +21,8 @@ from effitrain.backends.base import backend_of
 from effitrain.config.load import derive
 from effitrain.config.validate import validate
 from effitrain.memory.flops import mfu_keys
-from effitrain.memory.replay import leaves_out, predicted_keys, run_peak_keys, trace_run
+from effitrain.memory.predicted import leaves_out, predicted_keys, run_peak_keys
+from effitrain.memory.replay import trace_run
 from effitrain.run import folder_policy, results
 from effitrain.run.build import build_job
 from effitrain.run.folder_policy import check_output_dir

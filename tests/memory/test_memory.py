@@ -15,7 +15,7 @@ import torch
 from effitrain import memory
 from effitrain.commands.estimate import estimate_memory
 from effitrain.config.registry import group_options, installed_optimizers
-from effitrain.memory.replay import BOUND_ASSUMED_BRANCH
+from effitrain.memory.predicted import BOUND_ASSUMED_BRANCH
 from effitrain.train.modeling import build_model, build_tokenizer
 from effitrain.train.optim import build_optimizer
 from tests.helpers.run import REPO, TINY, compose, optimizer_option, read_metrics, run_job, train_py
@@ -314,7 +314,7 @@ def test_the_step_tracker_finds_memtrackers_peak():
 
 
 def assert_predicted_is_measured(summary: dict, backend: str = "accelerator") -> None:
-    from effitrain.memory.replay import TRAINER_LEAVES_OUT
+    from effitrain.memory.predicted import TRAINER_LEAVES_OUT
 
     """Category by category, to the byte; the Trainer keeps a few loss scalars of its own (4 bytes
     each) in its step, which the replay (the accelerate loop's step) does not."""

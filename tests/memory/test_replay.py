@@ -129,7 +129,7 @@ def test_a_real_step_of_six_equal_causal_micro_batches_is_predicted_to_the_byte(
 
 
 def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
-    """Inside ``replay.flops_reused`` (plan's search) a replay's FLOPs are counted once per model,
+    """Inside ``fake_window.flops_reused`` (plan's search) a replay's FLOPs are counted once per model,
     batch shapes, device and techniques and reused for other precisions and optimizers: the reused
     count equals a fresh one (the memo emptied), the recomputed FLOPs of selective checkpointing and
     the chunked loss too, and the reuse is taken. Outside it every replay counts its own (so two
@@ -152,18 +152,20 @@ def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
         trace = trace_run(meta_model(cfg).config, cfg.optimizer, cfg, batches, "cuda", evaluation)
         return trace.flops, trace.recomputed_flops
 
-    with replay.flops_reused():
+    with fake_window.flops_reused():
         first = traced("fp32", "adamw")
         reused = traced("bf16", "lion")
         assert len(counted) == 2  # the first trace's two counts, none for the second
-        replay._FLOPS.clear()
+        fake_window._FLOPS.clear()
         fresh = traced("bf16", "lion")
     assert reused == fresh == first and fresh[1] > 0 and len(counted) == 4
-    with replay.flops_reused():  # another technique setting: the model's count shared, its own recomputed
+    with (
+        fake_window.flops_reused()
+    ):  # another technique setting: the model's count shared, its own recomputed
         traced("fp32", "adamw")
         every_block = traced("fp32", "adamw", "gradient_checkpointing=true")
         assert len(counted) == 4 + 2 + 1
     assert every_block[0] == first[0] and every_block[1] > first[1]
     counted.clear()
     traced("bf16", "lion")
-    assert len(counted) == 2 and replay._FLOPS is None  # outside: counted again
+    assert len(counted) == 2 and fake_window._FLOPS is None  # outside: counted again

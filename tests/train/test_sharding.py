@@ -217,7 +217,7 @@ def test_each_rank_measures_its_shards(two_runs):
         # accumulation, one rank of the two measured 18,056 B (0.1%) above, either from run to run
         measured, predicted = figures["mem/step_peak_bytes"], figures["mem/step_peak_bytes_predicted"]
         assert 0 <= measured - predicted <= 0.002 * measured
-        from effitrain.memory.replay import SHARDED_LEAVES_OUT
+        from effitrain.memory.predicted import SHARDED_LEAVES_OUT
 
         assert figures["mem/step_peak_predicted_leaves_out"] == SHARDED_LEAVES_OUT  # said, not silent
         # the step tracker (MemTracker) counts the same DTensor shards; the estimate, the shards' shapes
