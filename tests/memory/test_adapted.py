@@ -221,3 +221,26 @@ def test_qlora_s_count_is_what_bitsandbytes_itself_packs_for_each_layer():
     largest = max(w.numel() for w in layers)
     assert phases["later_step"]["weights"] == -sum(4 * w.numel() - packed[w.numel()][0] for w in layers)
     assert phases["later_step"]["temporaries"] == 4 * largest + 4 * packed[largest][1]
+
+
+def test_under_bf16_the_4bit_layers_biases_are_counted_in_bf16_and_the_dequantized_copy_cast():
+    """``Linear4bit.forward`` casts its bias to the compute dtype in place at its first call
+    (``bias.data = bias.data.to(x.dtype)``): under bf16 each quantized layer's fp32 bias holds 2
+    bytes an element fewer, on the tiny BERT (per block query, key, value and attention output of
+    32 outputs, intermediate 64, output 32; 2 blocks), beside the packed codes (half a byte a
+    weight); the dequantized temporary gains its bf16 cast (2 bytes a weight of the largest layer)."""
+    from effitrain.train.adapters.replay import counted_4bit
+    from effitrain.train.modeling import model_config
+
+    cfg = compose("model=tiny", "adapter=qlora", "precision=bf16")
+    task = build_task(cfg)
+    config = model_config(cfg.model, 3, None, task.auto_class)
+    h, i, blocks = 32, 64, 2
+    weights = blocks * (4 * h * h + 2 * h * i)
+    biases = blocks * (4 * h + i + h)
+    zero = dict.fromkeys([*CATEGORIES, "total"], 0)
+    phases = {"later_step": dict(zero)}
+    counted_4bit(phases, config, cfg)
+    assert phases["later_step"]["weights"] == -(weights * 4 - weights // 2) - 2 * biases
+    largest = h * i
+    assert phases["later_step"]["temporaries"] == largest * (4 + 2) + 4 * (largest // 64)
