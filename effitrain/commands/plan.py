@@ -67,7 +67,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     from effitrain.config.compose import compose
     from effitrain.config.overrides import parse
     from effitrain.memory.cuda import CUBLAS_WORKSPACES_BYTES
-    from effitrain.memory.fake_window import flops_reused
+    from effitrain.memory.fake_window import reused_in_search
     from effitrain.memory.shared_traces import StepReplays
 
     base = compose(overrides)
@@ -210,7 +210,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                 fewest = best["gradient_accumulation_steps"]
 
     try:
-        with flops_reused():  # one FLOP count serves a candidate's precisions, optimizers and levers
+        with reused_in_search():  # one FLOP count serves a candidate's precisions, optimizers and levers
             for values in product(*axes.values()):
                 setting = dict(zip(axes, values))
                 searches = {name: search() for name in optimizers}

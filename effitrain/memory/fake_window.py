@@ -3,7 +3,7 @@ prediction (:mod:`effitrain.memory.replay`, :mod:`effitrain.memory.sharded`) ste
 
 A micro-batch inside a run of equal ones is left out, the same bytes (:func:`replayed_as`); its
 FLOPs are the replayed one's (:func:`window_flops`), and inside plan's search one count serves
-every replay whose FLOPs are the same (:func:`flops_reused`); a batch recorded without padding
+every replay whose FLOPs are the same (:func:`reused_in_search`); a batch recorded without padding
 skips the attention mask as it did (:func:`mask_skipping_as_recorded`).
 """
 
@@ -156,33 +156,36 @@ def mask_skipping_as_recorded(model, unpadded: set[int]):
         hook.remove()
 
 
-# FLOP counts by :func:`flops_key`, inside :func:`flops_reused` only (None: every replay counts its
-# own, so two paths a test compares are two counts)
-_FLOPS: dict[str, int] | None = None
+# What plan's search counted once and reuses, by key (:func:`flops_key`, and the shared replay's eval
+# phase by ``effitrain.memory.shared_traces.eval_key``), inside :func:`reused_in_search` only (None:
+# every replay counts its own, so two paths a test compares are two counts)
+_REUSED: dict[str, object] | None = None
 
 
 @contextlib.contextmanager
-def flops_reused():
+def reused_in_search():
     """Inside, one count of the model's FLOPs serves every replay of the same model, batch shapes and
-    device (a plan's precisions, optimizers and memory techniques), and one count of what a technique
-    setting recomputes every replay with that setting. FlopCounterMode counts matrix products, which
-    the shapes decide: tests/memory/test_replay.py holds each reused count equal to a fresh one."""
-    global _FLOPS
-    saved, _FLOPS = _FLOPS, ({} if _FLOPS is None else _FLOPS)
+    device (a plan's precisions, optimizers and memory techniques), one count of what a technique
+    setting recomputes every replay with that setting, and one eval phase every replay that differs
+    only in its optimizer and micro batch. FlopCounterMode counts matrix products, which the shapes
+    decide; evaluation runs neither the optimizer nor a training batch: tests/memory/test_replay.py
+    and tests/memory/test_shared_traces.py hold each reused figure equal to a fresh one."""
+    global _REUSED
+    saved, _REUSED = _REUSED, ({} if _REUSED is None else _REUSED)
     try:
         yield
     finally:
-        _FLOPS = saved
+        _REUSED = saved
 
 
-def reused_count(key, count) -> int:
-    """``count()``, or inside :func:`flops_reused` the count already made under ``key()``."""
-    if _FLOPS is None:
-        return count()
+def reused(key, compute):
+    """``compute()``, or inside :func:`reused_in_search` the value already computed under ``key()``."""
+    if _REUSED is None:
+        return compute()
     known = key()
-    if known not in _FLOPS:
-        _FLOPS[known] = count()
-    return _FLOPS[known]
+    if known not in _REUSED:
+        _REUSED[known] = compute()
+    return _REUSED[known]
 
 
 def flops_key(config, cfg, batches: list[dict], device: str, techniques: bool) -> str:
@@ -200,4 +203,4 @@ def flops_key(config, cfg, batches: list[dict], device: str, techniques: bool) -
         {t.key for t in TECHNIQUES} if not techniques else set()
     )
     run = {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in left_out}
-    return json.dumps([config.to_dict(), run, repr(batches), device], sort_keys=True, default=str)
+    return json.dumps(["flops", config.to_dict(), run, repr(batches), device], sort_keys=True, default=str)

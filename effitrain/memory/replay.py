@@ -24,7 +24,7 @@ from effitrain.memory.fake_window import (
     fake_window,
     flops_key,
     mask_skipping_as_recorded,
-    reused_count,
+    reused,
     window_flops,
 )
 from effitrain.memory.predicted import BOUND_ASSUMED_BRANCH, BOUND_COUNTED_STATE
@@ -293,15 +293,15 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             def count() -> int:  # one step's FLOPs as the model stands
                 return window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
 
-            # counted here, or by an earlier replay of plan's search (flops_reused)
-            flops = reused_count(lambda: flops_key(config, cfg, batches, device, techniques=False), count)
+            # counted here, or by an earlier replay of plan's search (reused_in_search)
+            flops = reused(lambda: flops_key(config, cfg, batches, device, techniques=False), count)
             # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             emulated = autocast_like(device, dtype) if cuda and dtype is not None else None
             apply_techniques(model, cfg, autocast=emulated)
             recomputed = 0
             if recomputing(cfg):  # counted again with the techniques applied: what they repeat
                 key = lambda: flops_key(config, cfg, batches, device, techniques=True)  # noqa: E731
-                recomputed = reused_count(key, lambda: count() - flops)
+                recomputed = reused(key, lambda: count() - flops)
             yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
                          cfg=cfg, attached=attached)  # fmt: skip
 

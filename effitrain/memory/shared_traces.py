@@ -31,6 +31,7 @@ import json
 import torch
 
 from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD
+from effitrain.memory.fake_window import reused
 from effitrain.memory.predicted import BOUND_ASSUMED_BRANCH
 from effitrain.memory.replay import Trace, completed, counted_state, replayed, trace_run
 from effitrain.memory.step_peak import CATEGORIES, HOST_OFFLOADED, breakdown, step_tracker
@@ -74,8 +75,10 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
             _each_step(replay, optimizers, phase, backward, traces, records, steps, keys, fallback)
         for param in replay.model.parameters():  # as the later step's zero_grad leaves them
             param.grad = None
-        if replay.evaluation is not None:
-            replay.tracked("eval", replay.evaluate)
+        if replay.evaluation is not None:  # traced, or inside plan's search reused (eval_key)
+            replay.phases["eval"] = dict(
+                reused(lambda: eval_key(config, cfg, eval_shapes, device), lambda: _eval_phase(replay))
+            )
             weights = _held(replay.model)
             for name, optimizer in ((n, o) for n, o in optimizers.items() if n not in fallback):
                 if name not in steps.reused:  # the state held throughout evaluation
@@ -91,6 +94,23 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
         trace.flops, trace.recomputed_flops = replay.flops, replay.recomputed_flops
         completed(trace, analytic[name], config, cfg, device)
     return traces
+
+
+def _eval_phase(replay) -> dict[str, int]:
+    replay.tracked("eval", replay.evaluate)
+    return replay.phases["eval"]
+
+
+def eval_key(config, cfg, eval_shapes: dict, device: str) -> str:
+    """What the shared replay's eval phase (the model's weights and an eval batch's forward under
+    ``no_grad``; the optimizer's state is added per optimizer) depends on: the model's config, the
+    run's configuration but its optimizer, micro batch and accumulation (and Hydra's own node), the
+    eval batch's shapes and the device's kernels."""
+    from omegaconf import OmegaConf
+
+    left_out = {"optimizer", "hydra", "micro_batch_size", "effective_batch_size", "gradient_accumulation_steps"}
+    run = {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in left_out}
+    return json.dumps(["eval", config.to_dict(), run, repr(eval_shapes), device], sort_keys=True, default=str)
 
 
 @dataclasses.dataclass

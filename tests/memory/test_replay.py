@@ -36,7 +36,7 @@ def every_micro_batch(monkeypatch):
 
 
 CASES = {  # (device profile, overrides), each with an accumulation window of 6: four left out
-    "classification": ("cpu", ["model=tiny", "max_length=64", "optimizer=adamw"]),
+    "classification": ("cpu", ["model=tiny", "max_length=64", "optimizer=adamw", "model.architecture.num_hidden_layers=1"]),
     "cuda_causal_bf16_checkpointing": ("cuda", CAUSAL_BF16_CHECKPOINTING),
     "lora_8bit_adam": ("cpu", ["model=tiny", "max_length=64", "adapter=lora", "optimizer=adam8bit"]),
 }
@@ -67,7 +67,7 @@ def test_the_batch_tensors_a_left_out_micro_batch_would_have_had_counted_are_cou
     """GPT-2's forward views its input ids and mask, a causal LM's loss its labels: MemTracker then
     counts each micro-batch's tensors from that moment on. Left out without them, the step is lower."""
     cfg = compose("task=causal_lm", "model=llama_tiny", "optimizer=adamw")
-    config = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+    config = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=1, n_head=2, bos_token_id=0,
                         eos_token_id=0)  # fmt: skip
     shape = ((2, 32), torch.int64)
     batch = {"input_ids": shape, "attention_mask": shape, "labels": shape, "padded": True}
@@ -84,7 +84,7 @@ def test_the_batch_tensors_a_left_out_micro_batch_would_have_had_counted_are_cou
 
 
 def test_a_window_of_changing_shapes_and_padding_is_replayed_as_in_full(monkeypatch):
-    cfg = compose("task=causal_lm", "model=llama_tiny", "optimizer=adamw")
+    cfg = compose("task=causal_lm", "model=llama_tiny", "optimizer=adamw", "model.architecture.num_hidden_layers=1")
     model = meta_model(cfg)
 
     def batch(rows, tokens, padded):
@@ -101,7 +101,8 @@ def test_a_window_of_changing_shapes_and_padding_is_replayed_as_in_full(monkeypa
 
 
 def test_a_sharded_window_keeps_its_synchronizing_last_micro_batch(monkeypatch):
-    cfg = compose("task=causal_lm", "model=llama_tiny", "parallel=fsdp", "optimizer=adamw", "max_length=32")
+    cfg = compose("task=causal_lm", "model=llama_tiny", "parallel=fsdp", "optimizer=adamw", "max_length=32",
+                  "model.architecture.num_hidden_layers=1")  # fmt: skip
     model = meta_model(cfg)
     batches = replay_shapes(cfg, model)[0] * 6
     left_out = trace_sharded(model.config, cfg.optimizer, cfg, batches, "cpu", world_size=2)
@@ -129,7 +130,7 @@ def test_a_real_step_of_six_equal_causal_micro_batches_is_predicted_to_the_byte(
 
 
 def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
-    """Inside ``fake_window.flops_reused`` (plan's search) a replay's FLOPs are counted once per model,
+    """Inside ``fake_window.reused_in_search`` (plan's search) a replay's FLOPs are counted once per model,
     batch shapes, device and techniques and reused for other precisions and optimizers: the reused
     count equals a fresh one (the memo emptied), the recomputed FLOPs of selective checkpointing and
     the chunked loss too, and the reuse is taken. Outside it every replay counts its own (so two
@@ -148,19 +149,19 @@ def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
 
     def traced(precision, optimizer, *levers):
         cfg = compose(*base, f"precision={precision}", f"optimizer={optimizer}", *levers, tiny=False)
-        batches, evaluation = replay_shapes(cfg, meta_model(cfg))
-        trace = trace_run(meta_model(cfg).config, cfg.optimizer, cfg, batches, "cuda", evaluation)
-        return trace.flops, trace.recomputed_flops
+        model = meta_model(cfg)
+        with replay.replayed(model.config, cfg, replay_shapes(cfg, model)[0], "cuda") as replayed:
+            return replayed.flops, replayed.recomputed_flops  # counted as the replay is made
 
-    with fake_window.flops_reused():
+    with fake_window.reused_in_search():
         first = traced("fp32", "adamw")
         reused = traced("bf16", "lion")
         assert len(counted) == 2  # the first trace's two counts, none for the second
-        fake_window._FLOPS.clear()
+        fake_window._REUSED.clear()
         fresh = traced("bf16", "lion")
     assert reused == fresh == first and fresh[1] > 0 and len(counted) == 4
     with (
-        fake_window.flops_reused()
+        fake_window.reused_in_search()
     ):  # another technique setting: the model's count shared, its own recomputed
         traced("fp32", "adamw")
         every_block = traced("fp32", "adamw", "gradient_checkpointing=true")
@@ -168,4 +169,4 @@ def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
     assert every_block[0] == first[0] and every_block[1] > first[1]
     counted.clear()
     traced("bf16", "lion")
-    assert len(counted) == 2 and fake_window._FLOPS is None  # outside: counted again
+    assert len(counted) == 2 and fake_window._REUSED is None  # outside: counted again

@@ -116,3 +116,39 @@ def test_a_record_whose_later_step_saw_other_gradients_is_never_reused_for_it():
     full = trace_run(model.config, cfg.optimizer, cfg, batches, "cpu", evaluation)
     assert again == full and again.phases["later_step"]["total"] < 10**9
     assert steps.reused == set()  # replayed, not reused
+
+
+def test_inside_plan_s_search_one_eval_phase_serves_every_micro_batch_and_optimizer(monkeypatch):
+    """Evaluation runs neither the optimizer nor a training batch: inside ``reused_in_search`` (plan's
+    search) a candidate that differs only in its micro batch and accumulation reuses the eval phase
+    traced for another, each optimizer's eval figures equal to a fresh trace's (its own state added);
+    another precision traces its own."""
+    from effitrain.memory import fake_window, shared_traces
+
+    traced, own = [], shared_traces._eval_phase
+    monkeypatch.setattr(shared_traces, "_eval_phase", lambda replay: traced.append(1) or own(replay))
+
+    def traces(*overrides):
+        common = ["model=tiny", "max_length=32", *overrides]
+        nodes = {name: compose(*common, f"optimizer={name}").optimizer for name in ("adamw", "lion")}
+        cfg = compose(*common)
+        model = meta_model(cfg)
+        batches, evaluation = replay_shapes(cfg, model)
+        return trace_runs(model.config, nodes, cfg, batches, "cpu", evaluation)
+
+    with fake_window.reused_in_search():
+        traces("micro_batch_size=2")
+        reused = traces("micro_batch_size=4", "gradient_accumulation_steps=2")
+        assert len(traced) == 1
+        traces("micro_batch_size=4", "precision=bf16")
+        assert len(traced) == 2
+    fresh = traces("micro_batch_size=4", "gradient_accumulation_steps=2")
+    assert len(traced) == 3
+    for name in ("adamw", "lion"):
+        assert reused[name].phases["eval"] == fresh[name].phases["eval"], name
+    # the state held through evaluation is each optimizer's: AdamW's two moments and a float32 step
+    # count per parameter tensor, Lion's one moment (the weights' size)
+    states = {name: reused[name].phases["eval"]["optimizer_state"] for name in ("adamw", "lion")}
+    parameters = list(meta_model(compose("model=tiny")).parameters())
+    assert states["lion"] == sum(4 * p.numel() for p in parameters)
+    assert states["adamw"] == 2 * states["lion"] + 4 * len(parameters)

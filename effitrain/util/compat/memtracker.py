@@ -216,7 +216,12 @@ def _modules(external) -> list:
 
 
 def _leaves_dead_graph(module) -> bool:
-    """peft's DoRA layer computes its update ``B @ A`` with gradients and uses only its detached norm."""
+    """peft's DoRA layer computes its update ``B @ A`` with gradients and uses only its detached norm.
+    With its module never imported there is none (and importing peft would cost a run a second)."""
+    import sys
+
+    if "peft.tuners.lora.dora" not in sys.modules:
+        return False
     dora = dora_layer_class()
     return dora is not None and isinstance(module, dora)
 
