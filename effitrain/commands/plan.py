@@ -282,10 +282,11 @@ def confirm(row: dict, device: str) -> None:
     if row["trace_source"] == TRACED_ALONE:  # its figures are a full replay of its own already
         row["confirmed_by_full_replay"] = True
         return
-    cfg = compose(row["command"].split()[2:])
-    apply_effective_batch_size(cfg)
+    words, gpus = row["command"].split(), row.get("gpus", 1)  # python or torchrun ... train.py OVERRIDES
+    cfg = compose(words[words.index("train.py") + 1 :])
+    apply_effective_batch_size(cfg, gpus)
     [full] = estimate_memory(
-        cfg, {row["optimizer"]: cfg.optimizer}, device=device, cache=False, share=False
+        cfg, {row["optimizer"]: cfg.optimizer}, device=device, cache=False, share=False, world_size=gpus
     ).values()
     found = (full["step_peak_bytes"], full["run_peak_bytes"], full["run_peak"])
     planned = (row["step_peak_bytes_predicted"], row["run_peak_bytes_predicted"], row["run_peak_predicted"])

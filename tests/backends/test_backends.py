@@ -84,3 +84,25 @@ def test_window_step_uses_the_step_ops_in_order():
     assert backward_losses == pytest.approx([loss * 2 / 5 for loss in meter.losses], rel=1e-6)
     torch.testing.assert_close(model.weight.grad, expected_grad)
     assert norm.item() == pytest.approx(expected_grad.norm().item(), rel=1e-6)
+
+
+def test_the_trainer_s_loss_is_its_share_of_the_step_over_every_process():
+    """DDP averages the processes' gradients, so each process's loss is its summed micro-batch loss
+    over the whole step's items, times the processes: 6 / 8 x 2 = 1.5 on 2 processes (a Trainer that
+    passed 1 would step every run of 2 processes at half its gradient; the torchrun tests catch it in
+    a run, slowly). compute_loss alone, on a Trainer never set up."""
+    from types import SimpleNamespace
+
+    from effitrain.backends.trainer import _EffitrainTrainer
+
+    seen, added = [], []
+    trainer = object.__new__(_EffitrainTrainer)
+    trainer._job = SimpleNamespace(
+        step_memory=SimpleNamespace(saw=seen.append),
+        task=SimpleNamespace(loss_sum=lambda model, inputs: torch.tensor(6.0)),
+        meter=SimpleNamespace(add=lambda loss, inputs: added.append(loss.item())),
+    )
+    trainer.accelerator = SimpleNamespace(num_processes=2)
+    inputs = {"input_ids": torch.zeros(2, 3)}
+    assert trainer.compute_loss(None, inputs, num_items_in_batch=8).item() == 1.5
+    assert seen == [inputs] and added == [6.0]  # the tracker saw the batch, the meter its summed loss

@@ -372,6 +372,11 @@ def test_an_optimizer_whose_weights_gradients_and_state_alone_exceed_the_budget_
     plan([*BASE, "max_grad_norm=0"], 1500, effective=1, optimizers=["adamw"], precisions=["fp32"],
          checkpointing=[False], margin=0.0)  # fmt: skip
     assert set(traced) == {("adamw", True)}  # only with the update in backward: 1,200 without the gradients
+    counted["adamw"] = (400, 400, 1200)  # the whole model's 2,000; FSDP over 2 GPUs: a rank holds 1,000
+    traced.clear()
+    plan([*BASE, "max_grad_norm=0"], 1500, effective=2, optimizers=["adamw"], precisions=["fp32"],
+         checkpointing=[False], margin=0.0, gpus=2)  # fmt: skip
+    assert ("adamw", False) in traced
 
 
 def test_a_budget_every_optimizer_s_floor_exceeds_is_one_line_naming_the_smallest(monkeypatch):
