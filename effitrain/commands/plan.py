@@ -210,7 +210,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                 fewest = best["gradient_accumulation_steps"]
 
     try:
-        with reused_in_search():  # one FLOP count serves a candidate's precisions, optimizers and levers
+        with reused_in_search():  # FLOP counts and eval phases serve the candidates they do not depend on
             for values in product(*axes.values()):
                 setting = dict(zip(axes, values))
                 searches = {name: search() for name in optimizers}

@@ -129,7 +129,7 @@ def test_inside_plan_s_search_one_eval_phase_serves_every_micro_batch_and_optimi
     monkeypatch.setattr(shared_traces, "_eval_phase", lambda replay: traced.append(1) or own(replay))
 
     def traces(*overrides):
-        common = ["model=tiny", "max_length=32", *overrides]
+        common = ["model=tiny", "max_length=16", "model.architecture.num_hidden_layers=1", *overrides]
         nodes = {name: compose(*common, f"optimizer={name}").optimizer for name in ("adamw", "lion")}
         cfg = compose(*common)
         model = meta_model(cfg)
@@ -149,6 +149,6 @@ def test_inside_plan_s_search_one_eval_phase_serves_every_micro_batch_and_optimi
     # the state held through evaluation is each optimizer's: AdamW's two moments and a float32 step
     # count per parameter tensor, Lion's one moment (the weights' size)
     states = {name: reused[name].phases["eval"]["optimizer_state"] for name in ("adamw", "lion")}
-    parameters = list(meta_model(compose("model=tiny")).parameters())
+    parameters = list(meta_model(compose("model=tiny", "model.architecture.num_hidden_layers=1")).parameters())
     assert states["lion"] == sum(4 * p.numel() for p in parameters)
     assert states["adamw"] == 2 * states["lion"] + 4 * len(parameters)

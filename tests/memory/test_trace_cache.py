@@ -13,7 +13,7 @@ from effitrain.memory.replay import trace_run
 from effitrain.memory.trace_cache import CACHED, TRACED_ALONE, TRACED_SHARED, traces_of
 from tests.helpers.run import compose
 
-OVERRIDES = ["model=tiny", "max_length=16", "eval_batch_size=2"]
+OVERRIDES = ["model=tiny", "max_length=16", "eval_batch_size=2", "model.architecture.num_hidden_layers=1"]
 
 
 @pytest.fixture
