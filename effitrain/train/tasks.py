@@ -112,14 +112,12 @@ class Classification(Task):
         return {"eval/input_blind_loss": loss}
 
     def tokenize(self, raw, tokenizer, max_length: int):
-        from datasets import DatasetDict
+        from effitrain.train.data import map_splits
 
         def encode(batch):
             return tokenizer(batch["text"], truncation=True, max_length=max_length)
 
-        tokenized = DatasetDict({"train": raw.train, "eval": raw.eval}).map(
-            encode, batched=True, remove_columns=["text"], desc="tokenizing"
-        )
+        tokenized = map_splits({"train": raw.train, "eval": raw.eval}, encode, ["text"])
         return tokenized.rename_column("label", "labels")
 
     def collator(self, tokenizer):
@@ -244,8 +242,9 @@ class CausalLM(Task):
                         "max_length", max_length, f"the {name} split holds fewer tokens than one packed row"
                     )
             return tokenized
-        columns = raw.train.column_names
-        return DatasetDict(splits).map(encode, batched=True, remove_columns=columns, desc="tokenizing")
+        from effitrain.train.data import map_splits
+
+        return map_splits(splits, encode, raw.train.column_names)
 
     def collator(self, tokenizer):
         return CausalCollator(tokenizer)

@@ -174,3 +174,25 @@ def test_each_epoch_is_its_own_permutation_of_seed_plus_epoch():
         expected = torch.randperm(58, generator=torch.Generator().manual_seed(42 + epoch)).tolist()
         assert orders[-1] == expected and sorted(orders[-1]) == list(range(58))
     assert orders[0] != orders[1] != orders[2] and orders[3] == orders[1]
+
+
+def test_tokenizing_for_the_cache_hashes_no_mapped_function(tmp_path, monkeypatch):
+    """datasets names a mapped split by hashing the mapped function and the tokenizer it holds (two
+    thirds of a second); inside tokenize_cached the cache's own key names it instead, and the rows
+    are those of the tokenizer called on each text."""
+    import datasets.fingerprint
+
+    original = datasets.fingerprint.update_fingerprint
+
+    def hashed(fingerprint, transform, transform_args):
+        assert "function" not in transform_args, "the mapped function was hashed"
+        return original(fingerprint, transform, transform_args)
+
+    monkeypatch.setattr(datasets.fingerprint, "update_fingerprint", hashed)
+    monkeypatch.setattr(datasets.arrow_dataset, "update_fingerprint", hashed)  # map's own name for it
+    cfg = compose()
+    raw, tokenizer = instantiate(cfg.data), build_tokenizer(cfg.model)
+    tokens = tokenize_cached(raw, tokenizer, 16, None, {"k": 1}, Classification())  # no cache folder
+    assert tokens["eval"]["input_ids"] == [
+        tokenizer(text, truncation=True, max_length=16)["input_ids"] for text in raw.eval["text"]
+    ]
