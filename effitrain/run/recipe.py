@@ -22,7 +22,7 @@ from effitrain.config.load import derive
 from effitrain.config.validate import validate
 from effitrain.memory.flops import mfu_keys
 from effitrain.memory.predicted import leaves_out, predicted_keys, run_peak_keys
-from effitrain.memory.replay import trace_run
+from effitrain.memory.shared_traces import trace_runs
 from effitrain.run import folder_policy, results
 from effitrain.run.build import build_job
 from effitrain.run.folder_policy import check_output_dir
@@ -210,10 +210,9 @@ def predict_step_peak(job: Job) -> dict:
 
             trace = trace_sharded(job.model.config, job.cfg.optimizer, job.cfg, memory.batches, device, evaluation,
                                   world_size=world_size(), rank=rank())  # fmt: skip
-        else:
-            trace = trace_run(
-                job.model.config, job.cfg.optimizer, job.cfg, memory.batches, device, evaluation
-            )
+        else:  # one forward and backward for the first step and a later one, as estimate replays it
+            [trace] = trace_runs(job.model.config, {"run": job.cfg.optimizer}, job.cfg, memory.batches, device,
+                                 evaluation).values()  # fmt: skip
     except Exception as error:  # a model fake tensors cannot run: the run's own figures stand
         log.warning("the step peak could not be predicted (%s: %s)", type(error).__name__, error)
         return {"mem/step_peak_predicted_error": one_line(error)}

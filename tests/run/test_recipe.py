@@ -456,7 +456,7 @@ def test_the_run_traces_its_evaluation_at_eval_batch_size_by_max_length(monkeypa
 
     asked = []
 
-    def replay(config, optimizer_cfg, cfg, batches, device, eval_shapes):
+    def replay(config, optimizer_cfgs, cfg, batches, device, eval_shapes):
         asked.append((batches, device, eval_shapes))
         peak = {
             "weights": 1,
@@ -466,9 +466,9 @@ def test_the_run_traces_its_evaluation_at_eval_batch_size_by_max_length(monkeypa
             "temporaries": 0,
             "total": 1,
         }
-        return Trace({"first_step": peak, "later_step": peak, "eval": peak}, 1)
+        return {name: Trace({"first_step": peak, "later_step": peak, "eval": peak}, 1) for name in optimizer_cfgs}
 
-    monkeypatch.setattr(effitrain.run.recipe, "trace_run", replay)
+    monkeypatch.setattr(effitrain.run.recipe, "trace_runs", replay)
     cfg = compose("max_length=32", "micro_batch_size=4", "eval_batch_size=24")
     recorded = {**_tokens_shapes(4, 20), "padded": True}
     model = torch.nn.Linear(2, 2)
