@@ -525,7 +525,7 @@ def test_full_fine_tuning_ranks_first_where_it_fits_and_an_adapter_where_only_it
 def test_the_best_candidate_is_confirmed_by_a_full_replay_and_a_shared_fault_is_caught(monkeypatch):
     """Every candidate from the shared replay, the best one again from a full trace of its own:
     equal here; a shared replay that found one byte less is refused."""
-    base = ["model=tiny", "data=synthetic", "max_length=16", "eval_batch_size=2"]
+    base = ["model=tiny", "data=synthetic", "max_length=16", "eval_batch_size=2", "model.architecture.num_hidden_layers=1"]
     rows = plan(
         base, 2**40, effective=2, optimizers=["adamw", "lion"], precisions=["fp32"], checkpointing=[False]
     )
