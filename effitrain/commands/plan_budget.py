@@ -55,6 +55,6 @@ def weights_fit(cfg, budget: int, budget_text: str, margin: float = DEFAULT_MARG
     if weights > budget * (1 - margin):
         raise ConfigError(
             f"--memory-budget={budget_text!r} is invalid: the model's weights alone take "
-            f"{weights / 2**20:.1f} MiB (with the {margin:.0%} margin, --margin): give more than "
-            f"{weights / (1 - margin) / 2**20:.1f}MiB"
+            f"{weights / MIB:.1f} MiB (with the {margin:.0%} margin, --margin): give more than "
+            f"{weights / (1 - margin) / MIB:.1f}MiB"
         )

@@ -188,19 +188,24 @@ def reused(key, compute):
     return _REUSED[known]
 
 
-def flops_key(config, cfg, batches: list[dict], device: str, techniques: bool) -> str:
-    """What a step's FLOPs depend on: the model's config, the run's configuration but its precision
-    and optimizer (the optimizer counted is a plain SGD; autocast changes no product's shape) and
-    Hydra's own node, the recorded batches' shapes and the device's kernels; the memory techniques'
-    keys only for what they recompute (``techniques``): the model's FLOPs are counted before they apply."""
+def reuse_key(kind: str, config, cfg, shapes, device: str, left_out: set[str]) -> str:
+    """The key :func:`reused` files a ``kind`` of figure under: the model's config, the run's
+    configuration but the keys ``left_out`` (and Hydra's own node), the shapes replayed and the
+    device's kernels."""
     import json
 
     from omegaconf import OmegaConf
 
+    run = {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in left_out | {"hydra"}}
+    return json.dumps([kind, config.to_dict(), run, repr(shapes), device], sort_keys=True, default=str)
+
+
+def flops_key(config, cfg, batches: list[dict], device: str, techniques: bool) -> str:
+    """What a step's FLOPs depend on: all :func:`reuse_key` names but the precision and optimizer
+    (the optimizer counted is a plain SGD; autocast changes no product's shape); the memory
+    techniques' keys only for what they recompute (``techniques``): the model's FLOPs are counted
+    before they apply."""
     from effitrain.config.techniques import TECHNIQUES
 
-    left_out = {"precision", "optimizer", "hydra"} | (
-        {t.key for t in TECHNIQUES} if not techniques else set()
-    )
-    run = {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in left_out}
-    return json.dumps(["flops", config.to_dict(), run, repr(batches), device], sort_keys=True, default=str)
+    left_out = {"precision", "optimizer"} | ({t.key for t in TECHNIQUES} if not techniques else set())
+    return reuse_key("flops", config, cfg, batches, device, left_out)

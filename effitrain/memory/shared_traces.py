@@ -31,7 +31,7 @@ import json
 import torch
 
 from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD
-from effitrain.memory.fake_window import reused
+from effitrain.memory.fake_window import reuse_key, reused
 from effitrain.memory.predicted import BOUND_ASSUMED_BRANCH
 from effitrain.memory.replay import Trace, completed, counted_state, replayed, trace_run
 from effitrain.memory.step_peak import CATEGORIES, HOST_OFFLOADED, breakdown, step_tracker
@@ -103,14 +103,10 @@ def _eval_phase(replay) -> dict[str, int]:
 
 def eval_key(config, cfg, eval_shapes: dict, device: str) -> str:
     """What the shared replay's eval phase (the model's weights and an eval batch's forward under
-    ``no_grad``; the optimizer's state is added per optimizer) depends on: the model's config, the
-    run's configuration but its optimizer, micro batch and accumulation (and Hydra's own node), the
-    eval batch's shapes and the device's kernels."""
-    from omegaconf import OmegaConf
-
-    left_out = {"optimizer", "hydra", "micro_batch_size", "effective_batch_size", "gradient_accumulation_steps"}
-    run = {k: v for k, v in OmegaConf.to_container(cfg).items() if k not in left_out}
-    return json.dumps(["eval", config.to_dict(), run, repr(eval_shapes), device], sort_keys=True, default=str)
+    ``no_grad``; the optimizer's state is added per optimizer) depends on: all
+    :func:`effitrain.memory.fake_window.reuse_key` names but the optimizer, micro batch and accumulation."""
+    left_out = {"optimizer", "micro_batch_size", "effective_batch_size", "gradient_accumulation_steps"}
+    return reuse_key("eval", config, cfg, eval_shapes, device, left_out)
 
 
 @dataclasses.dataclass
