@@ -12,6 +12,7 @@ line and exit code 2, before Hydra writes anything; the job returns ``optimized_
 import sys
 
 from effitrain.commands.train_command import train
+from effitrain.util.process_exit import run_then_end
 
 if __name__ == "__main__":
-    train(sys.argv[1:])
+    run_then_end(train, sys.argv[1:])

@@ -198,5 +198,13 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(error))
 
 
+def console_script() -> None:
+    """The ``effitrain`` command: :func:`main` on the process's arguments, the process then ending as
+    :mod:`effitrain.util.process_exit` says."""
+    from effitrain.util.process_exit import run_then_end
+
+    run_then_end(main, sys.argv[1:])
+
+
 if __name__ == "__main__":
-    main()
+    console_script()

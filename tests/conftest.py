@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -13,6 +14,13 @@ def pytest_configure(config):
     process, and subprocesses (train.py, torchrun) inherit the setting."""
     if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_finish(session):
+    """What collecting imported (torch, transformers, every test module: most of a process's objects,
+    held to its end) is frozen out of the garbage collector's sight, so that neither its full
+    collections during the tests nor the process's exit walk them (effitrain.util.process_exit)."""
+    gc.freeze()
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -65,4 +65,6 @@ def main(result_fd: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1])))
+    from effitrain.util.process_exit import run_then_end
+
+    sys.exit(run_then_end(main, int(sys.argv[1])))
