@@ -34,11 +34,30 @@ CAUSAL_BF16_CHECKPOINTING = [
 ]
 
 
+# (overrides, working directory) -> a config composed earlier in this process (compose below)
+_COMPOSED: dict = {}
+
+
 def compose(*overrides: str, tiny: bool = True):
-    """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run."""
+    """The config train.py would compose (Hydra's own compose API), HydraConfig set as in a run.
+
+    Composed once per test process for the same overrides and working directory (Hydra's
+    ``runtime.cwd``), each call given its own copy: a composition takes a tenth of a second, a copy
+    4 ms, and a third of the fast selection's 560 compositions repeat an earlier one."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+
     from effitrain.config.compose import compose
 
-    return compose((TINY if tiny else []) + list(overrides))
+    key = (tuple((TINY if tiny else []) + list(overrides)), os.getcwd())
+    if key not in _COMPOSED:
+        cfg = compose(list(key[0]))
+        _COMPOSED[key] = copy.deepcopy(cfg)
+        return cfg
+    cfg = copy.deepcopy(_COMPOSED[key])
+    HydraConfig.instance().set_config(cfg)  # as composing sets it
+    return cfg
 
 
 def run_job(tmp_path: Path, *overrides: str, tiny: bool = True) -> dict:
