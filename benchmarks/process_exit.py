@@ -1,6 +1,6 @@
 """What a process's end costs with and without :mod:`effitrain.util.process_exit`'s ``gc.freeze``.
 
-    python benchmarks/process_exit.py               # 3 interleaved rounds
+    python benchmarks/process_exit.py               # from the repository's root; 3 interleaved rounds
     python benchmarks/process_exit.py --rounds 5
 
 Each case runs as a user runs it (``python train.py ...``, ``python -m effitrain.cli check ...``:
