@@ -16,6 +16,9 @@ precision before fp32 on CUDA (its tensor cores), then the config's own optimize
 optimizer's order in conf/optimizer. ``--probe-steps K`` runs K real steps of
 the top three and ranks them by measured step time instead.
 
+bf16 and fp16 are replayed alike (:data:`HALF`): a candidate in the second half precision takes the
+figures of the same candidate in the first, replayed once (``trace_source`` :data:`HALF_TWIN`).
+
 ``--adapters none,lora,qlora`` plans each adapter too (one more axis); without it, the
 config's own adapter only: an adapter changes what is trained, a choice of quality the user makes,
 not a knob for speed. The adapter ranks first, in the order given: list full fine-tuning (``none``)
@@ -32,6 +35,14 @@ from effitrain.config.errors import ConfigError
 from effitrain.config.load import apply_effective_batch_size
 from effitrain.config.registry import group_options, installed_optimizers
 from effitrain.config.techniques import GRADIENT_CHECKPOINTING, OPTIMIZER_IN_BACKWARD, check_techniques
+
+
+# The half precisions a replay cannot tell apart: autocast's op lists, the element size and the kernels
+# (effitrain.memory.cuda) are the same for both, so are their bytes in every category
+# (tests/commands/test_plan.py holds each lever's to a full replay of each); what differs is a grad
+# scaler's few scalars, which neither replay models.
+HALF = ("bf16", "fp16")
+HALF_TWIN = "the other half precision's"
 
 
 def micro_batches(effective: int) -> list[int]:
@@ -100,7 +111,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     # traced: a replay of its own or shared by optimizers; derived: its optimizer step's figures from an
     # earlier candidate's identical step; cached: from the disk; skipped: cannot fit or rank higher
     counts = dict.fromkeys(("traced", "derived", "cached", "skipped"), 0)
-    counted = {"cached": "cached", "shared, step reused": "derived"}
+    counted = {"cached": "cached", "shared, step reused": "derived", HALF_TWIN: "derived"}
     steps = StepReplays()  # each optimizer's step, replayed once for every candidate it fits
     composed = {}  # (the setting's values, optimizer) -> its config, composed once
 
@@ -123,6 +134,14 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         return candidate_config(composed[key], effective, accumulation(micro), settings[levers], gpus)
 
     floors, said = {}, {}  # setting's values -> optimizer -> its counted row; what was said: its bytes
+    halves = {}  # a half-precision candidate's (setting, levers, micro, optimizers) -> its rows
+
+    def half_key(setting, names_, levers, micro):
+        """Where a candidate in a half precision files its rows for the other (None: not half)."""
+        if setting["precision"] not in HALF:
+            return None
+        values = tuple(HALF if axis == "precision" else value for axis, value in setting.items())
+        return values, levers, micro, tuple(names_)
 
     def over_floor(setting, names_, levers) -> list[str]:
         """Of ``names_``, those whose counted weights, gradients (not with the update in backward) and
@@ -160,8 +179,14 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         first = config_of(setting, names_[0], levers, micro)
         # an optimizer's node reads no micro batch, accumulation or lever
         nodes = {name: config_of(setting, name).optimizer for name in names_}
-        found = estimate_memory(first, nodes, device=device, cache=cache, share=share, steps=steps,
-                                world_size=gpus)  # fmt: skip
+        twin = half_key(setting, names_, levers, micro)
+        if twin in halves:
+            found = {name: {**row, "trace_source": HALF_TWIN} for name, row in halves[twin].items()}
+        else:
+            found = estimate_memory(first, nodes, device=device, cache=cache, share=share, steps=steps,
+                                    world_size=gpus)  # fmt: skip
+            if twin is not None:
+                halves[twin] = found
         traced = {}
         for name, row in found.items():
             if "unsupported" in row:  # an optimizer FSDP's sharded parameters refuse: no candidate

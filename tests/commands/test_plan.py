@@ -655,3 +655,49 @@ def test_a_lever_s_cost_is_its_recomputed_flops_and_its_offloaded_bytes_out_and_
     }  # fmt: skip
     assert lever_cost(row, 2, "cpu")["lever_cost_s"] == 4 * 10**14 / 100e9
     assert lever_cost({}, 1, "cuda") == {"recomputed_flops": 0, "offloaded_bytes": 0, "lever_cost_s": 0.0}
+
+
+# a causal Llama of one layer: its logits, upcast loss and attention on CUDA's kernels, in a second
+CAUSAL = ["model=tiny", "data=synthetic", "task=causal_lm", "max_length=16", "eval_batch_size=2",
+          "model.architecture.num_hidden_layers=1"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "levers",
+    [[], ["gradient_checkpointing=true"], ["loss_chunks=2"], ["activation_offloading=true"]],
+    ids=["none", "checkpointing", "chunked_loss", "offloading"],
+)
+def test_bf16_and_fp16_replay_to_the_same_bytes_in_every_category_and_phase(levers):
+    """What lets plan give an fp16 candidate its bf16 twin's figures (``HALF``): two full replays on
+    CUDA's kernels, one per half precision, find the same bytes in every category of every phase."""
+    found = {}
+    for precision in ("bf16", "fp16"):
+        cfg = compose(*CAUSAL, f"precision={precision}", *levers, tiny=False)
+        [row] = estimate_memory(cfg, {"adamw": cfg.optimizer}, device="cuda", share=False).values()
+        found[precision] = {key: row[key] for key in ("step_peak", "run_peak", "step_peak_bytes",
+                                                      "run_peak_bytes", "flops_per_step")}  # fmt: skip
+        assert row["step_peak_bytes"] > 0 and row["run_peak_bytes"] >= row["step_peak_bytes"]
+    assert found["fp16"] == found["bf16"]
+
+
+def test_an_fp16_candidate_takes_its_bf16_twin_s_figures_and_equals_a_full_replay_of_its_own():
+    """Every fp16 candidate of a CUDA plan is the bf16 candidate's replay (``trace_source``), none
+    replayed for fp16 but the best's confirmation; each equals a full replay of its own command."""
+    from effitrain.commands.plan import HALF_TWIN
+    from effitrain.config.load import apply_effective_batch_size
+
+    rows = plan(CAUSAL, 2**40, effective=2, optimizers=["adamw", "lion"], precisions=["fp16", "bf16"],
+                checkpointing=[False], device="cuda")  # fmt: skip
+    halves = {(r["precision"], r["optimizer"]): r for r in rows}
+    assert sorted(halves) == [("bf16", "adamw"), ("bf16", "lion"), ("fp16", "adamw"), ("fp16", "lion")]
+    for (precision, name), row in halves.items():  # fp16 first: bf16's candidates take its figures
+        twin = halves[("fp16", name)]
+        assert row["trace_source"] == ("shared" if precision == "fp16" else HALF_TWIN)
+        assert row["run_peak_predicted"] == twin["run_peak_predicted"]
+        words = row["command"].split()
+        cfg = compose(*words[words.index("train.py") + 1 :], tiny=False)
+        apply_effective_batch_size(cfg, 1)
+        [full] = estimate_memory(cfg, {name: cfg.optimizer}, device="cuda", share=False).values()
+        assert (full["step_peak_bytes"], full["run_peak_bytes"], full["run_peak"]) == (
+            row["step_peak_bytes_predicted"], row["run_peak_bytes_predicted"], row["run_peak_predicted"]
+        )
