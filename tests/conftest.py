@@ -16,6 +16,13 @@ def pytest_configure(config):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_collection_modifyitems(items):
+    """The slow tests first, each group in its collected order: the two workers then end on short
+    tests, not one of them on a minute-long run while the other has nothing left (xdist hands out
+    single tests in this order, after the modules it keeps whole: tests/helpers/scheduling.py)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_collection_finish(session):
     """What collecting imported (torch, transformers, every test module: most of a process's objects,
     held to its end) is frozen out of the garbage collector's sight, so that neither its full
