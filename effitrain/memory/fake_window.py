@@ -204,8 +204,11 @@ def flops_key(config, cfg, batches: list[dict], device: str, techniques: bool) -
     """What a step's FLOPs depend on: all :func:`reuse_key` names but the precision and optimizer
     (the optimizer counted is a plain SGD; autocast changes no product's shape); the memory
     techniques' keys only for what they recompute (``techniques``): the model's FLOPs are counted
-    before they apply."""
-    from effitrain.config.techniques import TECHNIQUES
+    before they apply. The chunked loss is the exception: it is the loss, not a change applied to
+    the model, and runs the LM head on the positions that have a target only (a row's last has
+    none), so the model's FLOPs depend on it."""
+    from effitrain.config.techniques import LOSS_CHUNKS, TECHNIQUES
 
-    left_out = {"precision", "optimizer"} | ({t.key for t in TECHNIQUES} if not techniques else set())
+    applied = {t.key for t in TECHNIQUES if t is not LOSS_CHUNKS}
+    left_out = {"precision", "optimizer"} | (applied if not techniques else set())
     return reuse_key("flops", config, cfg, batches, device, left_out)

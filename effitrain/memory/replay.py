@@ -19,7 +19,12 @@ import math
 import torch
 
 from effitrain.config.errors import ConfigError
-from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD, apply_techniques, recomputing
+from effitrain.config.techniques import (
+    GRADIENT_CHECKPOINTING,
+    OPTIMIZER_IN_BACKWARD,
+    apply_techniques,
+    recomputing,
+)
 from effitrain.memory.fake_window import (
     fake_window,
     flops_key,
@@ -27,6 +32,7 @@ from effitrain.memory.fake_window import (
     reused,
     window_flops,
 )
+from effitrain.memory.layer_flops import counted_by_groups
 from effitrain.memory.predicted import BOUND_ASSUMED_BRANCH, BOUND_COUNTED_STATE
 from effitrain.memory.step_peak import breakdown, step_tracker
 from effitrain.util.compat import attention_implementation, fake_tensor_mode, values_assumed
@@ -88,7 +94,9 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
 
     A first, untracked step counts the FLOPs, with a stateless SGD at lr 0 and before checkpointing
     is enabled: model FLOPs (the work recomputation repeats does not count, as MFU is defined), and
-    ``FlopCounterMode``'s module hooks would keep recomputed activations alive while it runs.
+    ``FlopCounterMode``'s module hooks would keep recomputed activations alive while it runs. A model
+    of more than three groups of alike blocks is counted on one, two and three groups and
+    extrapolated (:mod:`effitrain.memory.layer_flops`).
     The memory techniques ``cfg`` turns on apply after it (:mod:`effitrain.config.techniques`): with
     gradient checkpointing the tracked steps recompute each layer in backward.
     The optimizer's own step is replayed, temporaries included, eagerly (as the tracked step of a
@@ -253,16 +261,21 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
                 f"the CUDA replay models the sdpa and eager attention of transformers, not {attention!r}: "
                 "its kernel's saved tensors are not predicted"
             )
-        model.train()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision.mixed_precision)
-        if dtype is not None:  # as accelerate prepares a model for mixed precision
-            from types import MethodType
 
-            from accelerate.utils import convert_outputs_to_fp32
+        def prepared(net):
+            """``net`` in training mode, its forward under mixed precision as accelerate prepares it."""
+            net.train()
+            if dtype is not None:
+                from types import MethodType
 
-            autocast = autocast_like(device, dtype)
-            model.forward = MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
+                from accelerate.utils import convert_outputs_to_fp32
 
+                autocast = autocast_like(device, dtype)
+                net.forward = MethodType(convert_outputs_to_fp32(autocast(net.forward.__func__)), net)
+            return net
+
+        prepared(model)
         meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
         window = fake_window(batches, eval_shapes, every_micro_batch=every_micro_batch)
@@ -293,15 +306,41 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             def count() -> int:  # one step's FLOPs as the model stands
                 return window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
 
-            # counted here, or by an earlier replay of plan's search (reused_in_search)
-            flops = reused(lambda: flops_key(config, cfg, batches, device, techniques=False), count)
-            # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             emulated = autocast_like(device, dtype) if cuda and dtype is not None else None
+
+            def counted_on(smaller, techniques: bool) -> int:
+                """One step's model FLOPs (with ``techniques``: what the techniques recompute) of the
+                same model built with ``smaller``'s blocks (:mod:`effitrain.memory.layer_flops`)."""
+                net = prepared(replay_model(auto, smaller, cfg, task))
+                ops_net = StepOps(backward=lambda loss: loss.backward(), no_sync=contextlib.nullcontext,
+                                  clip=lambda: torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm))  # fmt: skip
+                step_net = window.stepper(task, net, StepMeter(1, [], torch.device("cpu"), False, False, task), ops_net)
+
+                def count_net() -> int:
+                    return window_flops(window, step_net, torch.optim.SGD(net.parameters(), lr=0.0))
+
+                with mask_skipping_as_recorded(net, window.unpadded):
+                    plain = count_net()
+                    if not techniques:
+                        return plain
+                    apply_techniques(net, cfg, autocast=emulated)
+                    return count_net() - plain
+
+            # counted here (on fewer blocks where that is exact), or by an earlier replay of plan's
+            # search (reused_in_search)
+            flops = reused(
+                lambda: flops_key(config, cfg, batches, device, techniques=False),
+                lambda: counted_by_groups(config, lambda smaller: counted_on(smaller, False), count),
+            )
+            # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             apply_techniques(model, cfg, autocast=emulated)
             recomputed = 0
             if recomputing(cfg):  # counted again with the techniques applied: what they repeat
                 key = lambda: flops_key(config, cfg, batches, device, techniques=True)  # noqa: E731
-                recomputed = reused(key, lambda: count() - flops)
+                recomputed = reused(key, lambda: counted_by_groups(
+                    config, lambda smaller: counted_on(smaller, True), lambda: count() - flops,
+                    GRADIENT_CHECKPOINTING.every(cfg) or 1,
+                ))  # fmt: skip
             yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
                          cfg=cfg, attached=attached)  # fmt: skip
 

@@ -170,3 +170,22 @@ def test_one_flop_count_serves_every_precision_and_optimizer(monkeypatch):
     counted.clear()
     traced("bf16", "lion")
     assert len(counted) == 2 and fake_window._REUSED is None  # outside: counted again
+
+
+def test_the_chunked_loss_s_model_flops_are_its_own_inside_plan_s_search():
+    """The chunked loss runs the LM head on the positions that have a target only (a row's last has
+    none): its model FLOPs are below the plain loss's, and inside plan's search neither count serves
+    the other (each equals a fresh count outside it)."""
+    from effitrain.memory import replay
+
+    def traced(chunks: int):
+        cfg = compose("task=causal_lm", "model=llama_tiny", "max_length=64", f"loss_chunks={chunks}", tiny=False)
+        model = meta_model(cfg)
+        with replay.replayed(model.config, cfg, replay_shapes(cfg, model)[0]) as replayed:
+            return replayed.flops, replayed.recomputed_flops
+
+    with fake_window.reused_in_search():
+        searched = {chunks: traced(chunks) for chunks in (1, 4)}
+    fresh = {chunks: traced(chunks) for chunks in (1, 4)}
+    assert searched == fresh
+    assert fresh[4][0] < fresh[1][0] and fresh[1][1] == 0 < fresh[4][1]

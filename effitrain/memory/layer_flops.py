@@ -1,0 +1,52 @@
+"""A step's FLOPs counted on fewer blocks of the same model, where that gives the whole model's count
+exactly: on a 32-layer model the count is a replay of its own, as long as a memory replay, while a
+fake tensor's operator costs the same whatever its sizes.
+
+``FlopCounterMode`` sums the FLOPs of a step's matrix products, which their shapes decide. A model
+whose blocks are all alike runs the same products in each block, so its count is
+``outside + blocks * per_block``: affine in the number of blocks. With gradient checkpointing of
+every N-th block, what is recomputed repeats every N blocks, so the count is affine in groups of N.
+The count is made at one, two and three groups and extrapolated. Where the three do not lie on a
+line, the whole model is counted. So is a model whose config lists differing kinds of blocks
+(``layer_types``: sliding and full attention, say), one whose blocks do not split into whole groups,
+and one of six groups or fewer (the three counts would build as many blocks as it has). ``tests/memory/test_layer_flops.py`` holds the
+extrapolated counts equal to whole ones.
+"""
+
+from __future__ import annotations
+
+import copy
+
+GROUPS = (1, 2, 3)  # the numbers of groups of blocks counted: two make the line, the third checks it
+
+
+def per_layer_lists(config, layers: int) -> dict[str, list]:
+    """The attributes of ``config`` that hold one entry per block (``layer_types`` and the like)."""
+    return {
+        name: list(value)
+        for name, value in vars(config).items()
+        if isinstance(value, (list, tuple)) and len(value) == layers
+    }
+
+
+def counted_by_groups(config, count_with, whole, period: int = 1) -> int:
+    """A step's FLOPs for ``config``'s model: from ``count_with(smaller_config)`` at one, two and
+    three groups of ``period`` blocks, extrapolated to its ``num_hidden_layers``; ``whole()`` where
+    that would not be exact (module docstring)."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers % period or layers <= sum(GROUPS) * period:
+        return whole()  # blocks not in whole groups, or no fewer counted than the model has
+    lists = per_layer_lists(config, layers)
+    if any(len({repr(entry) for entry in value}) > 1 for value in lists.values()):
+        return whole()  # blocks of more than one kind
+    counts = []
+    for groups in GROUPS:
+        smaller = copy.deepcopy(config)
+        smaller.num_hidden_layers = groups * period
+        for name, value in lists.items():
+            setattr(smaller, name, value[: groups * period])
+        counts.append(count_with(smaller))
+    one, two, three = counts
+    if three - two != two - one:
+        return whole()
+    return one + (layers // period - 1) * (two - one)
