@@ -36,7 +36,6 @@ from effitrain.config.load import apply_effective_batch_size
 from effitrain.config.registry import group_options, installed_optimizers
 from effitrain.config.techniques import GRADIENT_CHECKPOINTING, OPTIMIZER_IN_BACKWARD, check_techniques
 
-
 # The half precisions a replay cannot tell apart: autocast's op lists, the element size and the kernels
 # (effitrain.memory.cuda) are the same for both, so are their bytes in every category
 # (tests/commands/test_plan.py holds each lever's to a full replay of each); what differs is a grad

@@ -95,7 +95,7 @@ def trace_run(config, optimizer_cfg, cfg, batches: list[dict], device: str = "cp
     A first, untracked step counts the FLOPs, with a stateless SGD at lr 0 and before checkpointing
     is enabled: model FLOPs (the work recomputation repeats does not count, as MFU is defined), and
     ``FlopCounterMode``'s module hooks would keep recomputed activations alive while it runs. A model
-    of more than three groups of alike blocks is counted on one, two and three groups and
+    of more than six groups of alike blocks is counted on one, two and three groups and
     extrapolated (:mod:`effitrain.memory.layer_flops`).
     The memory techniques ``cfg`` turns on apply after it (:mod:`effitrain.config.techniques`): with
     gradient checkpointing the tracked steps recompute each layer in backward.
@@ -330,7 +330,7 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             # search (reused_in_search)
             flops = reused(
                 lambda: flops_key(config, cfg, batches, device, techniques=False),
-                lambda: counted_by_groups(config, lambda smaller: counted_on(smaller, False), count),
+                lambda: counted_by_groups(config, lambda smaller: counted_on(smaller, False), count, model=model),
             )
             # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             apply_techniques(model, cfg, autocast=emulated)
@@ -339,7 +339,7 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
                 key = lambda: flops_key(config, cfg, batches, device, techniques=True)  # noqa: E731
                 recomputed = reused(key, lambda: counted_by_groups(
                     config, lambda smaller: counted_on(smaller, True), lambda: count() - flops,
-                    GRADIENT_CHECKPOINTING.every(cfg) or 1,
+                    GRADIENT_CHECKPOINTING.every(cfg) or 1, model,
                 ))  # fmt: skip
             yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
                          cfg=cfg, attached=attached)  # fmt: skip

@@ -46,12 +46,13 @@ def test_a_fourteen_block_model_s_flops_from_three_smaller_counts_equal_a_hand_c
     counted_blocks = []
     original = effitrain.memory.replay.counted_by_groups
 
-    def watched(config, count_with, whole, period=1):
+    def watched(config, count_with, whole, period=1, model=None):
         def counting(smaller):
             counted_blocks.append(smaller.num_hidden_layers)
             return count_with(smaller)
 
-        return original(config, counting, lambda: pytest.fail("the whole model was counted"), period)
+        assert model is not None  # its blocks are checked alike
+        return original(config, counting, lambda: pytest.fail("the whole model was counted"), period, model)
 
     monkeypatch.setattr(effitrain.memory.replay, "counted_by_groups", watched)
     row = estimated("model.architecture.num_hidden_layers=14", f"gradient_checkpointing={checkpointing}")
@@ -79,7 +80,7 @@ def test_extrapolated_counts_equal_the_whole_model_s(monkeypatch, overrides, dev
     overrides = ["model.architecture.num_hidden_layers=14", *overrides]
     extrapolated = estimated(*overrides, device=device)
     monkeypatch.setattr(effitrain.memory.replay, "counted_by_groups",
-                        lambda config, count_with, whole, period=1: whole())  # fmt: skip
+                        lambda config, count_with, whole, period=1, model=None: whole())  # fmt: skip
     whole = estimated(*overrides, device=device)
     keys = ("flops_per_step", "recomputed_flops_per_step")
     assert [extrapolated[k] for k in keys] == [whole[k] for k in keys]
@@ -111,3 +112,41 @@ def test_the_whole_model_is_counted_where_an_extrapolation_would_not_be_exact_or
     seen = []
     counted_by_groups(config, lambda c: seen.append((c.num_hidden_layers, len(c.layer_types))) or 0, whole)
     assert seen == [(1, 1), (2, 2), (3, 3)]
+
+
+def test_a_model_whose_blocks_are_not_built_alike_is_counted_whole():
+    """The first blocks dense, the rest mixtures of experts (as DeepSeek's first_k_dense_replace
+    builds them): one, two and three blocks would all be dense and lie on a line, so the check is
+    of the whole model's blocks as built. Alike blocks, in one list or in two (an encoder's and a
+    decoder's), are extrapolated."""
+    import torch
+
+    class Dense(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = torch.nn.Linear(4, 4)
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+
+    def model_of(*lists):
+        model = torch.nn.Module()
+        for index, blocks in enumerate(lists):
+            model.add_module(f"blocks{index}", torch.nn.ModuleList(blocks))
+        return model
+
+    def affine(config):
+        return 100 + 7 * config.num_hidden_layers
+
+    config = SimpleNamespace(num_hidden_layers=8)
+    first_dense = model_of([Dense() for _ in range(3)] + [Experts() for _ in range(5)])
+    assert counted_by_groups(config, affine, lambda: "whole", model=first_dense) == "whole"
+    assert counted_by_groups(config, affine, lambda: "whole", model=model_of([Dense() for _ in range(8)])) == 156
+    two_lists = model_of([Dense() for _ in range(8)], [Experts() for _ in range(8)])
+    assert counted_by_groups(config, affine, lambda: "whole", model=two_lists) == 156
+    wider = model_of([Dense() for _ in range(7)] + [Dense()])
+    wider.blocks0[7].mlp = torch.nn.Linear(4, 8)  # the same classes, another shape
+    assert counted_by_groups(config, affine, lambda: "whole", model=wider) == "whole"
+    assert counted_by_groups(config, affine, lambda: "whole", model=model_of([Dense()] * 4)) == "whole"
