@@ -108,7 +108,8 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     progress = tqdm(total=len(list(product(*axes.values()))) * len(optimizers) * len(settings) * len(sizes),
                     desc="effitrain plan", unit="candidate", dynamic_ncols=True, disable=False)  # fmt: skip
     # traced: a replay of its own or shared by optimizers; derived: its optimizer step's figures from an
-    # earlier candidate's identical step; cached: from the disk; skipped: cannot fit or rank higher
+    # earlier candidate's identical step, or the other half precision's figures; cached: from the disk;
+    # skipped: cannot fit or rank higher
     counts = dict.fromkeys(("traced", "derived", "cached", "skipped"), 0)
     counted = {"cached": "cached", "shared, step reused": "derived", HALF_TWIN: "derived"}
     steps = StepReplays()  # each optimizer's step, replayed once for every candidate it fits

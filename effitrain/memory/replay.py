@@ -276,23 +276,24 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             return net
 
         prepared(model)
-        meter = StepMeter(1, [], torch.device("cpu"), False, False, task)
         max_norm = cfg.max_grad_norm or math.inf
         window = fake_window(batches, eval_shapes, every_micro_batch=every_micro_batch)
         evaluation = window.evaluation
 
-        attached: list = []  # Replay.attached: with the update in backward, the norm its hooks took
-        ops = StepOps(
-            backward=lambda loss: loss.backward(),
-            no_sync=contextlib.nullcontext,
-            clip=lambda: (
-                attached[0].norm()
-                if attached
-                else torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=cuda or None)
-            ),
-        )
+        def clipping(net):
+            return lambda: torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm, foreach=cuda or None)
 
-        step = window.stepper(task, model, meter, ops)
+        def stepper(net, clip):
+            """``window_step`` of ``net`` over the recorded micro-batches, with a meter of its own."""
+            ops = StepOps(backward=lambda loss: loss.backward(), no_sync=contextlib.nullcontext, clip=clip)
+            return window.stepper(task, net, StepMeter(1, [], torch.device("cpu"), False, False, task), ops)
+
+        def flops_of(net, net_step) -> int:  # one step's FLOPs as ``net`` stands
+            return window_flops(window, net_step, torch.optim.SGD(net.parameters(), lr=0.0))
+
+        attached: list = []  # Replay.attached: with the update in backward, the norm its hooks took
+        clip = clipping(model)
+        step = stepper(model, lambda: attached[0].norm() if attached else clip())
 
         def evaluate(tracker):
             model.eval()
@@ -302,45 +303,34 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
 
         kernels = cuda_kernels() if cuda else contextlib.nullcontext()
         with mask_skipping_as_recorded(model, window.unpadded), kernels:
-
-            def count() -> int:  # one step's FLOPs as the model stands
-                return window_flops(window, step, torch.optim.SGD(model.parameters(), lr=0.0))
-
             emulated = autocast_like(device, dtype) if cuda and dtype is not None else None
 
             def counted_on(smaller, techniques: bool) -> int:
-                """One step's model FLOPs (with ``techniques``: what the techniques recompute) of the
-                same model built with ``smaller``'s blocks (:mod:`effitrain.memory.layer_flops`)."""
+                """One step's FLOPs of the same model built with ``smaller``'s blocks, the memory
+                techniques applied or not (:mod:`effitrain.memory.layer_flops`)."""
                 net = prepared(replay_model(auto, smaller, cfg, task))
-                ops_net = StepOps(backward=lambda loss: loss.backward(), no_sync=contextlib.nullcontext,
-                                  clip=lambda: torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm))  # fmt: skip
-                step_net = window.stepper(task, net, StepMeter(1, [], torch.device("cpu"), False, False, task), ops_net)
-
-                def count_net() -> int:
-                    return window_flops(window, step_net, torch.optim.SGD(net.parameters(), lr=0.0))
-
                 with mask_skipping_as_recorded(net, window.unpadded):
-                    plain = count_net()
-                    if not techniques:
-                        return plain
-                    apply_techniques(net, cfg, autocast=emulated)
-                    return count_net() - plain
+                    if techniques:
+                        apply_techniques(net, cfg, autocast=emulated)
+                    return flops_of(net, stepper(net, clipping(net)))
 
             # counted here (on fewer blocks where that is exact), or by an earlier replay of plan's
             # search (reused_in_search)
             flops = reused(
                 lambda: flops_key(config, cfg, batches, device, techniques=False),
-                lambda: counted_by_groups(config, lambda smaller: counted_on(smaller, False), count, model=model),
+                lambda: counted_by_groups(
+                    config, lambda smaller: counted_on(smaller, False), lambda: flops_of(model, step), model=model
+                ),
             )
             # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             apply_techniques(model, cfg, autocast=emulated)
             recomputed = 0
             if recomputing(cfg):  # counted again with the techniques applied: what they repeat
                 key = lambda: flops_key(config, cfg, batches, device, techniques=True)  # noqa: E731
+                period = GRADIENT_CHECKPOINTING.every(cfg) or 1  # what is recomputed repeats every N blocks
                 recomputed = reused(key, lambda: counted_by_groups(
-                    config, lambda smaller: counted_on(smaller, True), lambda: count() - flops,
-                    GRADIENT_CHECKPOINTING.every(cfg) or 1, model,
-                ))  # fmt: skip
+                    config, lambda smaller: counted_on(smaller, True), lambda: flops_of(model, step), period, model,
+                ) - flops)  # fmt: skip
             yield Replay(model, step, evaluate, evaluation, flops, cuda, cfg.weight_decay, recomputed,
                          cfg=cfg, attached=attached)  # fmt: skip
 

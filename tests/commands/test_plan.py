@@ -685,19 +685,22 @@ def test_bf16_and_fp16_replay_to_the_same_bytes_in_every_category_and_phase(leve
 
 
 def test_an_fp16_candidate_takes_its_bf16_twin_s_figures_and_equals_a_full_replay_of_its_own():
-    """Every fp16 candidate of a CUDA plan is the bf16 candidate's replay (``trace_source``), none
-    replayed for fp16 but the best's confirmation; each equals a full replay of its own command."""
+    """The bf16 candidate of a CUDA plan is the fp16 candidate's replay (``trace_source``), fp32's a
+    replay of its own (its activations are twice as large); each equals a full replay of its own
+    command."""
     from effitrain.commands.plan import HALF_TWIN
     from effitrain.config.load import apply_effective_batch_size
 
-    rows = plan(CAUSAL, 2**40, effective=2, optimizers=["adamw"], precisions=["fp16", "bf16"],
+    rows = plan(CAUSAL, 2**40, effective=2, optimizers=["adamw"], precisions=["fp16", "fp32", "bf16"],
                 checkpointing=[False], device="cuda")  # fmt: skip
     halves = {(r["precision"], r["optimizer"]): r for r in rows}
-    assert sorted(halves) == [("bf16", "adamw"), ("fp16", "adamw")]
-    for (precision, name), row in halves.items():  # fp16 first: bf16's candidates take its figures
-        twin = halves[("fp16", name)]
-        assert row["trace_source"] == ("shared" if precision == "fp16" else HALF_TWIN)
-        assert row["run_peak_predicted"] == twin["run_peak_predicted"]
+    assert sorted(halves) == [("bf16", "adamw"), ("fp16", "adamw"), ("fp32", "adamw")]
+    assert halves["bf16", "adamw"]["trace_source"] == HALF_TWIN  # fp16 first: bf16 takes its figures
+    assert halves["fp16", "adamw"]["trace_source"] == "shared"
+    assert halves["fp32", "adamw"]["trace_source"] == "shared, step reused"  # its optimizer step fp16's
+    peak = {precision: halves[precision, "adamw"]["step_peak_bytes_predicted"] for precision in ("fp16", "fp32", "bf16")}
+    assert peak["bf16"] == peak["fp16"] != peak["fp32"]
+    for (_, name), row in halves.items():
         words = row["command"].split()
         cfg = compose(*words[words.index("train.py") + 1 :], tiny=False)
         apply_effective_batch_size(cfg, 1)
