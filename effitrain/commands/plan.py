@@ -61,8 +61,10 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
 
     ``checkpointing``: the gradient checkpointing settings to try (default: off, every second
     block, every block). With a lever on, only micro batches larger than the largest that fits
-    without one are tried: a lever only pays where it saves accumulation steps. A lever a candidate
-    cannot take (the optimizer step in backward with accumulation) is not traced for it.
+    without one are tried: a lever only pays where it saves accumulation steps. Every lever is tried
+    at its largest micro batch before any at a smaller one, and none at more accumulation steps than
+    a fit found already (it would rank below it). A lever a candidate cannot take (the optimizer
+    step in backward with accumulation) is not traced for it.
 
     Candidates that differ only in the optimizer share one replay of their forward and backward
     (``share``), and traces come from the disk cache where kept (``cache``): each row's
@@ -211,28 +213,50 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
         return {**traced, **{name: {"fits": False, "refused": True} for name in over}}
 
     def search():
-        """One optimizer's search at one setting: yields (levers, micro) to trace, is sent its row."""
+        """One optimizer's search at one setting: yields (levers, micro) to trace, is sent its row.
+        Without a lever first, micro batches from the largest down; then every lever at its largest
+        micro batch; then, for a lever that did not fit there, smaller ones, but none with more
+        accumulation steps than a fit already found: it would rank below that fit."""
         fewest = None  # accumulation steps of the best fit without a lever
-        for levers in range(len(settings)):
-            tried = [m for m in sizes
-                     if not (levers and fewest is not None and accumulation(m) >= fewest)]  # fmt: skip
-            best = None  # the largest micro batch that fits
-            for index, micro in enumerate(tried):
-                row = yield levers, micro
+        found = None  # ... of the best fit, with a lever or without
+
+        def largest_fitting(levers, tried, largest=None):
+            """The row of the largest micro batch of ``tried`` that fits (None: none); ``largest``:
+            the row of one larger, traced already."""
+            best = None
+            tried = [m for m in tried if not (levers and found is not None and accumulation(m) > found)]
+            for index, micro in enumerate([None, *tried] if largest is not None else tried):
+                row = largest if micro is None else (yield levers, micro)
                 if row.get("refused"):  # this lever cannot take this micro batch: the next one
                     continue
                 if row["fits"]:  # smaller micro batches fit too, and rank lower: no need to trace them
-                    best = row
-                    break
-                if index == 0 and len(tried) > 2:
+                    return row
+                if index == 0 and len(tried) > (1 if largest is not None else 2):
                     # memory grows with the micro batch: when the smallest is over budget too,
                     # none in between fits, and tracing them would only take time
                     best = yield levers, tried.pop()
                     if best.get("refused") or not best["fits"]:
-                        best = None
-                        break
-            if best is not None and not levers:
-                fewest = best["gradient_accumulation_steps"]
+                        return None
+            return best
+
+        best = yield from largest_fitting(0, list(sizes))
+        if best is not None:
+            fewest = found = best["gradient_accumulation_steps"]
+        left = {}  # a lever that did not fit at its largest micro batch -> its row and the smaller ones
+        for levers in range(1, len(settings)):
+            # a lever only pays where it saves accumulation steps
+            tried = [m for m in sizes if fewest is None or accumulation(m) < fewest]
+            if tried:
+                row = yield levers, tried[0]
+                if not row.get("refused") and row["fits"]:
+                    found = min(accumulation(tried[0]), found or accumulation(tried[0]))
+                else:
+                    left[levers] = row, tried[1:]
+        for levers, (row, tried) in left.items():
+            best = yield from largest_fitting(levers, tried, row)
+            if best is not None:
+                steps = best["gradient_accumulation_steps"]
+                found = min(steps, found or steps)
 
     try:
         with reused_in_search():  # FLOP counts and eval phases serve the candidates they do not depend on

@@ -188,6 +188,11 @@ def reused(key, compute):
     return _REUSED[known]
 
 
+def reused_already(key) -> bool:
+    """Whether inside :func:`reused_in_search` a figure is already filed under ``key()``."""
+    return _REUSED is not None and key() in _REUSED
+
+
 def reuse_key(kind: str, config, cfg, shapes, device: str, left_out: set[str]) -> str:
     """The key :func:`reused` files a ``kind`` of figure under: the model's config, the run's
     configuration but the keys ``left_out`` (and Hydra's own node), the shapes replayed and the

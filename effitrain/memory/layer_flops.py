@@ -49,6 +49,25 @@ def _built(block) -> tuple:
     )
 
 
+def smaller(config, layers: int):
+    """A copy of ``config`` with ``layers`` blocks, its per-block lists cut to them."""
+    lists = per_layer_lists(config, config.num_hidden_layers)
+    cut = copy.deepcopy(config)
+    cut.num_hidden_layers = layers
+    for name, value in lists.items():
+        setattr(cut, name, value[:layers])
+    return cut
+
+
+def alike(config, model=None) -> bool:
+    """Whether every block of ``config``'s model is of one kind: by the config's per-block lists
+    (``layer_types``), and as built (:func:`blocks_alike`; ``model`` None skips that check)."""
+    layers = config.num_hidden_layers
+    if any(len({repr(entry) for entry in value}) > 1 for value in per_layer_lists(config, layers).values()):
+        return False
+    return model is None or blocks_alike(model, layers)
+
+
 def counted_by_groups(config, count_with, whole, period: int = 1, model=None) -> int:
     """A step's FLOPs for ``config``'s model: from ``count_with(smaller_config)`` at one, two and
     three groups of ``period`` blocks, extrapolated to its ``num_hidden_layers``; ``whole()`` where
@@ -57,19 +76,9 @@ def counted_by_groups(config, count_with, whole, period: int = 1, model=None) ->
     layers = getattr(config, "num_hidden_layers", None)
     if not isinstance(layers, int) or layers % period or layers <= sum(GROUPS) * period:
         return whole()  # blocks not in whole groups, or no fewer counted than the model has
-    lists = per_layer_lists(config, layers)
-    if any(len({repr(entry) for entry in value}) > 1 for value in lists.values()):
-        return whole()  # blocks of more than one kind, by the config
-    if model is not None and not blocks_alike(model, layers):
-        return whole()  # blocks of more than one kind, as built
-    counts = []
-    for groups in GROUPS:
-        smaller = copy.deepcopy(config)
-        smaller.num_hidden_layers = groups * period
-        for name, value in lists.items():
-            setattr(smaller, name, value[: groups * period])
-        counts.append(count_with(smaller))
-    one, two, three = counts
+    if not alike(config, model):
+        return whole()  # blocks of more than one kind, by the config or as built
+    one, two, three = (count_with(smaller(config, groups * period)) for groups in GROUPS)
     if three - two != two - one:
         return whole()
     return one + (layers // period - 1) * (two - one)

@@ -232,9 +232,10 @@ class Replay:
 
 @contextlib.contextmanager
 def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes: dict | None = None,
-             every_micro_batch: bool = False):  # fmt: skip
+             every_micro_batch: bool = False, count_flops: bool = True):  # fmt: skip
     """A :class:`Replay` of ``cfg``'s model under fake tensors and ``device``'s kernels, its FLOPs
-    counted, then the memory techniques ``cfg`` turns on applied (see :func:`trace_run`)."""
+    counted (unless not ``count_flops``: 0), then the memory techniques ``cfg`` turns on applied
+    (see :func:`trace_run`)."""
     import warnings
 
     import transformers
@@ -316,7 +317,7 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
 
             # counted here (on fewer blocks where that is exact), or by an earlier replay of plan's
             # search (reused_in_search)
-            flops = reused(
+            flops = 0 if not count_flops else reused(
                 lambda: flops_key(config, cfg, batches, device, techniques=False),
                 lambda: counted_by_groups(
                     config, lambda smaller: counted_on(smaller, False), lambda: flops_of(model, step), model=model
@@ -325,7 +326,7 @@ def replayed(config, cfg, batches: list[dict], device: str = "cpu", eval_shapes:
             # after the FLOPs: model FLOPs leave out what recomputation repeats (see trace_run)
             apply_techniques(model, cfg, autocast=emulated)
             recomputed = 0
-            if recomputing(cfg):  # counted again with the techniques applied: what they repeat
+            if count_flops and recomputing(cfg):  # counted again with the techniques applied: what they repeat
                 key = lambda: flops_key(config, cfg, batches, device, techniques=True)  # noqa: E731
                 period = GRADIENT_CHECKPOINTING.every(cfg) or 1  # what is recomputed repeats every N blocks
                 recomputed = reused(key, lambda: counted_by_groups(

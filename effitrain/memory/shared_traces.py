@@ -30,8 +30,8 @@ import json
 
 import torch
 
-from effitrain.config.techniques import OPTIMIZER_IN_BACKWARD
-from effitrain.memory.fake_window import reuse_key, reused
+from effitrain.config.techniques import ACTIVATION_OFFLOADING, GRADIENT_CHECKPOINTING, OPTIMIZER_IN_BACKWARD
+from effitrain.memory.fake_window import reuse_key, reused, reused_already
 from effitrain.memory.predicted import BOUND_ASSUMED_BRANCH
 from effitrain.memory.replay import Trace, completed, counted_state, replayed, trace_run
 from effitrain.memory.step_peak import CATEGORIES, HOST_OFFLOADED, breakdown, step_tracker
@@ -68,16 +68,25 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
     traces = {name: Trace({}, 0) for name in optimizer_cfgs}
     records: dict[str, dict] = {}  # name -> its steps' record, replayed here or reused
     fallback: set[str] = set()  # a record reused for the first step that does not fit the later one
+    # fewer blocks, where exact; the eval phase too, unless an earlier replay of plan's search has it
+    evaluated = eval_shapes is not None and not reused_already(
+        lambda: eval_key(config, cfg, eval_shapes, device)
+    )
+    groups = _by_groups(config, cfg, batches, device, eval_shapes if evaluated else None)
     with replayed(config, cfg, batches, device, eval_shapes) as replay:
         optimizers = {name: replay.optimizer(node) for name, node in optimizer_cfgs.items()}
-        backward = _forward_backward(replay)  # a later step's are the first's: see _forward_backward
+        # a later step's are the first's: see _forward_backward
+        backward = groups.backward(replay.model) if groups else _forward_backward(replay)
         for phase in ("first_step", "later_step"):
             _each_step(replay, optimizers, phase, backward, traces, records, steps, keys, fallback)
         for param in replay.model.parameters():  # as the later step's zero_grad leaves them
             param.grad = None
         if replay.evaluation is not None:  # traced, or inside plan's search reused (eval_key)
             replay.phases["eval"] = dict(
-                reused(lambda: eval_key(config, cfg, eval_shapes, device), lambda: _eval_phase(replay))
+                reused(
+                    lambda: eval_key(config, cfg, eval_shapes, device),
+                    lambda: groups.evaluation if groups else _eval_phase(replay),
+                )
             )
             weights = _held(replay.model)
             for name, optimizer in ((n, o) for n, o in optimizers.items() if n not in fallback):
@@ -96,16 +105,139 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
     return traces
 
 
+@dataclasses.dataclass
+class _ByGroups:
+    """The forward and backward's figures, and the eval phase's, of a model of many alike blocks, from
+    replays of fewer (:mod:`effitrain.memory.layer_memory`), and the layout of each gradient."""
+
+    before: dict[str, int]
+    at_step: dict[str, int]
+    evaluation: dict[str, int] | None
+    layouts: dict  # (the block's place in its group or None outside the blocks, name) -> layout
+    path: str  # the blocks' module list
+    period: int
+
+    def backward(self, model) -> _Backward:
+        """As :func:`_forward_backward` leaves ``model``: its gradients made in their layouts."""
+        prefix = f"{self.path}."
+        for name, param in model.named_parameters():
+            key = (None, name)
+            if name.startswith(prefix):
+                block, rest = name[len(prefix) :].split(".", 1)
+                key = (int(block) % self.period, rest)
+            layout = self.layouts[key]
+            param.grad = None if layout is None else torch.empty_strided(
+                layout[0], layout[1], dtype=layout[2], device=layout[3]
+            )  # fmt: skip
+        gradients = [p.grad for p in model.parameters()]
+        return _Backward(self.before, self.at_step, gradients, _signature(model))
+
+
+def _by_groups(config, cfg, batches: list[dict], device: str, eval_shapes: dict | None) -> _ByGroups | None:
+    """:class:`_ByGroups` from replays of the model at three, four and five groups of blocks (of
+    ``period`` blocks: what gradient checkpointing repeats), each moment extrapolated
+    (:func:`effitrain.memory.layer_memory.extrapolated`); None where that is not exact (the caller
+    replays the whole model)."""
+    from effitrain.memory.layer_flops import alike, smaller
+    from effitrain.memory.layer_memory import (
+        GROUPS,
+        NotExtrapolable,
+        extrapolated,
+        extrapolated_current,
+        peak,
+        worth_it,
+    )
+    from effitrain.util.compat import timeline_tracker_class
+
+    tracker_class = timeline_tracker_class()
+    layers, period = getattr(config, "num_hidden_layers", None), GRADIENT_CHECKPOINTING.every(cfg) or 1
+    if tracker_class is None or not worth_it(layers, period) or not alike(config):
+        return None
+    timelines, held, evaluations, layouts, paths = [], [], [], [], set()
+    for groups in GROUPS:
+        with replayed(
+            smaller(config, groups * period), cfg, batches, device, eval_shapes, count_flops=False
+        ) as small:
+            found = _blocks(small.model, groups * period)
+            if found is None:
+                return None
+            path, blocks = found
+            paths.add(path)
+            tracker = tracker_class(small.model, blocks)
+            backward = _forward_backward(small, tracker)
+            timelines.append(tracker.timeline)
+            held.append(backward.held)
+            layouts.append(_layouts(small.model, backward.gradients, path, period))
+            if small.evaluation is not None:
+                tracker = tracker_class(small.model, blocks)
+                tracker.track_external(small.model)
+                with tracker:
+                    small.evaluate(tracker)
+                evaluations.append(tracker.timeline)
+    if len(paths) != 1 or None in layouts or layouts[0] != layouts[1] or layouts[1] != layouts[2]:
+        return None
+    try:
+        before = breakdown(peak(extrapolated(timelines, layers, period)))
+        at_step = breakdown(extrapolated_current(held, layers, period))
+        evaluation = breakdown(peak(extrapolated(evaluations, layers, period))) if evaluations else None
+    except NotExtrapolable:
+        return None
+    return _ByGroups(before, at_step, evaluation, layouts[0], paths.pop(), period)
+
+
+def _blocks(model, layers: int):
+    """(path, the module list) of ``model``'s ``layers`` blocks; None unless exactly one list holds them."""
+    lists = [
+        (n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == layers
+    ]
+    return lists[0] if len(lists) == 1 else None
+
+
+def _layouts(model, gradients: list, path: str, period: int) -> dict | None:
+    """Each of ``gradients``' layout (shape, strides, dtype, device; None: none), by its parameter's
+    name outside the blocks and by its place in its group of ``period`` blocks inside them; None
+    where a gradient is not alone on a storage of its own size from its start, or where the groups'
+    layouts differ."""
+    prefix, layouts, storages = f"{path}.", {}, set()
+    for (name, _), grad in zip(model.named_parameters(), gradients):
+        key = (None, name)
+        if name.startswith(prefix):
+            block, rest = name[len(prefix) :].split(".", 1)
+            key = (int(block) % period, rest)
+        layout = None
+        if grad is not None:
+            storage = grad.untyped_storage()
+            if (
+                grad.storage_offset()
+                or storage.nbytes() != grad.numel() * grad.element_size()
+                or id(storage) in storages
+            ):
+                return None
+            storages.add(id(storage))
+            layout = (tuple(grad.shape), grad.stride(), grad.dtype, grad.device)
+        if layouts.setdefault(key, layout) != layout:
+            return None
+    return layouts
+
+
 def _eval_phase(replay) -> dict[str, int]:
     replay.tracked("eval", replay.evaluate)
     return replay.phases["eval"]
 
 
+# The memory techniques that change nothing in a forward under ``no_grad`` in eval mode: offloading
+# moves what backward saves (nothing is saved), the update in backward runs on gradients
+# (tests/memory/test_shared_traces.py holds each eval phase to the one without; checkpointing's is its own).
+TRAINING_ONLY = (ACTIVATION_OFFLOADING, OPTIMIZER_IN_BACKWARD)
+
+
 def eval_key(config, cfg, eval_shapes: dict, device: str) -> str:
     """What the shared replay's eval phase (the model's weights and an eval batch's forward under
     ``no_grad``; the optimizer's state is added per optimizer) depends on: all
-    :func:`effitrain.memory.fake_window.reuse_key` names but the optimizer, micro batch and accumulation."""
+    :func:`effitrain.memory.fake_window.reuse_key` names but the optimizer, micro batch, accumulation
+    and the techniques of training only (:data:`TRAINING_ONLY`)."""
     left_out = {"optimizer", "micro_batch_size", "effective_batch_size", "gradient_accumulation_steps"}
+    left_out |= {technique.key for technique in TRAINING_ONLY}
     return reuse_key("eval", config, cfg, eval_shapes, device, left_out)
 
 
@@ -117,9 +249,10 @@ class _Backward:
     at_step: dict[str, int]  # what is held there (weights, gradients, the last loss, the norm)
     gradients: list  # each parameter's, as the backward left it
     signature: tuple  # :func:`_signature`
+    held: dict | None = None  # at_step as the tracker's snapshot (device -> its kinds' bytes)
 
 
-def _forward_backward(replay) -> _Backward:
+def _forward_backward(replay, tracker=None) -> _Backward:
     """The step's forward and backward under a tracker that knows only the model, to where it reaches
     ``optimizer.step()``. A later step's forward and backward are the first's: each starts with the
     gradients freed and the meter's running sums held (the replay's FLOP step made them), and the
@@ -127,13 +260,14 @@ def _forward_backward(replay) -> _Backward:
     (``tests/memory/test_shared_traces.py`` holds both steps to full traces, byte for byte)."""
     found = {}
     with contextlib.ExitStack() as forward_backward:
-        tracker = step_tracker()
+        tracker = tracker if tracker is not None else step_tracker()
         tracker.track_external(replay.model)
         forward_backward.enter_context(tracker)
 
         def at_step():
             found["before"] = breakdown(tracker.get_tracker_snapshot("peak"))
-            found["at_step"] = breakdown(tracker.get_tracker_snapshot("current"))
+            found["held"] = tracker.get_tracker_snapshot("current")
+            found["at_step"] = breakdown(found["held"])
             forward_backward.close()  # what follows is each optimizer's, not the shared part's
             found["gradients"] = [p.grad for p in replay.model.parameters()]
             found["signature"] = _signature(replay.model)

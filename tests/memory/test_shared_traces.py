@@ -152,3 +152,33 @@ def test_inside_plan_s_search_one_eval_phase_serves_every_micro_batch_and_optimi
     parameters = list(meta_model(compose("model=tiny", "model.architecture.num_hidden_layers=1")).parameters())
     assert states["lion"] == sum(4 * p.numel() for p in parameters)
     assert states["adamw"] == 2 * states["lion"] + 4 * len(parameters)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_levers_that_train_only_leave_the_eval_phase_as_it_is(device):
+    """Activation offloading and the optimizer step in backward act in training only: a full replay's
+    eval phase is the same bytes with each on as with neither (what lets plan's search share one eval
+    phase across them). Gradient checkpointing is not among them: its eval phase holds 49,152 bytes
+    more here, and the chunked loss is the loss evaluation computes too."""
+    from effitrain.memory.shared_traces import TRAINING_ONLY
+
+    common = ["task=causal_lm", "model=llama_tiny", "max_length=64", "model.architecture.num_hidden_layers=4",
+              "precision=bf16", "eval_batch_size=6", "max_grad_norm=0"]  # fmt: skip
+
+    def eval_phase(*overrides):
+        cfg = compose(*common, *overrides)
+        model = meta_model(cfg)
+        batches, evaluation = replay_shapes(cfg, model)
+        return trace_run(model.config, cfg.optimizer, cfg, batches, device, evaluation).phases["eval"]
+
+    plain = eval_phase()
+    assert {t.key for t in TRAINING_ONLY} == {"activation_offloading", "optimizer_in_backward"}
+    assert eval_phase("optimizer_in_backward=true") == plain
+    if device == "cuda":  # a CPU run offloads nothing
+        assert eval_phase("activation_offloading=true") == plain
+        assert eval_phase("activation_offloading=true", "gradient_checkpointing=true") == eval_phase(
+            "gradient_checkpointing=true"
+        )
+    assert eval_phase("gradient_checkpointing=true")["activations"] == plain["activations"] + 49_152
+    assert eval_phase("loss_chunks=4")["activations"] != plain["activations"]

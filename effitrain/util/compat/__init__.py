@@ -39,6 +39,7 @@ from effitrain.util.compat.memtracker import (
     step_peak_tracker_class,
     storages_counted_as,
     storages_offloaded,
+    timeline_tracker_class,
 )
 from effitrain.util.compat.omegaconf_hydra import config_node, job_return, job_return_value
 from effitrain.util.compat.optimizers import (
@@ -71,6 +72,6 @@ __all__ = [
     "fsdp_mem_tracker_class", "is_fake", "is_traceable_wrapper_subclass", "job_return", "job_return_value",
     "keep_in_fp32_modules", "mask_skipping_replaced", "mem_tracker_class", "missing",
     "no_split_modules", "outside_fake_mode", "private", "recomputation_tracked", "reset_accelerator_state",
-    "sdpa_kernel_op", "step_peak_tracker_class", "storages_counted_as", "storages_offloaded", "torchao_moments_owner",
+    "sdpa_kernel_op", "step_peak_tracker_class", "storages_counted_as", "storages_offloaded", "timeline_tracker_class", "torchao_moments_owner",
     "tree_map", "values_assumed",
 ]  # fmt: skip

@@ -92,6 +92,90 @@ def step_peak_tracker_class():
     return StepPeakTracker
 
 
+@functools.cache
+def timeline_tracker_class():
+    """The step tracker (:func:`step_peak_tracker_class`) that also records every moment of what it
+    tracks: after each operator, the bytes by category of each device (its private
+    ``_curr_mem_snap``) with a label, ``(in backward, block)``: the block whose forward or backward
+    runs (its private ``_mod_tracker``'s ``parents``), else the block whose weights or gradients the
+    operator reads (:data:`effitrain.memory.layer_memory.MANY` for several). Built as
+    ``TimelineTracker(model, blocks)``, ``blocks`` the module list of the model's blocks.
+    None where torch lacks them (the caller replays the whole model)."""
+    import re
+
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    from effitrain.memory.layer_memory import MANY
+
+    tracker = step_peak_tracker_class()
+    if tracker is mem_tracker_class() or not hasattr(tracker(), "_mod_tracker"):
+        return None
+
+    class TimelineTracker(tracker):
+        def __init__(self, model, blocks):
+            super().__init__()
+            path = next(name for name, module in model.named_modules() if module is blocks)
+            self._block_name = re.compile(rf"(?:^|\.){re.escape(path)}\.(\d+)$")
+            self._named: dict[str, int | None] = {}
+            self._weights = [(p, i) for i, block in enumerate(blocks) for p in block.parameters()]
+            self._of_weight = {id(p): i for p, i in self._weights}
+            self._args: tuple = ()
+            self._derived: dict[
+                int, tuple
+            ] = {}  # id -> (weak reference, block): made from one block's tensors
+            self.timeline: list = []
+
+        def __enter__(self):
+            entered = super().__enter__()
+            self.timeline.append(((False, None), self._snapshot()))  # the peak MemTracker starts from
+            return entered
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self._args, self._made_from = (args, kwargs), None
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            self._args = ()  # held no longer than the step would hold them
+            if self._made_from is not None:  # its outputs are that block's (a gradient's norm, say)
+                for tensor in (t for t in tree_leaves(out) if torch.is_tensor(t)):
+                    self._derived[id(tensor)] = weakref.ref(tensor), self._made_from
+            return out
+
+        def _update_peak_stats(self, peak_state) -> None:
+            super()._update_peak_stats(peak_state)
+            snapshot = self._snapshot()
+            # a moment that holds what the one before held cannot be the first to reach a peak:
+            # not recorded (a device query, a view, an update in place)
+            if snapshot != self.timeline[-1][1]:
+                self.timeline.append((self._label(), snapshot))
+
+        def _snapshot(self) -> dict:
+            return {device: dict(snapshot) for device, snapshot in self._curr_mem_snap.items()}
+
+        def _in_block(self, name: str):
+            if name not in self._named:
+                found = self._block_name.search(name)
+                self._named[name] = int(found.group(1)) if found else None
+            return self._named[name]
+
+        def _label(self) -> tuple:
+            modules = self._mod_tracker
+            inside = {b for b in map(self._in_block, modules.parents) if b is not None}
+            if inside:
+                return modules.is_bw, inside.pop() if len(inside) == 1 else MANY
+            # outside every block: the block whose weights or gradients (or what was made from them) it reads
+            of = {**self._of_weight, **{id(p.grad): i for p, i in self._weights if p.grad is not None}}
+            for tensor in (t for t in tree_leaves(self._args) if torch.is_tensor(t)):
+                if id(tensor) in of:
+                    inside.add(of[id(tensor)])
+                elif (made := self._derived.get(id(tensor))) is not None and made[0]() is tensor:
+                    inside.add(made[1])
+            block = None if not inside else inside.pop() if len(inside) == 1 else MANY
+            self._made_from = block if block not in (None, MANY) else None
+            return modules.is_bw, block
+
+    return TimelineTracker
+
+
 def counting_like():
     """``count(tracker, tensor, like)``: torch's MemTracker ``tracker`` counts ``tensor``'s storage in
     the category it counts ``like``'s (nothing where it does not count ``like``'s), through its private
