@@ -116,6 +116,8 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
     counted = {"cached": "cached", "shared, step reused": "derived", HALF_TWIN: "derived"}
     steps = StepReplays()  # each optimizer's step, replayed once for every candidate it fits
     composed = {}  # (the setting's values, optimizer) -> its config, composed once
+    candidates = {}  # (those, levers, micro batch) -> the candidate's config
+    known = {}  # what the search counted once and reuses (effitrain.memory.fake_window.reused_in_search)
 
     def choice_of(setting, optimizer, levers=0, micro=None) -> list[str]:
         choice = [f"optimizer={optimizer}", *(f"{axis}={value}" for axis, value in setting.items())]
@@ -133,7 +135,11 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
             composed[key] = compose(list(overrides) + choice_of(setting, optimizer))
         if micro is None:
             return composed[key]
-        return candidate_config(composed[key], effective, accumulation(micro), settings[levers], gpus)
+        if (key, levers, micro) not in candidates:  # a deep copy of a composed config: once each
+            candidates[key, levers, micro] = candidate_config(
+                composed[key], effective, accumulation(micro), settings[levers], gpus
+            )
+        return candidates[key, levers, micro]
 
     floors, said = {}, {}  # setting's values -> optimizer -> its counted row; what was said: its bytes
     halves = {}  # a half-precision candidate's (setting, levers, micro, optimizers) -> its rows
@@ -259,7 +265,7 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                 found = min(steps, found or steps)
 
     try:
-        with reused_in_search():  # FLOP counts and eval phases serve the candidates they do not depend on
+        with reused_in_search(known):  # FLOP counts and eval phases serve the candidates they do not depend on
             for values in product(*axes.values()):
                 setting = dict(zip(axes, values))
                 searches = {name: search() for name in optimizers}
@@ -294,7 +300,8 @@ def plan(overrides: list[str], budget: int, effective: int | None = None, optimi
                              r["lever_cost_s"], len(r["levers"]), half_first[r["precision"]],
                              r["optimizer"] != own, optimizers.index(r["optimizer"])))  # fmt: skip
     if rows:
-        confirm(rows[0], device)
+        with reused_in_search(known):  # the FLOPs its search counted: the confirmation compares bytes
+            confirm(rows[0], device)
     return rows
 
 

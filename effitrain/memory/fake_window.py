@@ -163,15 +163,16 @@ _REUSED: dict[str, object] | None = None
 
 
 @contextlib.contextmanager
-def reused_in_search():
+def reused_in_search(known: dict | None = None):
     """Inside, one count of the model's FLOPs serves every replay of the same model, batch shapes and
     device (a plan's precisions, optimizers and memory techniques), one count of what a technique
     setting recomputes every replay with that setting, and one eval phase every replay that differs
     only in its optimizer and micro batch. FlopCounterMode counts matrix products, which the shapes
     decide; evaluation runs neither the optimizer nor a training batch: tests/memory/test_replay.py
-    and tests/memory/test_shared_traces.py hold each reused figure equal to a fresh one."""
+    and tests/memory/test_shared_traces.py hold each reused figure equal to a fresh one. ``known``:
+    the figures of an earlier search, added to (a new one by default)."""
     global _REUSED
-    saved, _REUSED = _REUSED, ({} if _REUSED is None else _REUSED)
+    saved, _REUSED = _REUSED, (known if known is not None else {} if _REUSED is None else _REUSED)
     try:
         yield
     finally:

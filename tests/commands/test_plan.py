@@ -620,6 +620,33 @@ def test_the_lever_axis_tries_each_lever_where_it_saves_steps_and_ranks_by_its_c
     assert asked == [(8, False), (1, False), (4, False), (8, 2), (8, True), (8, 2)]
 
 
+def test_every_lever_is_tried_at_its_largest_micro_batch_before_any_smaller_one(monkeypatch):
+    """A lever that fits at the largest micro batch bounds every other lever's search: none is traced
+    at more accumulation steps (it would rank below). Every second block recomputed does not fit at
+    micro 8 but would at 4; every block fits at 8, so micro 4 is never traced for either."""
+    import effitrain.commands.estimate
+
+    asked = []
+
+    def known_peaks(cfg, optimizers, device, cache, share, steps=None, world_size=1, step=True):
+        if not step:
+            return nothing_held(optimizers)
+        asked.append((cfg.micro_batch_size, cfg.gradient_checkpointing))
+        peak = 1000 + 100 * cfg.micro_batch_size // {False: 1, 2: 2, True: 4}[cfg.gradient_checkpointing]
+        return {"adamw": {"step_peak_bytes": peak, "run_peak_bytes": peak, "run_peak": "later_step"}}
+
+    monkeypatch.setattr(effitrain.commands.estimate, "estimate_memory", known_peaks)
+    # plain: 8 -> 1800, 1 -> 1100, 4 -> 1400, 2 -> 1200; every second block: 8 -> 1400, 4 -> 1200;
+    # every block: 8 -> 1200; budget 1250
+    rows = plan(BASE, 1250, effective=8, optimizers=["adamw"], precisions=["fp32"], margin=0.0)
+    assert [(r["micro_batch_size"], r["gradient_checkpointing"], r["fits"]) for r in rows] == [
+        (8, True, True), (2, False, True), (1, False, True), (8, False, False), (8, 2, False), (4, False, False),
+    ]  # fmt: skip
+    # plain from 8 down; each lever at 8; every second block's micro 4 (2 steps) ranks below a fit
+    # at 1 step: not traced; the best replayed in full
+    assert asked == [(8, False), (1, False), (4, False), (2, False), (8, 2), (8, True), (8, True)]
+
+
 @pytest.mark.parametrize(
     "setting", [["adapter=lora", "precision=bf16"], ["task=causal_lm", "model=llama_tiny"]]
 )
