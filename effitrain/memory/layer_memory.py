@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from effitrain.util.compat.memtracker import MANY_BLOCKS
+
 GROUPS = (2, 3, 4)  # the groups of blocks replayed: two make each moment's line, the third checks it
 
 TOTAL = "Total"  # MemTracker's key of a snapshot's total (mem_tracker._TOTAL_KEY)
@@ -44,7 +46,7 @@ class NotExtrapolable(Exception):
 # (in backward, the block's index or None outside every block, or MANY for an operator reading
 # several blocks' tensors at once: a foreach over every gradient)
 Label = tuple
-MANY = -1
+MANY = MANY_BLOCKS
 
 
 @dataclasses.dataclass

@@ -92,13 +92,18 @@ def step_peak_tracker_class():
     return StepPeakTracker
 
 
+# A timeline's label for an operator that reads several blocks' tensors at once (a foreach over every
+# gradient): a stretch of its own, outside the blocks' runs (effitrain.memory.layer_memory)
+MANY_BLOCKS = -1
+
+
 @functools.cache
 def timeline_tracker_class():
     """The step tracker (:func:`step_peak_tracker_class`) that also records every moment of what it
     tracks: after each operator, the bytes by category of each device (its private
     ``_curr_mem_snap``) with a label, ``(in backward, block)``: the block whose forward or backward
     runs (its private ``_mod_tracker``'s ``parents``), else the block whose weights or gradients the
-    operator reads (:data:`effitrain.memory.layer_memory.MANY` for several). Built as
+    operator reads (:data:`MANY_BLOCKS` for several). Built as
     ``TimelineTracker(model, blocks)``, ``blocks`` the module list of the model's blocks.
     None where torch lacks them (the caller replays the whole model)."""
     import re
@@ -106,10 +111,8 @@ def timeline_tracker_class():
     import torch
     from torch.utils._pytree import tree_leaves
 
-    from effitrain.memory.layer_memory import MANY
-
     tracker = step_peak_tracker_class()
-    if tracker is mem_tracker_class() or not hasattr(tracker(), "_mod_tracker"):
+    if tracker is mem_tracker_class() or private("torch", tracker(), "_mod_tracker") is None:
         return None
 
     class TimelineTracker(tracker):
@@ -161,7 +164,7 @@ def timeline_tracker_class():
             modules = self._mod_tracker
             inside = {b for b in map(self._in_block, modules.parents) if b is not None}
             if inside:
-                return modules.is_bw, inside.pop() if len(inside) == 1 else MANY
+                return modules.is_bw, inside.pop() if len(inside) == 1 else MANY_BLOCKS
             # outside every block: the block whose weights or gradients (or what was made from them) it reads
             of = {**self._of_weight, **{id(p.grad): i for p, i in self._weights if p.grad is not None}}
             for tensor in (t for t in tree_leaves(self._args) if torch.is_tensor(t)):
@@ -169,8 +172,8 @@ def timeline_tracker_class():
                     inside.add(of[id(tensor)])
                 elif (made := self._derived.get(id(tensor))) is not None and made[0]() is tensor:
                     inside.add(made[1])
-            block = None if not inside else inside.pop() if len(inside) == 1 else MANY
-            self._made_from = block if block not in (None, MANY) else None
+            block = None if not inside else inside.pop() if len(inside) == 1 else MANY_BLOCKS
+            self._made_from = block if block not in (None, MANY_BLOCKS) else None
             return modules.is_bw, block
 
     return TimelineTracker

@@ -167,3 +167,53 @@ def test_counting_like_counts_a_tensor_in_the_category_of_the_one_it_is_like():
             count(tracker, extra, seen)
             snapshots.append(breakdown(tracker.get_tracker_snapshot("current")))
     assert [(s["activations"], s["total"]) for s in snapshots] == [(100, 100), (100, 100), (148, 148)]
+
+
+def test_the_timeline_tracker_records_each_moment_labelled_by_its_block():
+    """The timeline tracker (its private ``_curr_mem_snap`` and ``_mod_tracker``) keeps the step
+    tracker's peak, and its moments hold that peak; each moment is labelled by the block whose
+    forward or backward runs, and clipping's norm of each block's gradients by that block."""
+    from effitrain.util.compat.memtracker import MANY_BLOCKS
+
+    timeline_class = compat.timeline_tracker_class()
+    assert timeline_class is not None, "the fallback: torch's internals changed"
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Linear(8, 32), torch.nn.Linear(32, 2)
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(3))
+
+        def forward(self, x):
+            x = self.embed(x)
+            for block in self.blocks:
+                x = torch.relu(block(x))
+            return self.head(x)
+
+    torch.manual_seed(0)
+    model = Model()
+    blocks = model.blocks
+    peaks = []
+    for tracker in (compat.step_peak_tracker_class()(), timeline_class(model, blocks)):
+        tracker.track_external(model)
+        with tracker:
+            model(torch.randn(16, 8)).sum().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
+        peaks.append(tracker.get_tracker_snapshot("peak"))
+        model.zero_grad(set_to_none=True)
+    assert peaks[0] == peaks[1]
+    moments = tracker.timeline
+    totals = {device: max(m[device]["Total"] for _, m in moments if device in m) for device in peaks[1]}
+    assert totals == {device: snapshot["Total"] for device, snapshot in peaks[1].items()}
+    labels = [label for label, _ in moments]
+    first_backward = next(i for i, (is_bw, _) in enumerate(labels) if is_bw)
+    forward = [block for _, block in labels[:first_backward] if block not in (None, MANY_BLOCKS)]
+    from itertools import groupby
+
+    assert [block for block, _ in groupby(forward)] == [0, 1, 2]
+    backward = [block for is_bw, block in labels if is_bw and block is not None]
+    assert [block for block, _ in groupby(backward)] == [2, 1, 0]
+    # clipping, outside every module: each block's gradient norms labelled by it, in order
+
+    clipping = [block for backward, block in labels[labels.index((True, 0)) :] if not backward]
+    assert [b for b, _ in groupby(clipping) if b not in (None, MANY_BLOCKS)][:3] == [0, 1, 2]
