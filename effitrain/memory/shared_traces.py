@@ -134,8 +134,9 @@ class _ByGroups:
 
 
 def _by_groups(config, cfg, batches: list[dict], device: str, eval_shapes: dict | None) -> _ByGroups | None:
-    """:class:`_ByGroups` from replays of the model at three, four and five groups of blocks (of
-    ``period`` blocks: what gradient checkpointing repeats), each moment extrapolated
+    """:class:`_ByGroups` from replays of the model at two, three and four groups of blocks (of
+    ``period`` blocks: what gradient checkpointing repeats; :data:`effitrain.memory.layer_memory.GROUPS`),
+    each moment extrapolated
     (:func:`effitrain.memory.layer_memory.extrapolated`); None where that is not exact (the caller
     replays the whole model)."""
     from effitrain.memory.layer_flops import alike, smaller
