@@ -137,6 +137,10 @@ CASES = {
          "gradient_accumulation_steps=3"], "cuda"),
     "llama_every_second_block": (["task=causal_lm", "model=llama_small", "gradient_checkpointing=2"], "cuda"),
     "bert_classifier": ([], "cpu"),
+    # adapters: frozen weights (only the adapters' gradients clipped), DoRA's dead graph, a 4-bit base
+    "llama_lora": (["task=causal_lm", "model=llama_small", "adapter=lora"], "cpu"),
+    "bert_dora_checkpointed": (["adapter=dora", "gradient_checkpointing=true"], "cpu"),
+    "llama_qlora_bf16_cuda": (["task=causal_lm", "model=llama_small", "adapter=qlora", "precision=bf16"], "cuda"),
 }  # fmt: skip
 
 
@@ -152,11 +156,11 @@ def traced(overrides: list[str], device: str, layers: int) -> tuple[dict, dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_every_phase_from_fewer_blocks_is_the_whole_model_s_to_the_byte(monkeypatch, case):
-    """A 14-block model (26 with checkpointing of every second block), its first step, later step and
+    """A 10-block model (20 with checkpointing of every second block), its first step, later step and
     evaluation from replays of 2 to 4 groups, equal in every category (the host's offloaded copies
     too) to the whole model's replay."""
     overrides, device = CASES[case]
-    layers = 26 if "gradient_checkpointing=2" in overrides else 14
+    layers = 20 if "gradient_checkpointing=2" in overrides else 10
     used = []
     by_groups = effitrain.memory.shared_traces._by_groups
     monkeypatch.setattr(effitrain.memory.shared_traces, "_by_groups",

@@ -135,7 +135,9 @@ def timeline_tracker_class():
             return entered
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self._args, self._made_from = (args, kwargs), None
+            # a query of a tensor's metadata (its device) reads no block's data: no block's label
+            self._args = () if func.namespace == "prim" else (args, kwargs)
+            self._made_from = None
             out = super().__torch_dispatch__(func, types, args, kwargs)
             self._args = ()  # held no longer than the step would hold them
             if self._made_from is not None:  # its outputs are that block's (a gradient's norm, say)
