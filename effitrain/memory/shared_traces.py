@@ -136,12 +136,14 @@ class _ByGroups:
 def _by_groups(config, cfg, batches: list[dict], device: str, eval_shapes: dict | None) -> _ByGroups | None:
     """:class:`_ByGroups` from replays of the model at two, three and four groups of blocks (of
     ``period`` blocks: what gradient checkpointing repeats; :data:`effitrain.memory.layer_memory.GROUPS`),
-    each moment extrapolated
+    or at three, four and five where a run's both ends are odd (``WIDER``), each moment extrapolated
     (:func:`effitrain.memory.layer_memory.extrapolated`); None where that is not exact (the caller
     replays the whole model)."""
     from effitrain.memory.layer_flops import alike, smaller
     from effitrain.memory.layer_memory import (
         GROUPS,
+        WIDER,
+        BothEndsOdd,
         NotExtrapolable,
         extrapolated,
         extrapolated_current,
@@ -154,36 +156,59 @@ def _by_groups(config, cfg, batches: list[dict], device: str, eval_shapes: dict 
     layers, period = getattr(config, "num_hidden_layers", None), GRADIENT_CHECKPOINTING.every(cfg) or 1
     if tracker_class is None or not worth_it(layers, period) or not alike(config):
         return None
-    timelines, held, evaluations, layouts, paths = [], [], [], [], set()
-    for groups in GROUPS:
+    replays: dict = {}  # groups -> what its replay found (None: its blocks are not one module list)
+
+    def replay_at(groups: int):
+        if groups in replays:
+            return replays[groups]
         with replayed(
             smaller(config, groups * period), cfg, batches, device, eval_shapes, count_flops=False
         ) as small:
             found = _blocks(small.model, groups * period)
             if found is None:
+                replays[groups] = None
                 return None
             path, blocks = found
-            paths.add(path)
             tracker = tracker_class(small.model, blocks)
             backward = _forward_backward(small, tracker)
-            timelines.append(tracker.timeline)
-            held.append(backward.held)
-            layouts.append(_layouts(small.model, backward.gradients, path, period))
+            evaluation = None
             if small.evaluation is not None:
-                tracker = tracker_class(small.model, blocks)
-                tracker.track_external(small.model)
-                with tracker:
-                    small.evaluate(tracker)
-                evaluations.append(tracker.timeline)
-    if len(paths) != 1 or None in layouts or layouts[0] != layouts[1] or layouts[1] != layouts[2]:
-        return None
+                evaluation = tracker_class(small.model, blocks)
+                evaluation.track_external(small.model)
+                with evaluation:
+                    small.evaluate(evaluation)
+            replays[groups] = dict(
+                path=path, timeline=tracker.timeline, held=backward.held,
+                layouts=_layouts(small.model, backward.gradients, path, period),
+                evaluation=evaluation.timeline if evaluation is not None else None,
+            )  # fmt: skip
+        return replays[groups]
+
+    def extrapolate(sizes: tuple) -> _ByGroups | None:
+        found = [replay_at(groups) for groups in sizes]
+        if None in found or len({f["path"] for f in found}) != 1:
+            return None
+        layouts = [f["layouts"] for f in found]
+        if None in layouts or layouts[0] != layouts[1] or layouts[1] != layouts[2]:
+            return None
+        before = peak(extrapolated([f["timeline"] for f in found], layers, period, sizes))
+        at_step = extrapolated_current([f["held"] for f in found], layers, period, sizes)
+        evaluation = None
+        if found[0]["evaluation"] is not None:
+            evaluation = breakdown(
+                peak(extrapolated([f["evaluation"] for f in found], layers, period, sizes))
+            )
+        return _ByGroups(
+            breakdown(before), breakdown(at_step), evaluation, layouts[0], found[0]["path"], period
+        )
+
     try:
-        before = breakdown(peak(extrapolated(timelines, layers, period)))
-        at_step = breakdown(extrapolated_current(held, layers, period))
-        evaluation = breakdown(peak(extrapolated(evaluations, layers, period))) if evaluations else None
+        try:
+            return extrapolate(GROUPS)
+        except BothEndsOdd:
+            return extrapolate(WIDER) if worth_it(layers, period, WIDER) else None
     except NotExtrapolable:
         return None
-    return _ByGroups(before, at_step, evaluation, layouts[0], paths.pop(), period)
 
 
 def _blocks(model, layers: int):

@@ -10,7 +10,16 @@ import pytest
 
 import effitrain.memory.shared_traces
 from effitrain.commands.estimate import meta_model, replay_shapes
-from effitrain.memory.layer_memory import GROUPS, MANY, NotExtrapolable, extrapolated, peak, worth_it
+from effitrain.memory.layer_memory import (
+    GROUPS,
+    MANY,
+    WIDER,
+    BothEndsOdd,
+    NotExtrapolable,
+    extrapolated,
+    peak,
+    worth_it,
+)
 from effitrain.memory.shared_traces import trace_runs
 from tests.helpers.run import compose
 
@@ -92,13 +101,18 @@ def odd_end(moments: list, first: bool) -> list:
 
 def test_a_stretch_with_one_odd_end():
     """A backward whose last block (the model's first) makes one moment more, 200 above the rest: the
-    whole model's peak, from the odd end's own line; an odd moment at both ends refused."""
+    whole model's peak, from the odd end's own line; an odd moment at both ends refused at two to four
+    groups, and the whole model's peak at three to five."""
     whole = [m for _, m in odd_end(timeline(20), first=False)]
     assert peak(extrapolated([odd_end(t, first=False) for t in fewer()], 20, 1)) == peak(whole)
     assert peak(whole)[DEVICE]["Activation"] == 7 * 0 + 2 * 19 + 1 + 200  # above the forward's 7 * 19 + 2
     both = [odd_end(odd_end(t, first=False), first=True) for t in fewer()]
-    with pytest.raises(NotExtrapolable, match="both ends of a stretch are odd"):
+    with pytest.raises(BothEndsOdd, match="both ends of a stretch are odd"):
         extrapolated(both, 20, 1)
+    # both ends odd: one group more each (WIDER), the alike groups three, four and five... less two
+    wider = [odd_end(odd_end(timeline(groups), first=False), first=True) for groups in WIDER]
+    whole = [m for _, m in odd_end(odd_end(timeline(20), first=False), first=True)]
+    assert peak(extrapolated(wider, 20, 1, WIDER)) == peak(whole)
 
 
 def test_every_mismatch_is_refused():
@@ -156,11 +170,12 @@ def traced(overrides: list[str], device: str, layers: int) -> tuple[dict, dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_every_phase_from_fewer_blocks_is_the_whole_model_s_to_the_byte(monkeypatch, case):
-    """A 10-block model (20 with checkpointing of every second block), its first step, later step and
-    evaluation from replays of 2 to 4 groups, equal in every category (the host's offloaded copies
+    """A 10-block model (20 with checkpointing of every second block, 14 with DoRA), its first step,
+    later step and evaluation from replays of 2 to 4 groups (3 to 5 where both ends are odd), equal in every category (the host's offloaded copies
     too) to the whole model's replay."""
     overrides, device = CASES[case]
-    layers = 20 if "gradient_checkpointing=2" in overrides else 10
+    # 20 blocks: ten groups of two; 14: DoRA's backward has both ends odd, replayed at three to five groups
+    layers = 20 if "gradient_checkpointing=2" in overrides else 14 if "adapter=dora" in overrides else 10
     used = []
     by_groups = effitrain.memory.shared_traces._by_groups
     monkeypatch.setattr(effitrain.memory.shared_traces, "_by_groups",
