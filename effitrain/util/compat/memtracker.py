@@ -124,9 +124,8 @@ def timeline_tracker_class():
             self._weights = [(p, i) for i, block in enumerate(blocks) for p in block.parameters()]
             self._of_weight = {id(p): i for p, i in self._weights}
             self._args: tuple = ()
-            self._derived: dict[
-                int, tuple
-            ] = {}  # id -> (weak reference, block): made from one block's tensors
+            # id -> (weak reference, block) of a tensor made from one block's tensors
+            self._derived: dict[int, tuple] = {}
             self.timeline: list = []
 
         def __enter__(self):
