@@ -5,8 +5,9 @@ one as JSON)."""
 from __future__ import annotations
 
 from effitrain.commands.options import check_adapter_options, check_optimizer_options, default_device
-from effitrain.commands.plan import plan, plan_over_gpus, probe
+from effitrain.commands.plan import plan, plan_over_gpus
 from effitrain.commands.plan_budget import parse_bytes, weights_fit
+from effitrain.commands.plan_check import probe
 from effitrain.commands.plan_levers import LEVER_RATES, TECHNIQUE
 from effitrain.config.errors import ConfigError
 

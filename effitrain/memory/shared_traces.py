@@ -24,16 +24,16 @@ optimizer of conf/optimizer to a full trace, to the byte. With the optimizer's u
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 
 import torch
 
-from effitrain.config.techniques import ACTIVATION_OFFLOADING, GRADIENT_CHECKPOINTING, OPTIMIZER_IN_BACKWARD
+from effitrain.config.techniques import ACTIVATION_OFFLOADING, OPTIMIZER_IN_BACKWARD
 from effitrain.memory.fake_window import reuse_key, reused, reused_already
 from effitrain.memory.predicted import BOUND_ASSUMED_BRANCH
 from effitrain.memory.replay import Trace, completed, counted_state, replayed, trace_run
+from effitrain.memory.shared_backward import Backward, by_groups, forward_backward
 from effitrain.memory.step_peak import CATEGORIES, HOST_OFFLOADED, breakdown, step_tracker
 
 
@@ -42,7 +42,7 @@ class StepReplays:
     """Optimizer steps replayed for earlier candidates of one ``plan``, reused for later ones. A step
     depends on the parameters, their gradients, the optimizer's node and the device profile, not on
     the micro batch, checkpointing or precision that produced the gradients: a record is reused only
-    where every parameter's and gradient's shape, dtype, strides and storage match (:func:`_signature`).
+    where every parameter's and gradient's shape, dtype, strides and storage match (:func:`effitrain.memory.shared_backward.signature`).
     """
 
     records: dict = dataclasses.field(default_factory=dict)  # (optimizer key, signature) -> record
@@ -72,11 +72,11 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
     evaluated = eval_shapes is not None and not reused_already(
         lambda: eval_key(config, cfg, eval_shapes, device)
     )
-    groups = _by_groups(config, cfg, batches, device, eval_shapes if evaluated else None)
+    groups = by_groups(config, cfg, batches, device, eval_shapes if evaluated else None)
     with replayed(config, cfg, batches, device, eval_shapes) as replay:
         optimizers = {name: replay.optimizer(node) for name, node in optimizer_cfgs.items()}
-        # a later step's are the first's: see _forward_backward
-        backward = groups.backward(replay.model) if groups else _forward_backward(replay)
+        # a later step's are the first's: see forward_backward
+        backward = groups.backward(replay.model) if groups else forward_backward(replay)
         for phase in ("first_step", "later_step"):
             _each_step(replay, optimizers, phase, backward, traces, records, steps, keys, fallback)
         for param in replay.model.parameters():  # as the later step's zero_grad leaves them
@@ -105,147 +105,6 @@ def trace_runs(config, optimizer_cfgs: dict, cfg, batches: list[dict], device: s
     return traces
 
 
-@dataclasses.dataclass
-class _ByGroups:
-    """The forward and backward's figures, and the eval phase's, of a model of many alike blocks, from
-    replays of fewer (:mod:`effitrain.memory.layer_memory`), and the layout of each gradient."""
-
-    before: dict[str, int]
-    at_step: dict[str, int]
-    evaluation: dict[str, int] | None
-    layouts: dict  # (the block's place in its group or None outside the blocks, name) -> layout
-    path: str  # the blocks' module list
-    period: int
-
-    def backward(self, model) -> _Backward:
-        """As :func:`_forward_backward` leaves ``model``: its gradients made in their layouts."""
-        prefix = f"{self.path}."
-        for name, param in model.named_parameters():
-            key = (None, name)
-            if name.startswith(prefix):
-                block, rest = name[len(prefix) :].split(".", 1)
-                key = (int(block) % self.period, rest)
-            layout = self.layouts[key]
-            param.grad = None if layout is None else torch.empty_strided(
-                layout[0], layout[1], dtype=layout[2], device=layout[3]
-            )  # fmt: skip
-        gradients = [p.grad for p in model.parameters()]
-        return _Backward(self.before, self.at_step, gradients, _signature(model))
-
-
-def _by_groups(config, cfg, batches: list[dict], device: str, eval_shapes: dict | None) -> _ByGroups | None:
-    """:class:`_ByGroups` from replays of the model at two, three and four groups of blocks (of
-    ``period`` blocks: what gradient checkpointing repeats; :data:`effitrain.memory.layer_memory.GROUPS`),
-    or at three, four and five where a run's both ends are odd (``WIDER``), each moment extrapolated
-    (:func:`effitrain.memory.layer_memory.extrapolated`); None where that is not exact (the caller
-    replays the whole model)."""
-    from effitrain.memory.layer_flops import alike, smaller
-    from effitrain.memory.layer_memory import (
-        GROUPS,
-        WIDER,
-        BothEndsOdd,
-        NotExtrapolable,
-        extrapolated,
-        extrapolated_current,
-        peak,
-        worth_it,
-    )
-    from effitrain.util.compat import timeline_tracker_class
-
-    tracker_class = timeline_tracker_class()
-    layers, period = getattr(config, "num_hidden_layers", None), GRADIENT_CHECKPOINTING.every(cfg) or 1
-    if tracker_class is None or not worth_it(layers, period) or not alike(config):
-        return None
-    replays: dict = {}  # groups -> what its replay found (None: its blocks are not one module list)
-
-    def replay_at(groups: int):
-        if groups in replays:
-            return replays[groups]
-        with replayed(
-            smaller(config, groups * period), cfg, batches, device, eval_shapes, count_flops=False
-        ) as small:
-            found = _blocks(small.model, groups * period)
-            if found is None:
-                replays[groups] = None
-                return None
-            path, blocks = found
-            tracker = tracker_class(small.model, blocks)
-            backward = _forward_backward(small, tracker)
-            evaluation = None
-            if small.evaluation is not None:
-                evaluation = tracker_class(small.model, blocks)
-                evaluation.track_external(small.model)
-                with evaluation:
-                    small.evaluate(evaluation)
-            replays[groups] = dict(
-                path=path, timeline=tracker.timeline, held=backward.held,
-                layouts=_layouts(small.model, backward.gradients, path, period),
-                evaluation=evaluation.timeline if evaluation is not None else None,
-            )  # fmt: skip
-        return replays[groups]
-
-    def extrapolate(sizes: tuple) -> _ByGroups | None:
-        found = [replay_at(groups) for groups in sizes]
-        if None in found or len({f["path"] for f in found}) != 1:
-            return None
-        layouts = [f["layouts"] for f in found]
-        if None in layouts or layouts[0] != layouts[1] or layouts[1] != layouts[2]:
-            return None
-        before = peak(extrapolated([f["timeline"] for f in found], layers, period, sizes))
-        at_step = extrapolated_current([f["held"] for f in found], layers, period, sizes)
-        evaluation = None
-        if found[0]["evaluation"] is not None:
-            evaluation = breakdown(
-                peak(extrapolated([f["evaluation"] for f in found], layers, period, sizes))
-            )
-        return _ByGroups(
-            breakdown(before), breakdown(at_step), evaluation, layouts[0], found[0]["path"], period
-        )
-
-    try:
-        try:
-            return extrapolate(GROUPS)
-        except BothEndsOdd:
-            return extrapolate(WIDER) if worth_it(layers, period, WIDER) else None
-    except NotExtrapolable:
-        return None
-
-
-def _blocks(model, layers: int):
-    """(path, the module list) of ``model``'s ``layers`` blocks; None unless exactly one list holds them."""
-    lists = [
-        (n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == layers
-    ]
-    return lists[0] if len(lists) == 1 else None
-
-
-def _layouts(model, gradients: list, path: str, period: int) -> dict | None:
-    """Each of ``gradients``' layout (shape, strides, dtype, device; None: none), by its parameter's
-    name outside the blocks and by its place in its group of ``period`` blocks inside them; None
-    where a gradient is not alone on a storage of its own size from its start, or where the groups'
-    layouts differ."""
-    prefix, layouts, storages = f"{path}.", {}, set()
-    for (name, _), grad in zip(model.named_parameters(), gradients):
-        key = (None, name)
-        if name.startswith(prefix):
-            block, rest = name[len(prefix) :].split(".", 1)
-            key = (int(block) % period, rest)
-        layout = None
-        if grad is not None:
-            storage = grad.untyped_storage()
-            if (
-                grad.storage_offset()
-                or storage.nbytes() != grad.numel() * grad.element_size()
-                or id(storage) in storages
-            ):
-                return None
-            storages.add(id(storage))
-            layout = (tuple(grad.shape), grad.stride(), grad.dtype, grad.device)
-        if layouts.setdefault(key, layout) != layout:
-            return None
-    return layouts
-
-
 def _eval_phase(replay) -> dict[str, int]:
     replay.tracked("eval", replay.evaluate)
     return replay.phases["eval"]
@@ -267,42 +126,7 @@ def eval_key(config, cfg, eval_shapes: dict, device: str) -> str:
     return reuse_key("eval", config, cfg, eval_shapes, device, left_out)
 
 
-@dataclasses.dataclass
-class _Backward:
-    """What a step's forward and backward leave at ``optimizer.step()``."""
-
-    before: dict[str, int]  # the peak by category up to there
-    at_step: dict[str, int]  # what is held there (weights, gradients, the last loss, the norm)
-    gradients: list  # each parameter's, as the backward left it
-    signature: tuple  # :func:`_signature`
-    held: dict | None = None  # at_step as the tracker's snapshot (device -> its kinds' bytes)
-
-
-def _forward_backward(replay, tracker=None) -> _Backward:
-    """The step's forward and backward under a tracker that knows only the model, to where it reaches
-    ``optimizer.step()``. A later step's forward and backward are the first's: each starts with the
-    gradients freed and the meter's running sums held (the replay's FLOP step made them), and the
-    optimizer state it also holds is added per optimizer, as this tracker never sees it
-    (``tests/memory/test_shared_traces.py`` holds both steps to full traces, byte for byte)."""
-    found = {}
-    with contextlib.ExitStack() as forward_backward:
-        tracker = tracker if tracker is not None else step_tracker()
-        tracker.track_external(replay.model)
-        forward_backward.enter_context(tracker)
-
-        def at_step():
-            found["before"] = breakdown(tracker.get_tracker_snapshot("peak"))
-            found["held"] = tracker.get_tracker_snapshot("current")
-            found["at_step"] = breakdown(found["held"])
-            forward_backward.close()  # what follows is each optimizer's, not the shared part's
-            found["gradients"] = [p.grad for p in replay.model.parameters()]
-            found["signature"] = _signature(replay.model)
-
-        replay.step(_Pause(replay.model, at_step), tracker)
-    return _Backward(**found)
-
-
-def _each_step(replay, optimizers: dict, phase: str, backward: _Backward, traces: dict, records: dict,
+def _each_step(replay, optimizers: dict, phase: str, backward: Backward, traces: dict, records: dict,
                steps: StepReplays, keys: dict, fallback: set) -> None:  # fmt: skip
     """Each optimizer's ``phase`` step under a tracker of its own, on the gradients of ``backward``
     (or its record, where ``steps`` holds one for these gradients; ``fallback`` gets the names whose
@@ -357,36 +181,6 @@ def _optimizer_key(node, weight_decay: float, device: str) -> str:
     from omegaconf import OmegaConf
 
     return json.dumps([OmegaConf.to_container(node, resolve=True), weight_decay, device], sort_keys=True)
-
-
-def _signature(model) -> tuple:
-    """Every parameter's and gradient's shape, dtype, strides, offset and storage (its size, and
-    which earlier tensor shares it): what an optimizer's step allocates around depends on no more."""
-    storages: dict[int, int] = {}
-
-    def described(tensor):
-        if tensor is None:
-            return None
-        storage = tensor.untyped_storage()
-        shared = storages.setdefault(id(storage), len(storages))
-        return (tuple(tensor.shape), str(tensor.dtype), tensor.stride(), tensor.storage_offset(),
-                storage.nbytes(), shared)  # fmt: skip
-
-    return tuple(
-        (name, described(p), p.requires_grad, described(p.grad)) for name, p in model.named_parameters()
-    )
-
-
-class _Pause:
-    """Stands in for the optimizer in the shared forward and backward: its ``step`` is where the
-    forward and backward end; ``zero_grad`` frees the gradients as each optimizer's would."""
-
-    def __init__(self, model, step):
-        self.model, self.step = model, step
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for param in self.model.parameters():
-            param.grad = None
 
 
 def _held(model, *external) -> dict[str, int]:

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from effitrain.commands.estimate import estimate_memory
-from effitrain.commands.plan import plan, probe
+from effitrain.commands.plan import plan
 from effitrain.commands.plan_budget import parse_bytes
+from effitrain.commands.plan_check import probe
 from effitrain.config.errors import ConfigError
 from tests.helpers.run import REPO, compose, run_job
 

@@ -177,15 +177,53 @@ def test_every_phase_from_fewer_blocks_is_the_whole_model_s_to_the_byte(monkeypa
     # 20 blocks: ten groups of two; 14: DoRA's backward has both ends odd, replayed at three to five groups
     layers = 20 if "gradient_checkpointing=2" in overrides else 14 if "adapter=dora" in overrides else 10
     used = []
-    by_groups = effitrain.memory.shared_traces._by_groups
-    monkeypatch.setattr(effitrain.memory.shared_traces, "_by_groups",
+    by_groups = effitrain.memory.shared_traces.by_groups
+    monkeypatch.setattr(effitrain.memory.shared_traces, "by_groups",
                         lambda *args: used.append(by_groups(*args)) or used[-1])  # fmt: skip
     found = traced(overrides, device, layers)
     assert used and used[0] is not None  # the smaller replays gave the figures
-    monkeypatch.setattr(effitrain.memory.shared_traces, "_by_groups", lambda *args: None)
+    monkeypatch.setattr(effitrain.memory.shared_traces, "by_groups", lambda *args: None)
     whole = traced(overrides, device, layers)
     assert found == whole
     phases, _ = whole
     assert phases["later_step"]["optimizer_state"] > 0 and phases["eval"]["activations"] > 0
     if "activation_offloading=true" in overrides:
         assert phases["first_step"]["host_offloaded"] > 0
+
+
+def test_the_whole_model_s_gradients_take_the_layouts_of_their_place_in_a_group():
+    """Gradients made for the whole model (ByGroups.backward) take the layout the smaller replay left
+    at the same place in a group of ``period`` blocks: here every second block's gradient is
+    transposed, so block 5 of 6 must be laid out as block 1 of 4 is, block 4 as block 0; a gradient
+    sharing another's storage, or starting inside its storage, is refused (None)."""
+    import torch
+
+    from effitrain.memory.shared_backward import ByGroups, _layouts
+
+    def model(blocks: int):
+        net = torch.nn.Module()
+        net.embed = torch.nn.Linear(3, 4)
+        net.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4, bias=False) for _ in range(blocks))
+        return net
+
+    def gradients(net):  # every odd block's weight gradient transposed (column-major)
+        grads = []
+        for name, param in net.named_parameters():
+            odd = name.startswith("blocks.") and int(name.split(".")[1]) % 2
+            grads.append(torch.zeros(4, 4).t() if odd else torch.zeros_like(param))
+        return grads
+
+    small = model(4)
+    layouts = _layouts(small, gradients(small), "blocks", 2)
+    assert layouts[(1, "weight")][1] == (1, 4) and layouts[(0, "weight")][1] == (4, 1)
+    whole = model(6)
+    ByGroups({}, {}, None, layouts, "blocks", 2).backward(whole)
+    assert [block.weight.grad.stride() for block in whole.blocks] == [(4, 1), (1, 4)] * 3
+    assert whole.embed.weight.grad.shape == (4, 3) and whole.embed.bias.grad.shape == (4,)
+    shared = gradients(small)
+    shared[-1] = shared[-3]  # the last block's gradient on the second-to-last's storage
+    assert _layouts(small, shared, "blocks", 2) is None
+    inside = gradients(small)
+    inside[1] = torch.zeros(5)[1:]  # the embedding's bias from its storage's second element
+    assert _layouts(small, inside, "blocks", 2) is None
+    assert _layouts(small, gradients(small), "blocks", 1) is None  # blocks 0 and 1 laid out apart
